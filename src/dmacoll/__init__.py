@@ -1,0 +1,14 @@
+"""dmacoll: ML collectives on GPU DMA (copy) engines, with a host emulator."""
+from .errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError, InvalidArgument
+
+__version__ = "0.1.0"
+
+__all__ = ["Communicator", "DmaCollError", "DmaCollTimeoutError", "InvalidArgument", "BackendUnavailable"]
+
+
+def __getattr__(name):  # keep `import dmacoll` light: torch loads on first use
+    if name == "Communicator":
+        from .communicator import Communicator
+
+        return Communicator
+    raise AttributeError(name)

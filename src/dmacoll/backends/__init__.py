@@ -1,0 +1,46 @@
+"""Backends that execute plans: ``cuda`` (copy engines), ``host`` (CPU emulator).
+
+The ``hip`` backend (MI300X SDMA engines through hip-python) is tracked separately
+and not part of this release.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import BackendUnavailable
+
+BACKENDS = ("cuda", "host")
+
+
+def resolve(name: str) -> str:
+    """Map ``auto`` to the backend this machine runs; reject unknown names."""
+    if name == "auto":
+        if torch.cuda.is_available() and not torch.version.hip:
+            return "cuda"
+        return "host"
+    if name == "hip":
+        raise BackendUnavailable("the hip backend is not implemented in this release; use backend='host' to "
+                                 "emulate the protocols on the CPU")
+    if name not in BACKENDS:
+        raise BackendUnavailable(f"unknown backend {name!r}; choose one of {('auto',) + BACKENDS}")
+    return name
+
+
+def make_engine(name: str, group, nbytes: int, flag_words: int, timeout_s: float, device=None):
+    if name == "cuda":
+        from .cuda import CudaEngine
+
+        return CudaEngine(group, nbytes, flag_words, timeout_s, device)
+    from .host import HostEngine
+
+    return HostEngine(group, nbytes, flag_words, timeout_s)
+
+
+def sym_offset(heap: torch.Tensor, t: torch.Tensor):
+    """Byte offset of ``t`` in the symmetric ``heap``, or None if it lies elsewhere.
+
+    Decided by storage, not address, so that empty views of the heap count too
+    (their data_ptr() is 0): every rank must see the same kind of buffer."""
+    if t.untyped_storage().data_ptr() != heap.untyped_storage().data_ptr():
+        return None
+    return t.storage_offset() * t.element_size() - heap.storage_offset() * heap.element_size()

@@ -1,0 +1,191 @@
+"""CUDA backend: plans executed with copy engines and stream memory operations.
+
+* Memory: one symmetric heap per communicator from PyTorch's symmetric memory
+  (CUDA VMM allocations exported to and mapped by every peer); the 32-bit flag
+  words live at its start.
+* Copies: ``cuMemcpyAsync`` between device addresses (local or peer mapping);
+  device-to-device copies run on the copy engines, no SM is used.
+* Signals: ``cuStreamWriteValue32`` to the peer's flag word (issued after a
+  memory barrier, so the data written before it is visible first); waits:
+  ``cuStreamWaitValue32`` on the own flag word. Neither launches a kernel.
+* Queues: the caller's current stream plus side streams, forked and joined
+  with events; everything is capturable in a CUDA graph.
+* Timeouts: a GPU wait cannot time out by itself, so a watchdog thread tracks
+  each eager call's completion event; past the deadline it records the error,
+  releases the stuck waits by writing the flags from a side stream (the GPU
+  never stays hung) and the communicator raises on its next use.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections import deque
+from typing import Callable, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError
+from ..plan import Ref
+from . import sym_offset
+
+try:  # cuda-bindings >= 12.8 layout; older releases exposed `cuda.cuda`
+    from cuda.bindings import driver as _drv
+except ImportError:  # pragma: no cover - depends on the installed bindings
+    _drv = None
+
+
+def _check(result: tuple, what: str) -> tuple:
+    err = result[0]
+    if err != _drv.CUresult.CUDA_SUCCESS:
+        name = _drv.cuGetErrorName(err)[1]
+        raise DmaCollError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+    return result[1:]
+
+
+def available() -> Optional[str]:
+    """None if the backend can run here, else the reason it cannot."""
+    if _drv is None:
+        return "cuda-bindings is not installed (pip install cuda-bindings)"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible to torch"
+    if torch.version.hip:
+        return "this torch is a ROCm build; use the hip backend"
+    return None
+
+
+class Watchdog:
+    """Tracks eager calls; on a timeout releases the GPU and records the error."""
+
+    def __init__(self, engine: "CudaEngine", poll_s: float = 0.005):
+        self.engine = engine
+        self.pending: deque = deque()
+        self.error: Optional[DmaCollTimeoutError] = None
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dmacoll-watchdog", daemon=True)
+        self._thread.start()
+
+    def track(self, event: torch.cuda.Event, label: str, sync: str, value: int) -> None:
+        self.pending.append((event, time.monotonic() + self.engine.timeout_s, label, sync, value))
+
+    def _loop(self) -> None:
+        torch.cuda.set_device(self.engine.device)
+        while not self._stop.wait(self.poll_s):
+            while self.pending:
+                event, deadline, label, sync, value = self.pending[0]
+                if event.query():
+                    self.pending.popleft()
+                elif time.monotonic() > deadline:
+                    self._expire(label, sync, value)
+                else:
+                    break
+
+    def _expire(self, label: str, sync: str, value: int) -> None:
+        eng = self.engine
+        words = eng.flag_view.cpu().tolist()
+        self.error = DmaCollTimeoutError(
+            f"rank {eng.rank}: {label} did not complete within {eng.timeout_s:g} s; flag words now {words}. "
+            "A peer died, hangs, or the ranks called collectives in a different order. The stuck GPU waits "
+            "were released; this communicator is unusable, create a new one.")
+        print(f"[dmacoll] {self.error}", flush=True)
+        with torch.cuda.stream(eng.release_stream):
+            eng.flag_view.fill_(value)  # satisfies every wait of this rank: the stream drains
+        while self.pending:
+            self.pending.popleft()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+
+class CudaEngine:
+    """Symmetric heap, side streams and driver calls for one rank."""
+
+    def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
+                 device: Optional[torch.device] = None):
+        reason = available()
+        if reason:
+            raise BackendUnavailable(f"cuda backend unavailable: {reason}")
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.timeout_s = timeout_s
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        torch.cuda.set_device(self.device)
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch, deprecated later
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm_mem.enable_symm_mem_for_group(group.group_name)
+        self.heap = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
+        self.handle = symm_mem.rendezvous(self.heap, group)
+        self.ptrs = [int(p) for p in self.handle.buffer_ptrs]
+        self.flag_view = self.heap[: flag_words * 4].view(torch.int32)
+        self.flag_view.zero_()
+        torch.cuda.synchronize(self.device)
+        dist.barrier(group=group)
+        self.side_streams: list[torch.cuda.Stream] = []
+        self.release_stream = torch.cuda.Stream(self.device)
+        self.main_queue: torch.cuda.Stream = torch.cuda.current_stream(self.device)
+        self.watchdog = Watchdog(self)
+        self._geq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+        self._eq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ)
+
+    # -- addresses ---------------------------------------------------------
+    def bases(self, input: torch.Tensor, output: torch.Tensor) -> dict[str, int]:
+        return {"input": input.data_ptr(), "output": output.data_ptr()}
+
+    def _addr(self, ref: Ref, bases: Mapping[str, int]) -> int:
+        return (self.ptrs[ref.rank] if ref.space == "sym" else bases[ref.space]) + ref.offset
+
+    def sym_offset(self, t: torch.Tensor) -> int | None:
+        return sym_offset(self.heap, t)
+
+    # -- primitives ----------------------------------------------------------
+    def copy(self, queue: torch.cuda.Stream, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, int]) -> None:
+        _check(_drv.cuMemcpyAsync(self._addr(dst, bases), self._addr(src, bases), nbytes, queue.cuda_stream),
+               "cuMemcpyAsync")
+
+    def write_flag(self, queue: torch.cuda.Stream, rank: int, index: int, value: int) -> None:
+        _check(_drv.cuStreamWriteValue32(queue.cuda_stream, self.ptrs[rank] + 4 * index, value, 0),
+               "cuStreamWriteValue32")
+
+    def wait_flag(self, queue: torch.cuda.Stream, index: int, value: int, geq: bool) -> None:
+        _check(_drv.cuStreamWaitValue32(queue.cuda_stream, self.ptrs[self.rank] + 4 * index, value,
+                                        self._geq if geq else self._eq), "cuStreamWaitValue32")
+
+    def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None:
+        while len(self.side_streams) < len(tasks) - 1:
+            self.side_streams.append(torch.cuda.Stream(self.device))
+        main = self.main_queue
+        fork = torch.cuda.Event()
+        fork.record(main)
+        joins = []
+        for task, stream in zip(tasks[1:], self.side_streams):
+            stream.wait_event(fork)
+            task(stream)
+            done = torch.cuda.Event()
+            done.record(stream)
+            joins.append(done)
+        tasks[0](main)
+        for done in joins:
+            main.wait_event(done)
+
+    # -- call bracketing -----------------------------------------------------
+    def begin_call(self, label: str) -> None:
+        if self.watchdog.error is not None:
+            raise self.watchdog.error
+        self.main_queue = torch.cuda.current_stream(self.device)
+
+    def end_call(self, label: str, sync: str, value: int) -> None:
+        if torch.cuda.is_current_stream_capturing():
+            return  # replays are not tracked; see Communicator.watch
+        done = torch.cuda.Event()
+        done.record(self.main_queue)
+        self.watchdog.track(done, label, sync, value)
+
+    def close(self) -> None:
+        self.watchdog.close()

@@ -1,0 +1,119 @@
+"""Host emulator: executes the same plans on the CPU, one OS process per rank.
+
+Device memory is a shared-memory file per rank that every rank maps (the
+symmetric heap); flags are 32-bit words at its start; engines (queues) are
+worker threads. A signal is a store to the peer's flag word; a wait polls the
+own word, with the same value semantics as the CUDA stream memory operations.
+Copies are ``torch`` copies between shared mappings. Ordering relies on x86's
+total store order: the data stores of a copy become visible before the later
+flag store (the CUDA backend gets the same from the memory barrier that
+``cuStreamWriteValue32`` issues by default).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import DmaCollTimeoutError
+from ..plan import NUM_PHASES, Ref
+from . import sym_offset
+
+PHASE_NAMES = ("READY", "DONE")
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+class HostEngine:
+    """Symmetric heap in shared memory plus engine threads for one rank."""
+
+    main_queue = "main"
+
+    def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.timeout_s = timeout_s
+        self.call_label = "no call yet"
+        self.device = torch.device("cpu")
+        path = os.path.join(_shm_dir(), f"dmacoll-{uuid.uuid4().hex}-{self.rank}")
+        with open(path, "wb") as f:
+            f.truncate(nbytes)
+        paths: list[str] = [""] * self.world
+        dist.all_gather_object(paths, path, group=group)
+        # every rank maps every heap, then the owner unlinks its file: no leak even if a rank dies later
+        self.heaps = [torch.from_file(p, shared=True, size=nbytes, dtype=torch.uint8) for p in paths]
+        dist.barrier(group=group)
+        os.unlink(path)
+        self.flags = [h[: flag_words * 4].view(torch.int32).numpy() for h in self.heaps]
+        self.heap = self.heaps[self.rank]
+        self._pool = ThreadPoolExecutor(max_workers=max(1, self.world), thread_name_prefix="dmacoll-engine")
+
+    # -- addresses ---------------------------------------------------------
+    def bases(self, input: torch.Tensor, output: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"input": input.view(-1).view(torch.uint8), "output": output.view(-1).view(torch.uint8)}
+
+    def _view(self, ref: Ref, nbytes: int, bases: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        base = self.heaps[ref.rank] if ref.space == "sym" else bases[ref.space]
+        return base[ref.offset: ref.offset + nbytes]
+
+    def sym_offset(self, t: torch.Tensor) -> int | None:
+        return sym_offset(self.heap, t)
+
+    # -- primitives ----------------------------------------------------------
+    def copy(self, queue: object, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, torch.Tensor]) -> None:
+        self._view(dst, nbytes, bases).copy_(self._view(src, nbytes, bases))
+
+    def write_flag(self, queue: object, rank: int, index: int, value: int) -> None:
+        self.flags[rank][index] = value
+
+    def wait_flag(self, queue: object, index: int, value: int, geq: bool) -> None:
+        word = self.flags[self.rank]
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.0
+        while not (word[index] >= value if geq else word[index] == value):
+            if time.monotonic() > deadline:
+                raise DmaCollTimeoutError(self.timeout_message(index, value))
+            time.sleep(pause)
+            pause = min(1e-3, pause * 2 + 1e-5)  # back off: many ranks share few cores
+
+    def timeout_message(self, index: int, value: int) -> str:
+        peer, phase = index % self.world, (index // self.world) % NUM_PHASES
+        return (f"rank {self.rank}: {self.call_label} waited more than {self.timeout_s:g} s for rank {peer} "
+                f"to signal {PHASE_NAMES[phase]} (flag {index} = {int(self.flags[self.rank][index])}, expected "
+                f"{value}). Rank {peer} died, hangs, or the ranks called collectives in a different order.")
+
+    def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None:
+        futures = [self._pool.submit(task, f"queue{i}") for i, task in enumerate(tasks[1:], 1)]
+        errors = []
+        try:
+            tasks[0](self.main_queue)
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the other queues finish
+            errors.append(e)
+        for fut in futures:
+            try:
+                fut.result()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    # -- call bracketing -----------------------------------------------------
+    def begin_call(self, label: str) -> None:
+        self.call_label = label
+
+    def end_call(self, label: str, sync: str, value: int) -> None:
+        """Host execution is synchronous: nothing stays in flight."""
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.flags = []
+        self.heaps = []

@@ -1,0 +1,1 @@
+"""Benchmarks: timing helpers, provenance, sweeps."""

@@ -1,0 +1,261 @@
+"""nccl-tests-style operator sweep: every implementation, sizes, graph and eager modes.
+
+One process per GPU. For each (size, op) every rank draws fresh random inputs
+from a shared seed, so each rank knows every rank's input and hence the exact
+expected output. Each point is timed with CUDA events (median of repeats of
+``calls`` back-to-back calls, graph-replayed or eager), then its output is
+poisoned, the collective runs once more (the graph replays once) and the
+result is compared byte for byte. A rank's time is the median over repeats;
+the reported time is the slowest rank's, since a collective is done only when
+every rank is.
+
+Sizes follow nccl-tests: ``bytes_per_rank`` is one rank's input (all-gather)
+or send buffer (all-to-all); ``total_bytes`` is what nccl-tests calls size
+(the all-gather output, the all-to-all send buffer), algbw = total_bytes /
+time and busbw = algbw x (n-1)/n for both.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..check import POISON
+from . import provenance, timing
+
+OPS = ("all_gather", "all_to_all")
+IMPLS = ("nccl", "dma", "symm_mem_lc", "nccl_ce", "peer_copy")
+COLUMNS = ["op", "impl", "variant", "direction", "place", "world", "bytes_per_rank", "total_bytes", "dtype", "mode",
+           "time_us", "time_us_p10", "time_us_p90", "algbw_GBps", "busbw_GBps", "correct", "status", "error",
+           "calls", "repeats"]
+
+
+@dataclass
+class SweepConfig:
+    ops: tuple[str, ...] = OPS
+    impls: tuple[str, ...] = ("nccl", "dma", "symm_mem_lc", "peer_copy")
+    variants: tuple[str, ...] = ("pcpy", "b2b")
+    directions: tuple[str, ...] = ("push", "pull")
+    places: tuple[str, ...] = ("out", "in")
+    min_bytes: int = 1 << 10
+    max_bytes: int = 256 << 20
+    modes: tuple[str, ...] = ("graph", "eager")
+    dtype: str = "bfloat16"
+    calls: int = 10
+    repeats: int = 5
+    warmup: int = 3
+    seed: int = 0
+    out: str = "results/sweep.csv"
+    extra: dict = field(default_factory=dict)
+
+    def sizes(self) -> list[int]:
+        out, s = [], self.min_bytes
+        while s <= self.max_bytes:
+            out.append(s)
+            s *= 2
+        return out
+
+
+@dataclass
+class Point:
+    op: str
+    impl: str
+    variant: str = ""
+    direction: str = ""
+    place: str = "out"
+
+
+def points(cfg: SweepConfig, op: str, world: int) -> list[Point]:
+    out = []
+    for impl in cfg.impls:
+        if impl == "dma":
+            out += [Point(op, "dma", v, d, p) for v in cfg.variants for d in cfg.directions for p in cfg.places
+                    if p == "out" or op == "all_gather"]
+        elif impl == "symm_mem_lc" and op != "all_gather":
+            continue  # torch's low-contention op exists for all-gather only
+        else:
+            out.append(Point(op, impl))
+    return out
+
+
+class Inputs:
+    """Every rank's input for one (op, size), drawn from a seed on the device."""
+
+    def __init__(self, op: str, nbytes: int, dtype: torch.dtype, world: int, seed: int, device: torch.device):
+        numel = nbytes // torch.empty((), dtype=dtype).element_size()
+        self.inputs = []
+        for r in range(world):
+            gen = torch.Generator(device=device).manual_seed(seed * 7919 + r)
+            self.inputs.append(torch.randn(numel, generator=gen, device=device, dtype=torch.float32).to(dtype))
+        self.op, self.world = op, world
+
+    def expected(self, rank: int) -> torch.Tensor:
+        if self.op == "all_gather":
+            return torch.cat(self.inputs)
+        return torch.cat([x.chunk(self.world)[rank] for x in self.inputs])
+
+
+class Runner:
+    """Buffers and call closures for one rank."""
+
+    def __init__(self, cfg: SweepConfig, comm, world: int, rank: int):
+        self.cfg, self.comm, self.world, self.rank = cfg, comm, world, rank
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = getattr(torch, cfg.dtype)
+        big = cfg.max_bytes
+        if comm is not None:  # only dma and peer_copy use dmacoll's symmetric heap
+            self.sym_in = comm.empty(big, dtype=torch.uint8)
+            self.sym_out = comm.empty(world * big, dtype=torch.uint8)
+        self.priv_in = torch.empty(big, dtype=torch.uint8, device=self.device)
+        self.priv_out = torch.empty(world * big, dtype=torch.uint8, device=self.device)
+        self.cpu_group = dist.new_group(backend="gloo")
+        self._baselines = None
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.cpu_group)
+
+    def buffers(self, pt: Point, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        out_bytes = nbytes * self.world if pt.op == "all_gather" else nbytes
+        sym = pt.impl in ("dma", "peer_copy")
+        out = (self.sym_out if sym else self.priv_out)[:out_bytes].view(self.dtype)
+        if pt.place == "in":
+            n = nbytes // out.element_size()
+            return out, out[self.rank * n: (self.rank + 1) * n]
+        return out, (self.sym_in if sym else self.priv_in)[:nbytes].view(self.dtype)
+
+    def baselines(self):
+        if self._baselines is None:
+            from .. import baselines
+
+            self._baselines = baselines.Baselines(self.comm, self.cfg.impls, max_bytes=self.cfg.max_bytes)
+        return self._baselines
+
+    def call(self, pt: Point, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], Optional[torch.Tensor]]:
+        if pt.impl == "dma":
+            method = self.comm.all_gather if pt.op == "all_gather" else self.comm.all_to_all
+            return lambda: method(out, inp, variant=pt.variant, direction=pt.direction)
+        return self.baselines().call(pt.impl, pt.op, out, inp)
+
+
+def _verify(pt: Point, result: torch.Tensor, expected: torch.Tensor, world: int, rank: int) -> bool:
+    if pt.impl == "peer_copy":  # the floor moves one chunk to one peer: check the chunk we received
+        peer = (rank - 1) % world
+        n = expected.numel() // world
+        return torch.equal(result[peer * n:(peer + 1) * n].view(torch.uint8),
+                           expected[peer * n:(peer + 1) * n].view(torch.uint8))
+    return torch.equal(result.view(torch.uint8), expected.view(torch.uint8))
+
+
+def measure(runner: Runner, pt: Point, nbytes: int, mode: str, data: Inputs) -> dict:
+    cfg, rank, world = runner.cfg, runner.rank, runner.world
+    out, inp = runner.buffers(pt, nbytes)
+    mine = data.inputs[rank]
+    inp.copy_(mine)
+    fn = runner.call(pt, out, inp)
+
+    result_holder: list = []
+
+    def prepare() -> None:
+        for t in {id(out): out, **{id(r): r for r in result_holder}}.values():
+            t.view(torch.uint8).fill_(POISON)  # also an output the implementation allocated itself
+        inp.copy_(mine)  # in place: the input sits inside the poisoned output
+
+    def run_once() -> None:
+        r = fn()
+        result_holder[:] = [r if isinstance(r, torch.Tensor) and r is not out else out]
+
+    if mode == "graph":
+        graph = timing.capture(run_once, cfg.calls, cfg.warmup)
+        samples = timing.time_graph(graph, cfg.calls, cfg.repeats, runner.barrier)
+        prepare()
+        torch.cuda.synchronize()
+        runner.barrier()
+        graph.replay()
+    else:
+        samples = timing.time_eager(run_once, cfg.calls, cfg.repeats, cfg.warmup, runner.barrier)
+        prepare()
+        torch.cuda.synchronize()
+        runner.barrier()
+        run_once()
+    torch.cuda.synchronize()
+    runner.barrier()  # peers' copies into us are complete
+    ok = _verify(pt, result_holder[0], data.expected(rank), world, rank)
+    return {"samples": samples, "correct": ok}
+
+
+def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
+    from ..communicator import Communicator
+
+    heap = cfg.max_bytes * (world + 1) + (1 << 20)
+    # NCCL's copy-engine path switches torch's symmetric-memory backend globally: run it alone
+    comm = Communicator(heap_bytes=heap, staging_bytes=1 << 20) if {"dma", "peer_copy"} & set(cfg.impls) else None
+    runner = Runner(cfg, comm, world, rank)
+    rows: list[dict] = []
+    plan = [(nbytes, op, pt, mode) for nbytes in cfg.sizes() for op in cfg.ops
+            for pt in points(cfg, op, world) for mode in cfg.modes]
+    started = time.monotonic()
+    data = None
+    for i, (nbytes, op, pt, mode) in enumerate(plan, 1):
+        if data is None or (data.op, data.inputs[0].numel() * data.inputs[0].element_size()) != (op, nbytes):
+            data = Inputs(op, nbytes, runner.dtype, world, cfg.seed * 1000 + i, runner.device)
+        try:
+            res = measure(runner, pt, nbytes, mode, data)
+            local = {"status": "ok", "error": "", **timing.summarize(res["samples"]), "correct": res["correct"]}
+        except Exception as e:  # noqa: BLE001 - a failing implementation is a result, not a crash
+            local = {"status": "failed", "error": f"{type(e).__name__}: {e}".replace("\n", " ")[:500],
+                     "time_us": float("nan"), "time_us_p10": float("nan"), "time_us_p90": float("nan"),
+                     "correct": False}
+            if rank == 0:
+                traceback.print_exc()
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, local, group=runner.cpu_group)
+        row = merge(gathered, cfg, pt, nbytes, mode, world)
+        rows.append(row)
+        if rank == 0:
+            print(f"[{i:4d}/{len(plan)} {time.monotonic() - started:6.0f}s] {op:10s} {pt.impl:11s} "
+                  f"{pt.variant:4s} {pt.direction:4s} {pt.place:3s} {nbytes:>10d} B {mode:5s} "
+                  f"{row['time_us']:10.2f} us  {row['status']}{'' if row['correct'] else ' WRONG'}", flush=True)
+    if comm is not None:
+        comm.close()
+    if rank == 0:
+        write_results(rows, cfg)
+        return rows
+    return None
+
+
+def merge(per_rank: list[dict], cfg: SweepConfig, pt: Point, nbytes: int, mode: str, world: int) -> dict:
+    failed = [r for r in per_rank if r["status"] != "ok"]
+    total = nbytes * world if pt.op == "all_gather" else nbytes
+    row = {"op": pt.op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction, "place": pt.place,
+           "world": world, "bytes_per_rank": nbytes, "total_bytes": total, "dtype": cfg.dtype, "mode": mode,
+           "calls": cfg.calls, "repeats": cfg.repeats}
+    if failed:
+        return {**row, **{k: float("nan") for k in ("time_us", "time_us_p10", "time_us_p90", "algbw_GBps",
+                                                   "busbw_GBps")},
+                "correct": False, "status": "failed", "error": failed[0]["error"]}
+    slowest = max(per_rank, key=lambda r: r["time_us"])
+    algbw = total / (slowest["time_us"] * 1e-6) / 1e9
+    return {**row, "time_us": slowest["time_us"], "time_us_p10": slowest["time_us_p10"],
+            "time_us_p90": slowest["time_us_p90"], "algbw_GBps": algbw, "busbw_GBps": algbw * (world - 1) / world,
+            "correct": all(r["correct"] for r in per_rank), "status": "ok", "error": ""}
+
+
+def write_results(rows: list[dict], cfg: SweepConfig) -> Path:
+    path = Path(cfg.out)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+    provenance.write_atomic(path, buf.getvalue())
+    config = {k: v for k, v in cfg.__dict__.items()}
+    provenance.write_sidecar(path, provenance.collect(config))
+    print(f"wrote {path} ({len(rows)} rows) and {path.with_suffix('.json')}", flush=True)
+    return path

@@ -1,0 +1,154 @@
+"""`dmacoll <subcommand>`: check, sweep, report."""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from typing import Optional, Sequence
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1] if t and t[-1] in UNITS else ""
+    try:
+        value = int(t[: len(t) - len(unit)]) * UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4096, 1K, 256M)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return value
+
+
+def _check_rank(rank: int, world: int, args: dict) -> list[dict]:
+    from .check import cases, run_cases
+    from .communicator import Communicator
+
+    comm = Communicator(backend=args["backend"], timeout_s=args["timeout_s"])
+    all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
+                      seed=args["seed"], syncs=args["syncs"])
+    try:
+        return run_cases(comm, all_cases, nccl=args["reference"] == "nccl")
+    finally:
+        comm.close()
+
+
+def cmd_check(a: argparse.Namespace) -> int:
+    from .launch import run_ranks
+
+    seed = a.seed if a.seed is not None else random.randrange(1 << 30)
+    device = "cuda" if a.backend == "cuda" else "cpu"
+    print(f"dmacoll check: backend={a.backend} world={a.world} seed={seed} (pass --seed {seed} to repeat)",
+          flush=True)
+    t0 = time.monotonic()
+    args = dict(backend=a.backend, timeout_s=a.timeout_s, variants=a.variants, directions=a.directions,
+                dtypes=a.dtypes, counts=a.counts, ops=a.ops, seed=seed, syncs=a.syncs, reference=a.reference)
+    per_rank = run_ranks(_check_rank, a.world, args, device=device)
+    passed = failed = 0
+    for i, first in enumerate(per_rank[0]):
+        results = [r[i] for r in per_rank]
+        if all(r["ok"] for r in results):
+            passed += 1
+        else:
+            failed += 1
+            errors = "; ".join(f"rank {r['rank']}: {r['error']}" for r in results if not r["ok"])
+            print(f"FAIL {first['op']} {first['variant']}/{first['direction']}/{first['sync']} {first['dtype']} "
+                  f"count={first['count']} {first['buffers']}{' in-place' if first['in_place'] else ''}: {errors}")
+    print(f"({time.monotonic() - t0:.1f} s, world {a.world}, backend {a.backend})")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+def cmd_sweep(a: argparse.Namespace) -> int:
+    from .bench.sweep import SweepConfig, run_sweep
+    from .launch import run_ranks
+
+    import torch
+
+    if "nccl_ce" in a.impls and {"dma", "peer_copy"} & set(a.impls):
+        print("run nccl_ce in a sweep of its own: it switches torch's symmetric-memory backend to NCCL "
+              "for the whole process", file=sys.stderr)
+        return 2
+    world = a.world or torch.cuda.device_count()
+    if world < 2:
+        print(f"dmacoll sweep needs at least 2 GPUs, found {world}", file=sys.stderr)
+        return 2
+    cfg = SweepConfig(ops=tuple(a.ops), impls=tuple(a.impls), variants=tuple(a.variants),
+                      directions=tuple(a.directions), places=tuple(a.places), min_bytes=a.min_bytes,
+                      max_bytes=a.max_bytes, modes=tuple(a.modes), dtype=a.dtype, calls=a.calls, repeats=a.repeats,
+                      warmup=a.warmup, seed=a.seed, out=a.out)
+    run_ranks(run_sweep, world, cfg, device="cuda", timeout_s=a.timeout_s)
+    return 0
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from . import report
+
+    return report.main(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .bench.sweep import IMPLS, OPS as SWEEP_OPS
+    from .check import DTYPES, OPS
+    from .executor import SYNC_MODES
+    from .plan import DIRECTIONS, VARIANTS
+
+    p = argparse.ArgumentParser(prog="dmacoll", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("check", help="run every op x variant on a backend and compare with a reference")
+    c.add_argument("--backend", choices=("host", "cuda"), default="host")
+    c.add_argument("--world", type=int, default=2)
+    c.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    c.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    c.add_argument("--directions", nargs="+", choices=DIRECTIONS, default=list(DIRECTIONS))
+    c.add_argument("--syncs", nargs="+", choices=SYNC_MODES, default=list(SYNC_MODES))
+    c.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32", "bfloat16", "int8", "int64",
+                                                                        "bool"])
+    c.add_argument("--counts", nargs="+", type=int, default=[1, 17, 4096, 65537],
+                   help="elements per chunk (odd and power-of-two sizes)")
+    c.add_argument("--seed", type=int, default=None, help="default: random, printed")
+    c.add_argument("--timeout-s", type=float, default=60.0)
+    c.add_argument("--reference", choices=("cpu", "nccl"), default="cpu",
+                   help="also compare with NCCL on the same inputs (cuda backend)")
+    c.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("sweep", help="time collectives over message sizes (GPUs)")
+    s.add_argument("--world", type=int, default=0, help="ranks (default: every visible GPU)")
+    s.add_argument("--ops", nargs="+", choices=SWEEP_OPS, default=list(SWEEP_OPS))
+    s.add_argument("--impls", nargs="+", choices=IMPLS, default=["nccl", "dma", "symm_mem_lc", "peer_copy"])
+    s.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    s.add_argument("--directions", nargs="+", choices=DIRECTIONS, default=list(DIRECTIONS))
+    s.add_argument("--places", nargs="+", choices=("out", "in"), default=["out", "in"],
+                   help="all-gather out-of-place and/or in-place (dma)")
+    s.add_argument("--min-bytes", type=parse_size, default=parse_size("1K"))
+    s.add_argument("--max-bytes", type=parse_size, default=parse_size("256M"))
+    s.add_argument("--modes", nargs="+", choices=("graph", "eager"), default=["graph", "eager"])
+    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--calls", type=int, default=10, help="calls per timed batch (per graph)")
+    s.add_argument("--repeats", type=int, default=5)
+    s.add_argument("--warmup", type=int, default=3)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--timeout-s", type=float, default=3600)
+    s.add_argument("--out", default="results/sweep.csv")
+    s.set_defaults(func=cmd_sweep)
+
+    r = sub.add_parser("report", help="render tables from sweep CSVs")
+    from .report import add_arguments
+
+    add_arguments(r)
+    r.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

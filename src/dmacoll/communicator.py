@@ -1,0 +1,168 @@
+"""The user object: collectives on DMA engines for one ``torch.distributed`` group.
+
+Memory of a communicator (the same layout on every rank, so offsets are shared)::
+
+    [ flag words | staging area | heap for Communicator.empty() ]
+
+Tensors from ``empty()`` are addressable by peers (zero-copy); other tensors
+are staged through the staging area when the protocol needs peer access
+(push into a private output, pull from a private input).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from . import validate
+from .backends import make_engine, resolve
+from .errors import DmaCollError, InvalidArgument
+from .executor import SYNC_MODES, execute, flag_words
+from .plan import DIRECTIONS, VARIANTS, Exchange, Layout, Plan, all_gather_exchange, all_to_all_exchange, \
+    build_plan, staging_bytes
+
+ALIGN = 512
+DEFAULT_TIMEOUT_S = float(os.environ.get("DMACOLL_TIMEOUT_S", "120"))
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(ex: Exchange, rank: int, variant: str, direction: str, layout: Layout) -> Plan:
+    return build_plan(ex, rank, variant, direction, layout)
+
+
+class Communicator:
+    """DMA collectives for the ranks of ``group`` (default: the world group).
+
+    ``variant``: ``pcpy`` (one queue per peer) or ``b2b`` (all copies on one queue);
+    ``direction``: ``push`` (write into peers) or ``pull`` (read from peers);
+    ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers).
+    Each may be overridden per call. Calls enqueue work on the current stream and
+    never block the host; they can be captured in a CUDA graph (sync='reset').
+    """
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None, *, backend: str = "auto",
+                 heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "pcpy",
+                 direction: str = "push", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
+                 device: Optional[torch.device] = None):
+        if not dist.is_initialized():
+            raise InvalidArgument("torch.distributed is not initialised; call dist.init_process_group first")
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.world = dist.get_world_size(self.group)
+        validate.check_world(self.world)
+        self.variant, self.direction, self.sync = self._options(variant, direction, sync)
+        if timeout_s <= 0:
+            raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
+        self.backend = resolve(backend)
+        self.staging = _align(flag_words(self.world) * 4)
+        self.heap_start = self.staging + _align(staging_bytes)
+        total = self.heap_start + _align(heap_bytes)
+        self.engine = make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
+        self.device = self.engine.device
+        self._next = self.heap_start
+        self._total = total
+        self._epoch = 0
+        self._calls = 0
+
+    # -- memory ----------------------------------------------------------------
+    def empty(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A tensor in the symmetric heap; peers read and write it directly.
+
+        Collective: every rank must allocate the same sizes in the same order."""
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
+        nbytes = _align(max(1, int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()))
+        validate.check_capacity("Communicator.empty", self._next + nbytes, self._total,
+                                f"create the communicator with a larger heap_bytes (free: "
+                                f"{self._total - self._next} bytes)")
+        offsets: list = [None] * self.world
+        dist.all_gather_object(offsets, (self._next, nbytes), group=self.group)
+        if len(set(offsets)) != 1:
+            raise InvalidArgument(f"ranks allocated different symmetric tensors: (offset, bytes) per rank = "
+                                  f"{offsets}; allocate the same shapes in the same order on every rank")
+        start, self._next = self._next, self._next + nbytes
+        flat = self.engine.heap[start: start + nbytes].view(dtype)
+        return flat[: torch.Size(shape).numel()].view(shape)
+
+    # -- collectives ---------------------------------------------------------
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, **options: str) -> torch.Tensor:
+        """``output`` = concatenation of every rank's ``input``; in place when
+        ``input`` is this rank's slice of ``output``."""
+        validate.check_all_gather(output, input, self.world, self.device)
+        nbytes = input.numel() * input.element_size()
+        in_place = input.data_ptr() == output.data_ptr() + self.rank * nbytes and nbytes > 0
+        return self._run("all_gather", all_gather_exchange(self.world, nbytes, in_place), output, input, options)
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, **options: str) -> torch.Tensor:
+        """Equal split: chunk p of ``input`` goes to rank p, chunk p of ``output`` comes from rank p."""
+        validate.check_all_to_all(output, input, self.world, self.device)
+        chunk = input.numel() // self.world * input.element_size()
+        ex = all_to_all_exchange([[chunk] * self.world for _ in range(self.world)])
+        return self._run("all_to_all", ex, output, input, options)
+
+    def all_to_all_v(self, output: torch.Tensor, input: torch.Tensor, send_counts: Sequence[Sequence[int]],
+                     **options: str) -> torch.Tensor:
+        """``send_counts[i][j]``: elements rank i sends to rank j (the same matrix on every rank).
+        Rank r's input holds its chunks for ranks 0..n-1 in order; its output the chunks
+        from ranks 0..n-1 in order."""
+        counts = validate.split_matrix(send_counts, self.world)
+        validate.check_all_to_all_v(output, input, counts, self.rank, self.device)
+        size = input.element_size()
+        ex = all_to_all_exchange([[c * size for c in row] for row in counts])
+        return self._run("all_to_all_v", ex, output, input, options)
+
+    # -- machinery -------------------------------------------------------------
+    def _options(self, variant: str, direction: str, sync: str) -> tuple[str, str, str]:
+        for name, value, allowed in (("variant", variant, VARIANTS), ("direction", direction, DIRECTIONS),
+                                     ("sync", sync, SYNC_MODES)):
+            if value not in allowed:
+                raise InvalidArgument(f"{name}={value!r} is not one of {allowed}")
+        return variant, direction, sync
+
+    def _run(self, op: str, ex: Exchange, output: torch.Tensor, input: torch.Tensor, options: dict) -> torch.Tensor:
+        unknown = set(options) - {"variant", "direction", "sync"}
+        if unknown:
+            raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use variant=, direction=, sync=")
+        variant, direction, sync = self._options(options.get("variant", self.variant),
+                                                 options.get("direction", self.direction),
+                                                 options.get("sync", self.sync))
+        if sync == "epoch" and self.backend == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
+                                  "then deadlock; capture with sync='reset'")
+        layout = Layout(self.engine.sym_offset(input), self.engine.sym_offset(output), self.staging)
+        validate.check_capacity(f"{op} with private buffers ({direction})",
+                                staging_bytes(ex, self.rank, direction, layout), self.heap_start - self.staging,
+                                "allocate input/output with Communicator.empty() or create the communicator "
+                                "with a larger staging_bytes")
+        plan = _plan(ex, self.rank, variant, direction, layout)
+        self._calls += 1
+        self._epoch += 1
+        label = f"{op} call #{self._calls} ({variant}/{direction}/{sync})"
+        if self.error is not None:
+            raise DmaCollError(f"this communicator is unusable after an earlier error ({self.error}); "
+                               "create a new one")
+        self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
+        try:
+            execute(plan, self.engine, self.engine.bases(input, output), sync, self._epoch)
+        except DmaCollError as e:
+            self.error = e
+            raise
+        self.engine.end_call(label, sync, 1 if sync == "reset" else self._epoch)
+        return output
+
+    error: Optional[DmaCollError] = None
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,99 @@
+"""Run a function on N ranks, one process each, and collect what rank 0..N-1 return.
+
+Used by the CLI (check, sweep) and the tests. Under ``torchrun`` (RANK and
+WORLD_SIZE set) the function runs in the current process instead.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import traceback
+from typing import Any, Callable
+
+# Never let anything started from here use NVLink multicast (shared hosts; see README).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def set_safe_env() -> None:
+    for k, v in SAFE_ENV.items():
+        os.environ[k] = v
+
+
+def init_rank(rank: int, world: int, init_method: str, device: str) -> None:
+    """Join the process group: gloo for host objects, NCCL too when on GPUs."""
+    set_safe_env()
+    import torch
+    import torch.distributed as dist
+
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        backend = "cpu:gloo,cuda:nccl"
+    else:
+        torch.set_num_threads(1)  # many ranks share few cores
+        backend = "gloo"
+    kwargs = {"device_id": torch.device("cuda", torch.cuda.current_device())} if device == "cuda" else {}
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, **kwargs)
+
+
+def _child(fn: Callable, rank: int, world: int, init_method: str, device: str, args: tuple, results) -> None:
+    try:
+        init_rank(rank, world, init_method, device)
+        out = fn(rank, world, *args)
+        results.put((rank, "ok", out))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class RankFailed(RuntimeError):
+    pass
+
+
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu", timeout_s: float = 900) -> list:
+    """Start ``world`` processes running ``fn(rank, world, *args)``; return the results by rank.
+
+    ``fn`` must be importable (a module-level function). Raises RankFailed with every
+    rank's traceback if any rank fails, dies or runs past ``timeout_s``."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        init_rank(rank, world, "env://", device)
+        return [fn(rank, world, *args)]
+    set_safe_env()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="dmacoll-rdv-") as tmp:
+        init_method = f"file://{os.path.join(tmp, 'store')}"
+        procs = [ctx.Process(target=_child, args=(fn, r, world, init_method, device, args, results), daemon=False)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        out: dict[int, tuple] = {}
+        import queue
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while len(out) < world:
+            try:
+                rank, status, value = results.get(timeout=1.0)
+                out[rank] = (status, value)
+            except queue.Empty:
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in out]
+                if dead or time.monotonic() > deadline:
+                    for p in procs:
+                        p.kill()
+                    why = f"ranks {dead} died" if dead else f"timed out after {timeout_s:g} s"
+                    raise RankFailed(f"{why}; results so far: {out}")
+        for p in procs:
+            p.join(timeout=30)
+    errors = {r: v for r, (s, v) in out.items() if s == "error"}
+    if errors:
+        raise RankFailed("\n".join(f"--- rank {r} ---\n{v}" for r, v in sorted(errors.items())))
+    return [out[r][1] for r in range(world)]

@@ -1,0 +1,235 @@
+"""The plan layer: a collective, seen from one rank, as per-queue command lists.
+
+Every collective here is an *exchange*: rank r sends ``nbytes[r][p]`` bytes from
+offset ``src[r][p]`` of its input to offset ``dst[r][p]`` of rank p's output.
+A plan says, for one rank, which copies to issue on which queue and which flags
+to signal and wait, so that every backend (CUDA streams, HIP streams, the host
+emulator's threads) executes the same protocol.
+
+Protocol, for every peer pair, two flags per call:
+
+* ``push``: the receiver signals READY ("my output may be written"), the
+  sender waits for READY, copies into the receiver's memory, signals DONE;
+  the receiver waits for DONE.
+* ``pull``: the owner of the data signals READY ("my input may be read"), the
+  reader waits for READY, copies from the owner's memory into its own output,
+  signals DONE ("finished reading"); the owner waits for DONE before its input
+  may change again.
+
+A plan has three phases: ``pre`` and ``post`` run on the caller's queue,
+``queues`` run concurrently between them (the first on the caller's queue).
+Whether a signal carries a sequence number or a reset-able 1 is the
+executor's business (see ``dmacoll.executor``), so plans can be cached.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+VARIANTS = ("pcpy", "b2b")
+DIRECTIONS = ("push", "pull")
+
+# Flag phases: index of a flag on its owner = phase * world + rank that signals it.
+READY, DONE = 0, 1
+NUM_PHASES = 2
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A byte address: ``space`` is "input" or "output" (the caller's private
+    tensors, only on the calling rank) or "sym" (the symmetric heap of ``rank``)."""
+
+    space: str
+    rank: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Copy:
+    src: Ref
+    dst: Ref
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Set flag ``phase`` on rank ``peer`` (slot of the signalling rank)."""
+
+    peer: int
+    phase: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Wait until ``peer`` has signalled our flag ``phase``, then re-arm it."""
+
+    peer: int
+    phase: int
+
+
+Command = Copy | Signal | Wait
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """Who sends what where, for all ranks: ``nbytes[r][p]`` bytes from input
+    offset ``src[r][p]`` of rank r to output offset ``dst[r][p]`` of rank p."""
+
+    nbytes: tuple[tuple[int, ...], ...]
+    src: tuple[tuple[int, ...], ...]
+    dst: tuple[tuple[int, ...], ...]
+    in_place_self: bool = False  # the self chunk already sits in the output
+
+    @property
+    def world(self) -> int:
+        return len(self.nbytes)
+
+    def input_bytes(self, rank: int) -> int:
+        return max((s + n for s, n in zip(self.src[rank], self.nbytes[rank])), default=0)
+
+    def output_bytes(self, rank: int) -> int:
+        return max((self.dst[r][rank] + self.nbytes[r][rank] for r in range(self.world)), default=0)
+
+
+def all_gather_exchange(world: int, nbytes: int, in_place: bool = False) -> Exchange:
+    n = tuple(tuple(nbytes for _ in range(world)) for _ in range(world))
+    src = tuple(tuple(0 for _ in range(world)) for _ in range(world))
+    dst = tuple(tuple(r * nbytes for _ in range(world)) for r in range(world))
+    return Exchange(n, src, dst, in_place_self=in_place)
+
+
+def all_to_all_exchange(send_bytes: list[list[int]]) -> Exchange:
+    """``send_bytes[r][p]``: bytes rank r sends to rank p (the full matrix)."""
+    world = len(send_bytes)
+    n = tuple(tuple(int(x) for x in row) for row in send_bytes)
+    src = tuple(tuple(sum(n[r][:p]) for p in range(world)) for r in range(world))
+    dst = tuple(tuple(sum(n[q][p] for q in range(r)) for p in range(world)) for r in range(world))
+    return Exchange(n, src, dst)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the caller's tensors live. A symmetric offset means the tensor sits
+    at that offset of every rank's heap (``Communicator.empty``), so peers can
+    address it directly; ``None`` means private memory, staged through
+    ``staging`` (a symmetric offset) when the protocol needs peer access."""
+
+    input_sym: Optional[int] = None
+    output_sym: Optional[int] = None
+    staging: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    rank: int
+    world: int
+    pre: tuple[Command, ...]
+    queues: tuple[tuple[Command, ...], ...]
+    post: tuple[Command, ...]
+
+    def commands(self) -> list[Command]:
+        return [*self.pre, *(c for q in self.queues for c in q), *self.post]
+
+
+def staging_bytes(ex: Exchange, rank: int, direction: str, layout: Layout) -> int:
+    """Symmetric staging bytes this rank needs for a private buffer."""
+    if direction == "push" and layout.output_sym is None:
+        return ex.output_bytes(rank)
+    if direction == "pull" and layout.input_sym is None:
+        return ex.input_bytes(rank)
+    return 0
+
+
+def _out_ref(layout: Layout, rank: int, offset: int, staged: bool) -> Ref:
+    if layout.output_sym is not None:
+        return Ref("sym", rank, layout.output_sym + offset)
+    if staged:
+        return Ref("sym", rank, layout.staging + offset)
+    return Ref("output", rank, offset)
+
+
+def _in_ref(layout: Layout, rank: int, offset: int, staged: bool) -> Ref:
+    if layout.input_sym is not None:
+        return Ref("sym", rank, layout.input_sym + offset)
+    if staged:
+        return Ref("sym", rank, layout.staging + offset)
+    return Ref("input", rank, offset)
+
+
+def coalesce(copies: list[Copy]) -> list[Copy]:
+    """Merge copies that continue each other in both source and destination."""
+    merged: list[Copy] = []
+    for c in sorted(copies, key=lambda c: (c.src.space, c.src.rank, c.dst.space, c.dst.rank, c.src.offset)):
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and (last.src.space, last.src.rank, last.dst.space, last.dst.rank)
+            == (c.src.space, c.src.rank, c.dst.space, c.dst.rank)
+            and last.src.offset + last.nbytes == c.src.offset
+            and last.dst.offset + last.nbytes == c.dst.offset
+        ):
+            merged[-1] = Copy(last.src, last.dst, last.nbytes + c.nbytes)
+        else:
+            merged.append(c)
+    return merged
+
+
+def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = "push",
+               layout: Layout = Layout()) -> Plan:
+    """The commands ``rank`` issues for exchange ``ex``."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"unknown direction {direction!r}; choose one of {DIRECTIONS}")
+    world = ex.world
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside world of size {world}")
+    push = direction == "push"
+    stage_out = push and layout.output_sym is None
+    stage_in = (not push) and layout.input_sym is None
+    peers = [(rank + i) % world for i in range(1, world)]  # ring order spreads load
+
+    pre: list[Command] = []
+    post: list[Command] = []
+    if stage_in:
+        # pull from private input: peers read a staged copy of it
+        pre.append(Copy(Ref("input", rank, 0), Ref("sym", rank, layout.staging), ex.input_bytes(rank)))
+
+    self_copies: list[Copy] = []
+    if not ex.in_place_self and ex.nbytes[rank][rank] > 0:
+        self_copies.append(Copy(_in_ref(layout, rank, ex.src[rank][rank], False),
+                                _out_ref(layout, rank, ex.dst[rank][rank], False), ex.nbytes[rank][rank]))
+
+    # peers we exchange data with: for push, those we send to or receive from
+    talk = [p for p in peers if ex.nbytes[rank][p] > 0 or ex.nbytes[p][rank] > 0]
+    peer_copies: dict[int, Copy] = {}
+    for p in talk:
+        if push and ex.nbytes[rank][p] > 0:
+            peer_copies[p] = Copy(_in_ref(layout, rank, ex.src[rank][p], False),
+                                  _out_ref(layout, p, ex.dst[rank][p], stage_out), ex.nbytes[rank][p])
+        if not push and ex.nbytes[p][rank] > 0:
+            if ex.in_place_self and layout.output_sym is not None:  # p's input is its own output slot
+                src = Ref("sym", p, layout.output_sym + ex.dst[p][p] + ex.src[p][rank])
+            else:
+                src = _in_ref(layout, p, ex.src[p][rank], stage_in)
+            peer_copies[p] = Copy(src,
+                                  _out_ref(layout, rank, ex.dst[p][rank], False), ex.nbytes[p][rank])
+
+    # READY goes to the peer that will act on it: push -> senders, pull -> readers.
+    pre += [Signal(p, READY) for p in talk]
+    if variant == "pcpy":
+        queues = [tuple(self_copies)]
+        for p in talk:
+            c = peer_copies.get(p)
+            queues.append((Wait(p, READY), *((c,) if c else ()), Signal(p, DONE)))
+    else:  # b2b: one queue, copies back to back, signals batched after them
+        queues = [(*self_copies, *(Wait(p, READY) for p in talk),
+                   *(peer_copies[p] for p in talk if p in peer_copies),
+                   *(Signal(p, DONE) for p in talk))]
+    post += [Wait(p, DONE) for p in talk]
+    if stage_out:
+        # push into private output: received chunks land in staging, move them out
+        post += coalesce([Copy(Ref("sym", rank, layout.staging + ex.dst[p][rank]),
+                               Ref("output", rank, ex.dst[p][rank]), ex.nbytes[p][rank])
+                          for p in talk if ex.nbytes[p][rank] > 0])
+    return Plan(rank, world, tuple(pre), tuple(q for q in queues if q), tuple(post))

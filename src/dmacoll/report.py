@@ -1,0 +1,129 @@
+"""Tables from sweep CSVs: best dma over NCCL at chosen sizes, and the issue's targets.
+
+Every number printed here is computed from the CSV it is given; the README's
+results table is this output pasted between markers by ``dmacoll report readme``
+(and a test checks that it still matches).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+README_SIZES = (4 << 10, 1 << 20, 64 << 20, 256 << 20)
+BEGIN, END = "<!-- operator-table:begin -->", "<!-- operator-table:end -->"
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def load(paths: list[str]) -> pd.DataFrame:
+    df = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=["nan"]) for p in paths], ignore_index=True)
+    for col in ("variant", "direction", "place", "error"):
+        df[col] = df[col].astype(str)
+    df["ok"] = (df["status"] == "ok") & (df["correct"].astype(str) == "True")
+    return df
+
+
+def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
+    """Fastest correct row of ``impl`` per (op, mode, size), with its configuration."""
+    sub = df[(df["impl"] == impl) & df["ok"]]
+    idx = sub.groupby(["op", "mode", "bytes_per_rank"])["time_us"].idxmin()
+    out = sub.loc[idx, ["op", "mode", "bytes_per_rank", "time_us", "variant", "direction", "place"]]
+    return out.set_index(["op", "mode", "bytes_per_rank"])
+
+
+def ratio_table(df: pd.DataFrame, sizes=README_SIZES) -> pd.DataFrame:
+    dma, nccl = best(df, "dma"), best(df, "nccl")
+    rows = []
+    for (op, mode, size), r in dma.iterrows():
+        if size not in sizes or (op, mode, size) not in nccl.index:
+            continue
+        n = nccl.loc[(op, mode, size), "time_us"]
+        rows.append({"op": op, "mode": mode, "size": human(int(size)), "bytes": int(size),
+                     "nccl_us": round(float(n), 1), "dma_us": round(float(r["time_us"]), 1),
+                     "dma_over_nccl": round(float(r["time_us"] / n), 2),
+                     "best_dma": f"{r['variant']}/{r['direction']}/{r['place']}"})
+    return pd.DataFrame(rows).sort_values(["op", "mode", "bytes"]).reset_index(drop=True)
+
+
+def targets(df: pd.DataFrame) -> list[dict]:
+    """Issue 2's done-when checks on the all-gather, graph mode."""
+    dma, nccl, floor = best(df, "dma"), best(df, "nccl"), best(df, "peer_copy")
+    out = []
+    for (op, mode, size), r in dma.iterrows():
+        if op != "all_gather" or mode != "graph":
+            continue
+        if size >= 4 << 20 and (op, mode, size) in nccl.index:
+            v = r["time_us"] / nccl.loc[(op, mode, size), "time_us"]
+            out.append({"target": "dma <= 0.70 x NCCL", "size": human(int(size)), "value": round(float(v), 3),
+                        "pass": bool(v <= 0.70)})
+        if size >= 64 << 20 and (op, mode, size) in floor.index:
+            v = r["time_us"] / floor.loc[(op, mode, size), "time_us"]
+            out.append({"target": "dma <= 1.05 x one peer copy", "size": human(int(size)),
+                        "value": round(float(v), 3), "pass": bool(v <= 1.05)})
+    return out
+
+
+def markdown(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(str(r[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def readme_block(paths: list[str]) -> str:
+    df = load(paths)
+    table = ratio_table(df).drop(columns=["bytes"])
+    tg = pd.DataFrame(targets(df))
+    fails = int((df["status"] != "ok").sum())
+    wrong = int(((df["status"] == "ok") & ~df["ok"]).sum())
+    prov = json.loads(Path(paths[0]).with_suffix(".json").read_text())
+    hw = prov.get("hardware", {})
+    head = (f"Measured on {len(hw.get('gpus', []))}x {', '.join(sorted(set(hw.get('gpus', []))))} "
+            f"(torch {prov['software']['torch']}, NCCL {prov['software'].get('nccl')}, git {prov['git_sha'][:10]}); "
+            f"source: {', '.join(f'`{p}`' for p in paths)}. Time per call, slowest rank, median of repeats; "
+            f"bytes per rank. {fails} points failed to run (see the CSV's error column), {wrong} gave wrong output.")
+    parts = [BEGIN, head, "", markdown(table)]
+    if not tg.empty:
+        parts += ["", "Targets (all-gather, graph mode):", "", markdown(tg)]
+    parts.append(END)
+    return "\n".join(parts)
+
+
+def update_readme(readme: Path, block: str) -> bool:
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers")
+    new = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    changed = new != text
+    readme.write_text(new)
+    return changed
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", choices=("table", "readme"), help="table: print/write Markdown; readme: update README")
+    p.add_argument("--csv", nargs="+", required=True, help="sweep CSV(s)")
+    p.add_argument("--out", help="write the Markdown here (table)")
+    p.add_argument("--readme", default="README.md")
+
+
+def main(a: argparse.Namespace) -> int:
+    block = readme_block(a.csv)
+    if a.what == "readme":
+        changed = update_readme(Path(a.readme), block)
+        print(f"{a.readme}: {'updated' if changed else 'already up to date'}")
+    elif a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(block + "\n")
+        print(f"wrote {a.out}")
+    else:
+        print(block)
+    return 0

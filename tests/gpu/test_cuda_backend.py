@@ -1,0 +1,131 @@
+"""The cuda backend on 2 GPUs: correctness against NCCL, graph capture, timeouts.
+
+Run on the GPU machine: ``python -m pytest -m gpu tests/gpu``.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dmacoll.launch import run_ranks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
+
+
+def _correctness(rank: int, world: int, seed: int) -> list[dict]:
+    from dmacoll import Communicator
+    from dmacoll.check import cases, run_cases
+
+    comm = Communicator(timeout_s=30)
+    cs = cases(["pcpy", "b2b"], ["push", "pull"], ["float32", "bfloat16", "float16", "int8", "int64", "bool"],
+               [1, 7, 4096, 65537], seed=seed, syncs=["reset", "epoch"])
+    return run_cases(comm, cs, nccl=True)
+
+
+def test_every_op_variant_dtype_matches_nccl():
+    results = run_ranks(_correctness, 2, int(time.time()), device="cuda")
+    bad = [r for rank in results for r in rank if not r["ok"]]
+    assert len(results[0]) > 500
+    assert not bad, bad[:5]
+
+
+def _graph(rank: int, world: int, seed: int) -> list[str]:
+    from dmacoll import Communicator
+    from dmacoll.check import DTYPES, random_tensor
+
+    comm = Communicator(timeout_s=30)
+    n = 3 * 4099  # odd, divisible by world for all_to_all
+    failures = []
+    gen = torch.Generator().manual_seed(seed)
+    for op in ("all_gather", "all_to_all"):
+        for variant in ("pcpy", "b2b"):
+            for direction in ("push", "pull"):
+                for buffers in ("sym", "private"):
+                    inp = comm.empty(n, dtype=torch.bfloat16) if buffers == "sym" else torch.empty(
+                        n, dtype=torch.bfloat16, device=comm.device)
+                    out_n = n * world if op == "all_gather" else n
+                    out = comm.empty(out_n, dtype=torch.bfloat16) if buffers == "sym" else torch.empty(
+                        out_n, dtype=torch.bfloat16, device=comm.device)
+                    fn = comm.all_gather if op == "all_gather" else comm.all_to_all
+                    inp.copy_(random_tensor(n, DTYPES["bfloat16"], gen))  # warm-up data
+                    fn(out, inp, variant=variant, direction=direction)
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for _ in range(3):
+                            fn(out, inp, variant=variant, direction=direction)
+                    for replay in range(20):  # fresh data every replay: the graph must move it each time
+                        mine = random_tensor(n, DTYPES["bfloat16"], torch.Generator().manual_seed(
+                            seed + replay * 2 + rank)).to(comm.device)
+                        peer = random_tensor(n, DTYPES["bfloat16"], torch.Generator().manual_seed(
+                            seed + replay * 2 + 1 - rank)).to(comm.device)
+                        inp.copy_(mine)
+                        out.fill_(float("nan"))
+                        graph.replay()
+                        torch.cuda.synchronize()
+                        parts = [mine, peer] if rank == 0 else [peer, mine]
+                        if op == "all_gather":
+                            want = torch.cat(parts)
+                        else:
+                            want = torch.cat([p.chunk(world)[rank] for p in parts])
+                        if not torch.equal(out.view(torch.uint8), want.view(torch.uint8)):
+                            failures.append(f"{op} {variant}/{direction} {buffers} replay {replay}")
+                            break
+                        torch.distributed.barrier()
+    comm.close()
+    return failures
+
+
+def test_graph_capture_and_replay_with_fresh_data():
+    results = run_ranks(_graph, 2, int(time.time()) % 100000, device="cuda")
+    assert results == [[], []]
+
+
+def _timeout(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    from dmacoll import Communicator, DmaCollTimeoutError
+
+    comm = Communicator(timeout_s=2.0)
+    x = comm.empty(1024, dtype=torch.float32)
+    out = comm.empty(2048, dtype=torch.float32)
+    cpu = dist.new_group(backend="gloo")
+    info: dict = {}
+    if rank == 0:  # rank 1 never joins this call
+        t0 = time.monotonic()
+        comm.all_gather(out, x)
+        info["enqueue_s"] = time.monotonic() - t0
+        torch.cuda.synchronize()  # returns once the watchdog released the stuck wait
+        info["released_after_s"] = time.monotonic() - t0
+        try:
+            comm.all_gather(out, x)
+        except DmaCollTimeoutError as e:
+            info["error"] = str(e)
+    dist.barrier(group=cpu)
+    return info
+
+
+def test_unsatisfied_wait_times_out_and_releases_gpu():
+    info = run_ranks(_timeout, 2, device="cuda")[0]
+    assert info["enqueue_s"] < 1.0  # the call itself never blocks the host
+    assert 1.5 < info["released_after_s"] < 10.0
+    assert "did not complete within 2 s" in info["error"]
+
+
+def _bad_input(rank: int, world: int) -> str:
+    from dmacoll import Communicator, InvalidArgument
+
+    comm = Communicator()
+    try:
+        comm.all_gather(torch.empty(8, device=comm.device), torch.empty(4))  # input on the CPU
+    except InvalidArgument as e:
+        return str(e)
+    return "no error"
+
+
+def test_input_on_wrong_device_is_rejected():
+    msg = run_ranks(_bad_input, 2, device="cuda")[0]
+    assert "input is on cpu" in msg
