@@ -37,7 +37,7 @@ def _graph(rank: int, world: int, seed: int) -> list[str]:
     from dmacoll.check import DTYPES, random_tensor
 
     comm = Communicator(timeout_s=30)
-    n = 3 * 4099  # odd, divisible by world for all_to_all
+    n = world * 4099  # odd chunks, divisible by world for all_to_all
     failures = []
     gen = torch.Generator().manual_seed(seed)
     for op in ("all_gather", "all_to_all"):

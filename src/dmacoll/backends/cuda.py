@@ -71,6 +71,10 @@ class Watchdog:
         self.pending.append((event, time.monotonic() + self.engine.timeout_s, label, sync, value))
 
     def _loop(self) -> None:
+        # Relaxed capture mode for this thread: querying events must not invalidate a graph
+        # capture that the application runs on another thread (global mode forbids it).
+        _check(_drv.cuThreadExchangeStreamCaptureMode(
+            _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuThreadExchangeStreamCaptureMode")
         torch.cuda.set_device(self.engine.device)
         while not self._stop.wait(self.poll_s):
             while self.pending:

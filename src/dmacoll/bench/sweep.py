@@ -193,9 +193,12 @@ def measure(runner: Runner, pt: Point, nbytes: int, mode: str, data: Inputs) -> 
 def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
     from ..communicator import Communicator
 
+    # Every implementation runs on one non-default stream: NCCL's copy-engine path rejects the
+    # legacy default stream (cudaMemcpyBatchAsync does), and it is what applications use anyway.
+    torch.cuda.set_stream(torch.cuda.Stream())
     heap = cfg.max_bytes * (world + 1) + (1 << 20)
     # NCCL's copy-engine path switches torch's symmetric-memory backend globally: run it alone
-    comm = Communicator(heap_bytes=heap, staging_bytes=1 << 20) if {"dma", "peer_copy"} & set(cfg.impls) else None
+    comm = Communicator(heap_bytes=heap, staging_bytes=1 << 20, timeout_s=60) if {"dma", "peer_copy"} & set(cfg.impls) else None
     runner = Runner(cfg, comm, world, rank)
     rows: list[dict] = []
     plan = [(nbytes, op, pt, mode) for nbytes in cfg.sizes() for op in cfg.ops
