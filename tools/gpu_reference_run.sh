@@ -17,5 +17,5 @@ if [ "$what" = smoke ]; then
 else
   timeout 420 python3 -m dmacoll sweep --out "$out/sweep.csv" 2>&1 | tee "$out/sweep.log" | tail -40
 fi
-timeout 120 python3 -m dmacoll sweep --impls nccl_ce --max-bytes 64M --repeats 3 --out "$out/nccl_ce.csv" > "$out/nccl_ce.log" 2>&1
+timeout 150 python3 -m dmacoll sweep --impls nccl_ce --out "$out/nccl_ce.csv" > "$out/nccl_ce.log" 2>&1
 tail -5 "$out/nccl_ce.log"

@@ -79,7 +79,9 @@ class Baselines:
         s_in = self._lc[: inp.numel() * inp.element_size()].view(inp.dtype)
         s_in.copy_(inp)
         name = self.group.group_name
-        return lambda: torch.ops.symm_mem._low_contention_all_gather(s_in, name)
+        # the op runs on a side stream; wait_tensor joins it back to the current stream
+        return lambda: torch.ops._c10d_functional.wait_tensor(
+            torch.ops.symm_mem._low_contention_all_gather(s_in, name))
 
     # -- one peer copy: the NVLink floor for a chunk of this size -------------------
     def peer_copy(self, op: str, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], None]:

@@ -33,14 +33,15 @@ def _align(n: int) -> int:
 
 
 @functools.lru_cache(maxsize=512)
-def _plan(ex: Exchange, rank: int, variant: str, direction: str, layout: Layout) -> Plan:
-    return build_plan(ex, rank, variant, direction, layout)
+def _plan(ex: Exchange, rank: int, variant: str, direction: str, layout: Layout, engines: int) -> Plan:
+    return build_plan(ex, rank, variant, direction, layout, engines)
 
 
 class Communicator:
     """DMA collectives for the ranks of ``group`` (default: the world group).
 
-    ``variant``: ``pcpy`` (one queue per peer) or ``b2b`` (all copies on one queue);
+    ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue) or
+    ``multi`` (one handshake, copies split over ``engines`` queues);
     ``direction``: ``push`` (write into peers) or ``pull`` (read from peers);
     ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers).
     Each may be overridden per call. Calls enqueue work on the current stream and
@@ -50,7 +51,7 @@ class Communicator:
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *, backend: str = "auto",
                  heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "pcpy",
                  direction: str = "push", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 device: Optional[torch.device] = None):
+                 engines: int = 2, device: Optional[torch.device] = None):
         if not dist.is_initialized():
             raise InvalidArgument("torch.distributed is not initialised; call dist.init_process_group first")
         self.group = group if group is not None else dist.group.WORLD
@@ -60,6 +61,9 @@ class Communicator:
         self.variant, self.direction, self.sync = self._options(variant, direction, sync)
         if timeout_s <= 0:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
+        if not 1 <= engines <= 16:
+            raise InvalidArgument(f"engines must be between 1 and 16, got {engines}")
+        self.engines = engines
         self.backend = resolve(backend)
         self.staging = _align(flag_words(self.world) * 4)
         self.heap_start = self.staging + _align(staging_bytes)
@@ -140,7 +144,7 @@ class Communicator:
                                 staging_bytes(ex, self.rank, direction, layout), self.heap_start - self.staging,
                                 "allocate input/output with Communicator.empty() or create the communicator "
                                 "with a larger staging_bytes")
-        plan = _plan(ex, self.rank, variant, direction, layout)
+        plan = _plan(ex, self.rank, variant, direction, layout, self.engines)
         self._calls += 1
         self._epoch += 1
         label = f"{op} call #{self._calls} ({variant}/{direction}/{sync})"

@@ -26,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-VARIANTS = ("pcpy", "b2b")
+VARIANTS = ("pcpy", "b2b", "multi")
+SPLIT_MIN_BYTES = 1 << 20  # `multi` splits copies at least this large over its queues
+SPLIT_ALIGN = 4096
 DIRECTIONS = ("push", "pull")
 
 # Flag phases: index of a flag on its owner = phase * world + rank that signals it.
@@ -174,9 +176,22 @@ def coalesce(copies: list[Copy]) -> list[Copy]:
     return merged
 
 
+def split(c: Copy, pieces: int) -> list[Copy]:
+    """``c`` cut into up to ``pieces`` aligned parts (none below SPLIT_MIN_BYTES / pieces)."""
+    if pieces <= 1 or c.nbytes < SPLIT_MIN_BYTES:
+        return [c]
+    step = -(-c.nbytes // pieces // SPLIT_ALIGN) * SPLIT_ALIGN
+    return [Copy(Ref(c.src.space, c.src.rank, c.src.offset + o), Ref(c.dst.space, c.dst.rank, c.dst.offset + o),
+                 min(step, c.nbytes - o)) for o in range(0, c.nbytes, step)]
+
+
 def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = "push",
-               layout: Layout = Layout()) -> Plan:
-    """The commands ``rank`` issues for exchange ``ex``."""
+               layout: Layout = Layout(), engines: int = 2) -> Plan:
+    """The commands ``rank`` issues for exchange ``ex``.
+
+    Variants: ``pcpy`` one queue per peer, each signalling its peer; ``b2b`` every copy
+    on one queue, signals batched; ``multi`` handshake once on the caller's queue, then
+    all copies (large ones split) spread over ``engines`` queues."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
     if direction not in DIRECTIONS:
@@ -222,10 +237,16 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
         for p in talk:
             c = peer_copies.get(p)
             queues.append((Wait(p, READY), *((c,) if c else ()), Signal(p, DONE)))
-    else:  # b2b: one queue, copies back to back, signals batched after them
-        queues = [(*self_copies, *(Wait(p, READY) for p in talk),
-                   *(peer_copies[p] for p in talk if p in peer_copies),
-                   *(Signal(p, DONE) for p in talk))]
+    elif variant == "b2b":  # one queue, peer copies back to back, signals batched after them; the
+        # local copy runs while the peers' DONE signals travel
+        queues = [(*(Wait(p, READY) for p in talk), *(peer_copies[p] for p in talk if p in peer_copies),
+                   *(Signal(p, DONE) for p in talk), *self_copies)]
+    else:  # multi: wait for every READY, fan the copies out, join, signal every DONE
+        pre += [Wait(p, READY) for p in talk]
+        pieces = [piece for c in (*(peer_copies[p] for p in talk if p in peer_copies), *self_copies)
+                  for piece in split(c, engines)]
+        queues = [tuple(pieces[i::engines]) for i in range(max(1, engines))]
+        post += [Signal(p, DONE) for p in talk]
     post += [Wait(p, DONE) for p in talk]
     if stage_out:
         # push into private output: received chunks land in staging, move them out

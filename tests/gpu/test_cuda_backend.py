@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dmacoll.launch import run_ranks
+from dmacoll.plan import VARIANTS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
@@ -20,8 +21,8 @@ def _correctness(rank: int, world: int, seed: int) -> list[dict]:
     from dmacoll.check import cases, run_cases
 
     comm = Communicator(timeout_s=30)
-    cs = cases(["pcpy", "b2b"], ["push", "pull"], ["float32", "bfloat16", "float16", "int8", "int64", "bool"],
-               [1, 7, 4096, 65537], seed=seed, syncs=["reset", "epoch"])
+    cs = cases(VARIANTS, ["push", "pull"], ["float32", "bfloat16", "float16", "int8", "int64", "bool"],
+               [1, 7, 4096, 65537, 300001], seed=seed, syncs=["reset", "epoch"])
     return run_cases(comm, cs, nccl=True)
 
 
@@ -41,7 +42,7 @@ def _graph(rank: int, world: int, seed: int) -> list[str]:
     failures = []
     gen = torch.Generator().manual_seed(seed)
     for op in ("all_gather", "all_to_all"):
-        for variant in ("pcpy", "b2b"):
+        for variant in VARIANTS:
             for direction in ("push", "pull"):
                 for buffers in ("sym", "private"):
                     inp = comm.empty(n, dtype=torch.bfloat16) if buffers == "sym" else torch.empty(

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError
+from ..executor import MemOp
 from ..plan import Ref
 from . import sym_offset
 
@@ -88,14 +89,16 @@ class Watchdog:
 
     def _expire(self, label: str, sync: str, value: int) -> None:
         eng = self.engine
-        words = eng.flag_view.cpu().tolist()
+        # The release stream is non-blocking: it runs even if the stuck stream is the legacy default one.
+        with torch.cuda.stream(eng.release_stream):
+            words = eng.flag_view.cpu().tolist()
+            eng.flag_view.fill_(value)  # satisfies every wait of this rank: the stuck stream drains
+        eng.release_stream.synchronize()
         self.error = DmaCollTimeoutError(
-            f"rank {eng.rank}: {label} did not complete within {eng.timeout_s:g} s; flag words now {words}. "
+            f"rank {eng.rank}: {label} did not complete within {eng.timeout_s:g} s; flag words were {words}. "
             "A peer died, hangs, or the ranks called collectives in a different order. The stuck GPU waits "
             "were released; this communicator is unusable, create a new one.")
         print(f"[dmacoll] {self.error}", flush=True)
-        with torch.cuda.stream(eng.release_stream):
-            eng.flag_view.fill_(value)  # satisfies every wait of this rank: the stream drains
         while self.pending:
             self.pending.popleft()
 
@@ -137,6 +140,7 @@ class CudaEngine:
         self.watchdog = Watchdog(self)
         self._geq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
         self._eq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ)
+        self._batches: dict[tuple, list] = {}  # memop arrays by content (epoch values make new ones)
 
     # -- addresses ---------------------------------------------------------
     def bases(self, input: torch.Tensor, output: torch.Tensor) -> dict[str, int]:
@@ -153,13 +157,38 @@ class CudaEngine:
         _check(_drv.cuMemcpyAsync(self._addr(dst, bases), self._addr(src, bases), nbytes, queue.cuda_stream),
                "cuMemcpyAsync")
 
-    def write_flag(self, queue: torch.cuda.Stream, rank: int, index: int, value: int) -> None:
-        _check(_drv.cuStreamWriteValue32(queue.cuda_stream, self.ptrs[rank] + 4 * index, value, 0),
-               "cuStreamWriteValue32")
+    def memops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
+        stream = queue.cuda_stream
+        if len(ops) == 1:  # a single op: the plain call is cheaper to build
+            op = ops[0]
+            addr = self.ptrs[op.rank] + 4 * op.index
+            if op.wait:
+                _check(_drv.cuStreamWaitValue32(stream, addr, op.value, self._geq if op.geq else self._eq),
+                       "cuStreamWaitValue32")
+            else:
+                _check(_drv.cuStreamWriteValue32(stream, addr, op.value, 0), "cuStreamWriteValue32")
+            return
+        params = self._batches.get(tuple(ops))
+        if params is None:
+            if len(self._batches) > 4096:  # epoch mode makes new values every call
+                self._batches.clear()
+            params = self._batches[tuple(ops)] = [self._param(op) for op in ops]
+        _check(_drv.cuStreamBatchMemOp(stream, len(params), params, 0), "cuStreamBatchMemOp")
 
-    def wait_flag(self, queue: torch.cuda.Stream, index: int, value: int, geq: bool) -> None:
-        _check(_drv.cuStreamWaitValue32(queue.cuda_stream, self.ptrs[self.rank] + 4 * index, value,
-                                        self._geq if geq else self._eq), "cuStreamWaitValue32")
+    def _param(self, op: MemOp):
+        """One entry of a cuStreamBatchMemOp array; ops in a batch run in array order."""
+        p = _drv.CUstreamBatchMemOpParams()
+        if op.wait:
+            p.operation = _drv.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
+            fields = p.waitValue
+            fields.flags = self._geq if op.geq else self._eq
+        else:
+            p.operation = _drv.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
+            fields = p.writeValue
+            fields.flags = 0  # default: a memory barrier orders earlier writes (the data) first
+        fields.address = self.ptrs[op.rank] + 4 * op.index
+        fields.value = op.value
+        return p
 
     def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None:
         while len(self.side_streams) < len(tasks) - 1:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DmaCollTimeoutError
+from ..executor import MemOp
 from ..plan import NUM_PHASES, Ref
 from . import sym_offset
 
@@ -72,10 +73,14 @@ class HostEngine:
     def copy(self, queue: object, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, torch.Tensor]) -> None:
         self._view(dst, nbytes, bases).copy_(self._view(src, nbytes, bases))
 
-    def write_flag(self, queue: object, rank: int, index: int, value: int) -> None:
-        self.flags[rank][index] = value
+    def memops(self, queue: object, ops: Sequence[MemOp]) -> None:
+        for op in ops:
+            if op.wait:
+                self._wait(op.index, op.value, op.geq)
+            else:
+                self.flags[op.rank][op.index] = op.value
 
-    def wait_flag(self, queue: object, index: int, value: int, geq: bool) -> None:
+    def _wait(self, index: int, value: int, geq: bool) -> None:
         word = self.flags[self.rank]
         deadline = time.monotonic() + self.timeout_s
         pause = 0.0
