@@ -40,14 +40,17 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
 
 
 def ratio_table(df: pd.DataFrame, sizes=README_SIZES) -> pd.DataFrame:
-    dma, nccl = best(df, "dma"), best(df, "nccl")
+    dma, nccl, ce = best(df, "dma"), best(df, "nccl"), best(df, "nccl_ce")
     rows = []
     for (op, mode, size), r in dma.iterrows():
         if size not in sizes or (op, mode, size) not in nccl.index:
             continue
         n = nccl.loc[(op, mode, size), "time_us"]
         rows.append({"op": op, "mode": mode, "size": human(int(size)), "bytes": int(size),
-                     "nccl_us": round(float(n), 1), "dma_us": round(float(r["time_us"]), 1),
+                     "nccl_us": round(float(n), 1),
+                     "nccl_ce_us": round(float(ce.loc[(op, mode, size), "time_us"]), 1)
+                     if (op, mode, size) in ce.index else "failed/not run",
+                     "dma_us": round(float(r["time_us"]), 1),
                      "dma_over_nccl": round(float(r["time_us"] / n), 2),
                      "best_dma": f"{r['variant']}/{r['direction']}/{r['place']}"})
     return pd.DataFrame(rows).sort_values(["op", "mode", "bytes"]).reset_index(drop=True)

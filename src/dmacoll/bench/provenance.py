@@ -5,6 +5,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def git_sha() -> dict[str, Any]:
     """The commit the code came from; DMACOLL_GIT_SHA stands in where no .git travels."""
     root = Path(__file__).resolve().parents[3]
     sha = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
-    if sha:
+    if re.fullmatch(r"[0-9a-f]{40}", sha):  # a copied tree may hold a .git without commits
         dirty = bool(_run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"]))
         return {"git_sha": sha, "git_dirty": dirty}
     return {"git_sha": os.environ.get("DMACOLL_GIT_SHA", "unknown"),

@@ -1,0 +1,36 @@
+# Two entry points (see README): `make artifact` runs the workflow, `make test` the tests.
+# Both create the virtual environment .venv first (once; again when pyproject.toml changes).
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+# CPU machines take torch 2.13.0 (a CPU wheel where one is on local disk); GPU machines keep
+# their own CUDA torch >= 2.11: `make TORCH='torch>=2.11' EXTRAS=cuda,workflow,test artifact`.
+TORCH     ?= torch==2.13.0
+EXTRAS    ?= workflow,test
+CORES     ?= 2
+STAMP     := $(VENV)/.installed
+
+.PHONY: setup artifact test test-gpu dryrun clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check '$(TORCH)'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[$(EXTRAS)]'
+	touch $@
+
+artifact: $(STAMP)
+	$(VENV)/bin/snakemake --cores $(CORES) --printshellcmds
+
+dryrun: $(STAMP)
+	$(VENV)/bin/snakemake --cores $(CORES) --dry-run
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# on a machine with 2 GPUs
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu tests/gpu
+
+clean:
+	rm -rf results/local logs benchmarks .snakemake

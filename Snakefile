@@ -1,0 +1,20 @@
+# dmacoll artifact workflow. `make artifact` runs it; see README.
+# On a machine without GPUs it renders the tables from the shipped reference results;
+# on an NVIDIA machine it runs the experiments first and renders from the fresh results.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+configfile: "config/config.yaml"
+validate(config, "workflow/schemas/config.schema.yaml")
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/check.smk"
+include: "workflow/rules/operator.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        f"{OUT}/check/host_w{config['host_check']['world']}.txt",
+        f"{OUT}/tables/operator.md",

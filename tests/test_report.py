@@ -1,0 +1,85 @@
+"""Tables come from the committed results, and the README's table is current."""
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dmacoll import report
+from dmacoll.bench.sweep import COLUMNS, SweepConfig, merge, Point, points
+from dmacoll.bench.timing import summarize
+from dmacoll.cli import parse_size
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / "results/reference/h200x2/operator"
+CSVS = [str(REF / "sweep.csv"), str(REF / "nccl_ce.csv")]
+
+
+def test_reference_results_have_provenance_and_all_columns():
+    for csv in CSVS:
+        df = pd.read_csv(csv)
+        assert list(df.columns) == COLUMNS
+        side = Path(csv).with_suffix(".json")
+        assert side.exists()
+        text = side.read_text()
+        for key in ('"git_sha"', '"torch"', '"nccl"', '"topology"', '"gpus"', '"command"'):
+            assert key in text
+
+
+def test_readme_table_matches_reference_files(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the block names the files relative to the repository
+    block = report.readme_block([str(Path(c).relative_to(ROOT)) for c in CSVS])
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.index(report.BEGIN), readme.index(report.END) + len(report.END)
+    assert readme[start:end] == block, "README table is stale: run `dmacoll report readme --csv ...`"
+
+
+def test_every_reference_point_is_correct_or_explained():
+    df = report.load(CSVS)
+    ok = df[df["status"] == "ok"]
+    assert ok["ok"].all(), ok[~ok["ok"]].head()
+    failed = df[df["status"] != "ok"]
+    assert (failed["error"].str.len() > 0).all()
+
+
+def test_ratio_table_picks_fastest_correct_dma():
+    rows = []
+    for impl, variant, t in (("nccl", "", 10.0), ("dma", "pcpy", 8.0), ("dma", "b2b", 6.0)):
+        rows.append({"op": "all_gather", "impl": impl, "variant": variant, "direction": "push", "place": "out",
+                     "mode": "graph", "bytes_per_rank": 4096, "time_us": t, "status": "ok", "correct": True,
+                     "error": ""})
+    rows.append({**rows[-1], "variant": "multi", "time_us": 1.0, "correct": False})  # wrong: never picked
+    df = pd.DataFrame(rows)
+    df["ok"] = df["correct"]
+    table = report.ratio_table(df, sizes=(4096,))
+    assert table.loc[0, "dma_over_nccl"] == 0.6
+    assert table.loc[0, "best_dma"] == "b2b/push/out"
+
+
+def test_merge_reports_the_slowest_rank_and_bandwidth():
+    cfg = SweepConfig()
+    ranks = [{"status": "ok", "error": "", "time_us": 10.0, "time_us_p10": 9.0, "time_us_p90": 11.0, "correct": True},
+             {"status": "ok", "error": "", "time_us": 20.0, "time_us_p10": 19.0, "time_us_p90": 21.0, "correct": True}]
+    row = merge(ranks, cfg, Point("all_gather", "dma"), 1 << 20, "graph", 2)
+    assert row["time_us"] == 20.0 and row["total_bytes"] == 2 << 20
+    assert math.isclose(row["algbw_GBps"], (2 << 20) / 20e-6 / 1e9)
+    assert math.isclose(row["busbw_GBps"], row["algbw_GBps"] / 2)
+    ranks[1] = {**ranks[1], "status": "failed", "error": "boom"}
+    assert merge(ranks, cfg, Point("all_gather", "dma"), 1 << 20, "graph", 2)["status"] == "failed"
+
+
+def test_sweep_points_and_sizes():
+    cfg = SweepConfig(min_bytes=1024, max_bytes=8192)
+    assert cfg.sizes() == [1024, 2048, 4096, 8192]
+    ag = points(cfg, "all_gather", 2)
+    a2a = points(cfg, "all_to_all", 2)
+    assert any(p.impl == "symm_mem_lc" for p in ag) and not any(p.impl == "symm_mem_lc" for p in a2a)
+    assert not any(p.place == "in" for p in a2a)
+
+
+def test_summarize_and_parse_size():
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert s == {"time_us": 3.0, "time_us_p10": 1.0, "time_us_p90": 5.0}
+    assert parse_size("256M") == 256 << 20 and parse_size("1K") == 1024 and parse_size("4096") == 4096
+    with pytest.raises(Exception):
+        parse_size("big")

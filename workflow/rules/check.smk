@@ -1,0 +1,11 @@
+rule host_check:
+    """Every op x variant x direction x dtype on the host emulator (CPU, one process per rank)."""
+    output:
+        f"{OUT}/check/host_w{{world}}.txt",
+    log:
+        "logs/host_check_w{world}.log",
+    benchmark:
+        "benchmarks/host_check_w{world}.tsv"
+    shell:
+        "{PY} -m dmacoll check --backend host --world {wildcards.world} > {output} 2> {log}; "
+        "tail -n 1 {output}"
