@@ -12,6 +12,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
   python3 -m pip list 2>/dev/null | grep -i -E "cuda-bindings|nvidia-nccl|pandas|pytest"
 } > "$out/probe.txt" 2>&1
 echo "== gpu tests"; timeout 300 python3 -m pytest -q -m gpu tests/gpu -x 2>&1 | tee "$out/pytest_gpu.log" | tail -15
+echo "== cuda check against NCCL"; timeout 200 python3 -m dmacoll check --backend cuda --world 2 --reference nccl \
+  --dtypes float32 bfloat16 float16 int8 int32 int64 bool --counts 1 17 4096 65537 2>&1 | tail -3 | tee -a "$out/pytest_gpu.log"
 if [ "$what" = smoke ]; then
   timeout 200 python3 -m dmacoll sweep --max-bytes 4M --min-bytes 1K --repeats 3 --out "$out/sweep.csv" 2>&1 | tail -60
 else

@@ -56,7 +56,8 @@ class HostEngine:
         os.unlink(path)
         self.flags = [h[: flag_words * 4].view(torch.int32).numpy() for h in self.heaps]
         self.heap = self.heaps[self.rank]
-        self._pool = ThreadPoolExecutor(max_workers=max(1, self.world), thread_name_prefix="dmacoll-engine")
+        # one thread per side queue (pcpy: a queue per peer; multi: `engines` queues)
+        self._pool = ThreadPoolExecutor(max_workers=max(16, self.world), thread_name_prefix="dmacoll-engine")
 
     # -- addresses ---------------------------------------------------------
     def bases(self, input: torch.Tensor, output: torch.Tensor) -> dict[str, torch.Tensor]:
