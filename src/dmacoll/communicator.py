@@ -74,8 +74,6 @@ class Communicator:
         self._total = total
         self._epoch = 0
         self._calls = 0
-        # experimental: flag writes that hand over no data skip the memory fence (see executor)
-        self.light_signals = os.environ.get("DMACOLL_LIGHT_SIGNALS", "0") == "1"
 
     # -- memory ----------------------------------------------------------------
     def empty(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -155,7 +153,7 @@ class Communicator:
                                "create a new one")
         self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
         try:
-            execute(plan, self.engine, self.engine.bases(input, output), sync, self._epoch, self.light_signals)
+            execute(plan, self.engine, self.engine.bases(input, output), sync, self._epoch)
         except DmaCollError as e:
             self.error = e
             raise

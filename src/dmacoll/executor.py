@@ -40,7 +40,6 @@ class MemOp(NamedTuple):
     index: int
     value: int
     geq: bool = False
-    fence: bool = True  # writes: order earlier memory writes before this one
 
 
 class Engine(Protocol):
@@ -54,9 +53,7 @@ class Engine(Protocol):
     main_queue: object
 
 
-def execute(plan: Plan, engine: Engine, bases: Mapping[str, object], sync: str = "reset", epoch: int = 1,
-            light: bool = False) -> None:
-    """``light``: issue flag writes that hand over no data without a memory fence (experimental)."""
+def execute(plan: Plan, engine: Engine, bases: Mapping[str, object], sync: str = "reset", epoch: int = 1) -> None:
     if sync not in SYNC_MODES:
         raise ValueError(f"unknown sync mode {sync!r}; choose one of {SYNC_MODES}")
     value = 1 if sync == "reset" else epoch
@@ -71,13 +68,12 @@ def execute(plan: Plan, engine: Engine, bases: Mapping[str, object], sync: str =
                     ops = []
                 engine.copy(queue, c.src, c.dst, c.nbytes, bases)
             elif isinstance(c, Signal):
-                ops.append(MemOp(False, c.peer, flag_index(world, sync, c.phase, me), value,
-                                 fence=c.fence or not light))
+                ops.append(MemOp(False, c.peer, flag_index(world, sync, c.phase, me), value))
             elif isinstance(c, Wait):
                 index = flag_index(world, sync, c.phase, c.peer)
                 ops.append(MemOp(True, me, index, value, geq=sync == "epoch"))
                 if sync == "reset":
-                    ops.append(MemOp(False, me, index, 0, fence=not light))
+                    ops.append(MemOp(False, me, index, 0))
             else:  # pragma: no cover - plans only hold the three kinds
                 raise TypeError(f"not a command: {c!r}")
         if ops:

@@ -55,12 +55,10 @@ class Copy:
 
 @dataclass(frozen=True)
 class Signal:
-    """Set flag ``phase`` on rank ``peer`` (slot of the signalling rank). ``fence``: the
-    peer will read data this rank wrote before the signal, so those writes must land first."""
+    """Set flag ``phase`` on rank ``peer`` (slot of the signalling rank)."""
 
     peer: int
     phase: int
-    fence: bool = True
 
 
 @dataclass(frozen=True)
@@ -232,24 +230,23 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
             peer_copies[p] = Copy(src,
                                   _out_ref(layout, rank, ex.dst[p][rank], False), ex.nbytes[p][rank])
 
-    # READY goes to the peer that will act on it: push -> senders, pull -> readers. Only the
-    # signal that hands over data needs a fence: push DONE, pull READY.
-    pre += [Signal(p, READY, fence=not push) for p in talk]
+    # READY goes to the peer that will act on it: push -> senders, pull -> readers.
+    pre += [Signal(p, READY) for p in talk]
     if variant == "pcpy":
         queues = [tuple(self_copies)]
         for p in talk:
             c = peer_copies.get(p)
-            queues.append((Wait(p, READY), *((c,) if c else ()), Signal(p, DONE, fence=push)))
+            queues.append((Wait(p, READY), *((c,) if c else ()), Signal(p, DONE)))
     elif variant == "b2b":  # one queue, peer copies back to back, signals batched after them; the
         # local copy runs while the peers' DONE signals travel
         queues = [(*(Wait(p, READY) for p in talk), *(peer_copies[p] for p in talk if p in peer_copies),
-                   *(Signal(p, DONE, fence=push) for p in talk), *self_copies)]
+                   *(Signal(p, DONE) for p in talk), *self_copies)]
     else:  # multi: wait for every READY, fan the copies out, join, signal every DONE
         pre += [Wait(p, READY) for p in talk]
         pieces = [piece for c in (*(peer_copies[p] for p in talk if p in peer_copies), *self_copies)
                   for piece in split(c, engines)]
         queues = [tuple(pieces[i::engines]) for i in range(max(1, engines))]
-        post += [Signal(p, DONE, fence=push) for p in talk]
+        post += [Signal(p, DONE) for p in talk]
     post += [Wait(p, DONE) for p in talk]
     if stage_out:
         # push into private output: received chunks land in staging, move them out

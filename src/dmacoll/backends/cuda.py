@@ -140,7 +140,6 @@ class CudaEngine:
         self.watchdog = Watchdog(self)
         self._geq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
         self._eq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ)
-        self._nofence = int(_drv.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)
         self._batches: dict[tuple, list] = {}  # memop arrays by content (epoch values make new ones)
 
     # -- addresses ---------------------------------------------------------
@@ -167,8 +166,7 @@ class CudaEngine:
                 _check(_drv.cuStreamWaitValue32(stream, addr, op.value, self._geq if op.geq else self._eq),
                        "cuStreamWaitValue32")
             else:
-                _check(_drv.cuStreamWriteValue32(stream, addr, op.value, 0 if op.fence else self._nofence),
-                       "cuStreamWriteValue32")
+                _check(_drv.cuStreamWriteValue32(stream, addr, op.value, 0), "cuStreamWriteValue32")
             return
         params = self._batches.get(tuple(ops))
         if params is None:
@@ -187,8 +185,7 @@ class CudaEngine:
         else:
             p.operation = _drv.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
             fields = p.writeValue
-            # default: a memory barrier orders earlier writes (the data) first
-            fields.flags = 0 if op.fence else self._nofence
+            fields.flags = 0  # default: a memory barrier orders earlier writes (the data) first
         fields.address = self.ptrs[op.rank] + 4 * op.index
         fields.value = op.value
         return p
