@@ -40,7 +40,7 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
 
 
 def ratio_table(df: pd.DataFrame, sizes=README_SIZES) -> pd.DataFrame:
-    dma, nccl, ce = best(df, "dma"), best(df, "nccl"), best(df, "nccl_ce")
+    dma, nccl, ce, floor = best(df, "dma"), best(df, "nccl"), best(df, "nccl_ce"), best(df, "peer_copy")
     rows = []
     for (op, mode, size), r in dma.iterrows():
         if size not in sizes or (op, mode, size) not in nccl.index:
@@ -52,6 +52,9 @@ def ratio_table(df: pd.DataFrame, sizes=README_SIZES) -> pd.DataFrame:
                      if (op, mode, size) in ce.index else "failed/not run",
                      "dma_us": round(float(r["time_us"]), 1),
                      "dma_over_nccl": round(float(r["time_us"] / n), 2),
+                     # the fixed cost of the protocol (flags, fork/join) beyond moving the bytes
+                     "dma_minus_peer_copy_us": round(float(r["time_us"] - floor.loc[(op, mode, size), "time_us"]), 1)
+                     if (op, mode, size) in floor.index else "",
                      "best_dma": f"{r['variant']}/{r['direction']}/{r['place']}"})
     return pd.DataFrame(rows).sort_values(["op", "mode", "bytes"]).reset_index(drop=True)
 
