@@ -17,4 +17,5 @@ include: "workflow/rules/report.smk"
 rule all:
     input:
         f"{OUT}/check/host_w{config['host_check']['world']}.txt",
-        f"{OUT}/tables/operator.md",
+        f"{OUT}/notebooks/operator.html",
+        f"{OUT}/claims.json",

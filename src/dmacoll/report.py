@@ -35,7 +35,7 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
     """Fastest correct row of ``impl`` per (op, mode, size), with its configuration."""
     sub = df[(df["impl"] == impl) & df["ok"]]
     idx = sub.groupby(["op", "mode", "bytes_per_rank"])["time_us"].idxmin()
-    out = sub.loc[idx, ["op", "mode", "bytes_per_rank", "time_us", "variant", "direction", "place"]]
+    out = sub.loc[idx, ["op", "mode", "bytes_per_rank", "time_us", "busbw_GBps", "variant", "direction", "place"]]
     return out.set_index(["op", "mode", "bytes_per_rank"])
 
 
@@ -115,13 +115,23 @@ def update_readme(readme: Path, block: str) -> bool:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=("table", "readme"), help="table: print/write Markdown; readme: update README")
+    p.add_argument("what", choices=("table", "readme", "claims"),
+                   help="table: print/write Markdown; readme: update README; claims: the papers' claims "
+                        "(--out claims.json, Markdown beside it)")
     p.add_argument("--csv", nargs="+", required=True, help="sweep CSV(s)")
     p.add_argument("--out", help="write the Markdown here (table)")
     p.add_argument("--readme", default="README.md")
 
 
 def main(a: argparse.Namespace) -> int:
+    if a.what == "claims":
+        from . import claims
+
+        out = Path(a.out or "results/local/claims.json")
+        rows = claims.write(a.csv, out, out.with_suffix(".md"))
+        for r in rows:
+            print(f"{r['status']:7s} {r['id']}: {r['reproduced']} (tolerance {r['tolerance']})")
+        return 0
     block = readme_block(a.csv)
     if a.what == "readme":
         changed = update_readme(Path(a.readme), block)

@@ -1,0 +1,78 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Operator level: copy-engine (dma) collectives vs NCCL
+#
+# Latency and bus bandwidth per message size for all-gather and all-to-all, graph-replayed and eager, from the
+# sweep CSVs given as parameters. `dma` is the fastest correct dmacoll variant at each size (its configuration is
+# in the table); `peer_copy` is one raw copy-engine copy of the same chunk to one peer, the NVLink floor.
+# Measured on NVIDIA Hopper; the papers this reproduces (ConCCL, DMA-Latte) ran on AMD MI300X.
+
+# %% tags=["parameters"]
+sweep_csvs = ["results/reference/h200x2/operator/sweep.csv", "results/reference/h200x2/operator/nccl_ce.csv"]
+platform_label = "2x H200 (NVLink)"
+outdir = "results/local/figures/operator"
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from dmacoll import report  # noqa: E402
+
+out = Path(outdir)
+out.mkdir(parents=True, exist_ok=True)
+df = report.load(sweep_csvs)
+prov = json.loads(Path(sweep_csvs[0]).with_suffix(".json").read_text())
+print(f"{len(df)} points from {sweep_csvs}; git {prov['git_sha'][:10]}, torch {prov['software']['torch']}, "
+      f"NCCL {prov['software']['nccl']}, GPUs {prov['hardware']['gpus']}")
+print("failed points:", int((df['status'] != 'ok').sum()), " wrong outputs:",
+      int(((df['status'] == 'ok') & ~df['ok']).sum()))
+
+# %%
+# One line per implementation: the best dma configuration per size, every baseline as measured.
+lines = []
+for impl in ("nccl", "nccl_ce", "symm_mem_lc", "peer_copy", "dma"):
+    b = report.best(df, impl).reset_index()
+    if not b.empty:
+        b["impl"] = impl
+        lines.append(b)
+curves = pd.concat(lines, ignore_index=True)
+curves["MB per rank"] = curves["bytes_per_rank"] / (1 << 20)
+
+# %%
+def facet_plot(y: str, ylabel: str, name: str) -> None:
+    g = sns.relplot(data=curves, x="MB per rank", y=y, hue="impl", col="op", row="mode", kind="line",
+                    marker="o", height=3.2, aspect=1.4, facet_kws={"sharey": False})
+    g.set(xscale="log", yscale="log")
+    g.set_axis_labels("message size per rank (MB)", ylabel)
+    g.figure.suptitle(f"{ylabel}, {platform_label}", y=1.02)
+    for ext in ("png", "pdf"):
+        g.savefig(out / f"{name}.{ext}", bbox_inches="tight")
+    plt.show()
+
+
+facet_plot("time_us", "time per call (us)", "latency")
+facet_plot("busbw_GBps", "bus bandwidth (GB/s)", "busbw")
+
+# %%
+table = report.ratio_table(df, sizes=sorted(df["bytes_per_rank"].unique()))
+table.to_csv(out / "ratios.csv", index=False)
+(out / "ratios.md").write_text(report.markdown(table) + "\n")
+targets = pd.DataFrame(report.targets(df))
+(out / "targets.md").write_text(report.markdown(targets) + "\n" if not targets.empty else "no targets\n")
+table[table["mode"] == "graph"]
