@@ -46,7 +46,7 @@ def test_ratio_table_picks_fastest_correct_dma():
     rows = []
     for impl, variant, t in (("nccl", "", 10.0), ("dma", "pcpy", 8.0), ("dma", "b2b", 6.0)):
         rows.append({"op": "all_gather", "impl": impl, "variant": variant, "direction": "push", "place": "out",
-                     "mode": "graph", "bytes_per_rank": 4096, "time_us": t, "status": "ok", "correct": True,
+                     "mode": "graph", "bytes_per_rank": 4096, "time_us": t, "busbw_GBps": 1.0, "status": "ok", "correct": True,
                      "error": ""})
     rows.append({**rows[-1], "variant": "multi", "time_us": 1.0, "correct": False})  # wrong: never picked
     df = pd.DataFrame(rows)
