@@ -84,6 +84,32 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(a: argparse.Namespace) -> int:
+    """Measure every dma variant (or read a sweep) and write the fastest per (op, size, mode, place)."""
+    import json
+    from pathlib import Path
+
+    from . import tuning
+    from .bench import provenance
+
+    out = Path(a.out)
+    csvs = a.from_sweep
+    if not csvs:
+        sweep_csv = str(out.with_suffix(".sweep.csv"))
+        rc = cmd_sweep(build_parser().parse_args(
+            ["sweep", "--impls", "dma", "--min-bytes", str(a.min_bytes), "--max-bytes", str(a.max_bytes),
+             "--repeats", str(a.repeats), "--world", str(a.world), "--out", sweep_csv]))
+        if rc:
+            return rc
+        csvs = [sweep_csv]
+    prov = json.loads(Path(csvs[0]).with_suffix(".json").read_text())
+    table = tuning.derive(csvs, prov)
+    provenance.write_atomic(out, table.to_json())
+    print(f"wrote {out}: {len(table.entries)} entries from {csvs} (world {table.meta['world']}, "
+          f"{table.meta['gpu']}, code {str(table.meta['source_git_sha'])[:10]})")
+    return 0
+
+
 def cmd_report(a: argparse.Namespace) -> int:
     from . import report
 
@@ -135,6 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout-s", type=float, default=3600)
     s.add_argument("--out", default="results/sweep.csv")
     s.set_defaults(func=cmd_sweep)
+
+    t = sub.add_parser("tune", help="measure the dma variants and write a tuning table for variant='auto'")
+    t.add_argument("--out", default="results/local/tuning.json")
+    t.add_argument("--from-sweep", nargs="+", help="derive from existing sweep CSV(s) instead of measuring")
+    t.add_argument("--world", type=int, default=0)
+    t.add_argument("--min-bytes", type=parse_size, default=parse_size("1K"))
+    t.add_argument("--max-bytes", type=parse_size, default=parse_size("256M"))
+    t.add_argument("--repeats", type=int, default=5)
+    t.set_defaults(func=cmd_tune)
 
     r = sub.add_parser("report", help="render tables from sweep CSVs")
     from .report import add_arguments

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import validate
+from . import tuning, validate
 from .backends import make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
 from .executor import SYNC_MODES, execute, flag_words
@@ -40,18 +40,22 @@ def _plan(ex: Exchange, rank: int, variant: str, direction: str, layout: Layout,
 class Communicator:
     """DMA collectives for the ranks of ``group`` (default: the world group).
 
-    ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue) or
-    ``multi`` (one handshake, copies split over ``engines`` queues);
-    ``direction``: ``push`` (write into peers) or ``pull`` (read from peers);
+    ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue),
+    ``multi`` (one handshake, copies split over ``engines`` queues) or ``auto``;
+    ``direction``: ``push`` (write into peers), ``pull`` (read from peers) or ``auto``.
+    ``auto`` takes the fastest measured choice for the call's (op, size, graph/eager, in place)
+    from a tuning table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on
+    this platform; without one: pcpy/push);
     ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers).
     Each may be overridden per call. Calls enqueue work on the current stream and
     never block the host; they can be captured in a CUDA graph (sync='reset').
     """
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *, backend: str = "auto",
-                 heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "pcpy",
-                 direction: str = "push", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 engines: int = 2, device: Optional[torch.device] = None):
+                 heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "auto",
+                 direction: str = "auto", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
+                 engines: int = 2, tuning_table: Optional[str] = None,
+                 device: Optional[torch.device] = None):
         if not dist.is_initialized():
             raise InvalidArgument("torch.distributed is not initialised; call dist.init_process_group first")
         self.group = group if group is not None else dist.group.WORLD
@@ -70,6 +74,8 @@ class Communicator:
         total = self.heap_start + _align(heap_bytes)
         self.engine = make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
         self.device = self.engine.device
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        self.tuning = tuning.find(self.world, name, tuning_table or os.environ.get("DMACOLL_TUNING"))
         self._next = self.heap_start
         self._total = total
         self._epoch = 0
@@ -123,8 +129,8 @@ class Communicator:
 
     # -- machinery -------------------------------------------------------------
     def _options(self, variant: str, direction: str, sync: str) -> tuple[str, str, str]:
-        for name, value, allowed in (("variant", variant, VARIANTS), ("direction", direction, DIRECTIONS),
-                                     ("sync", sync, SYNC_MODES)):
+        for name, value, allowed in (("variant", variant, VARIANTS + ("auto",)),
+                                     ("direction", direction, DIRECTIONS + ("auto",)), ("sync", sync, SYNC_MODES)):
             if value not in allowed:
                 raise InvalidArgument(f"{name}={value!r} is not one of {allowed}")
         return variant, direction, sync
@@ -136,9 +142,15 @@ class Communicator:
         variant, direction, sync = self._options(options.get("variant", self.variant),
                                                  options.get("direction", self.direction),
                                                  options.get("sync", self.sync))
-        if sync == "epoch" and self.backend == "cuda" and torch.cuda.is_current_stream_capturing():
+        capturing = self.backend == "cuda" and torch.cuda.is_current_stream_capturing()
+        if sync == "epoch" and capturing:
             raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
                                   "then deadlock; capture with sync='reset'")
+        if "auto" in (variant, direction):
+            picked = self.tuning.select(op, input.numel() * input.element_size(), "graph" if capturing else "eager",
+                                        ex.in_place_self) if self.tuning else tuning.FALLBACK
+            variant = picked[0] if variant == "auto" else variant
+            direction = picked[1] if direction == "auto" else direction
         layout = Layout(self.engine.sym_offset(input), self.engine.sym_offset(output), self.staging)
         validate.check_capacity(f"{op} with private buffers ({direction})",
                                 staging_bytes(ex, self.rank, direction, layout), self.heap_start - self.staging,
@@ -148,6 +160,7 @@ class Communicator:
         self._calls += 1
         self._epoch += 1
         label = f"{op} call #{self._calls} ({variant}/{direction}/{sync})"
+        self.last_choice = (variant, direction, sync)  # what 'auto' resolved to, for logs and tests
         if self.error is not None:
             raise DmaCollError(f"this communicator is unusable after an earlier error ({self.error}); "
                                "create a new one")

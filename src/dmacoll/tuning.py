@@ -1,0 +1,95 @@
+"""Automatic variant selection from a measured tuning table.
+
+A table maps (op, mode, place, message size) to the fastest (variant, direction)
+measured by a sweep of the dma variants (``dmacoll tune``). ``select`` picks the
+entry of the smallest measured size at or above the message (the largest if the
+message is bigger than any), for the call's mode (``graph`` while a CUDA graph
+is being captured, else ``eager``). Tables are JSON with the provenance of the
+sweep they come from; the package ships one per measured platform.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+DEFAULT_DIRECTORY = "tuning_tables"  # package data: src/dmacoll/tuning_tables/*.json
+FALLBACK = ("pcpy", "push")
+
+
+@dataclass(frozen=True)
+class Entry:
+    op: str
+    mode: str
+    place: str
+    bytes_per_rank: int
+    variant: str
+    direction: str
+    time_us: float
+
+
+class TuningTable:
+    def __init__(self, meta: dict, entries: list[Entry]):
+        self.meta = meta
+        self.entries = entries
+        self._by_key: dict[tuple[str, str, str], list[Entry]] = {}
+        for e in sorted(entries, key=lambda e: e.bytes_per_rank):
+            self._by_key.setdefault((e.op, e.mode, e.place), []).append(e)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TuningTable":
+        data = json.loads(Path(path).read_text())
+        return cls({k: v for k, v in data.items() if k != "entries"}, [Entry(**e) for e in data["entries"]])
+
+    def to_json(self) -> str:
+        return json.dumps({**self.meta, "entries": [e.__dict__ for e in self.entries]}, indent=1) + "\n"
+
+    def matches(self, world: int, device_name: str) -> bool:
+        return self.meta.get("world") == world and self.meta.get("gpu", "") in device_name
+
+    def select(self, op: str, nbytes: int, mode: str, in_place: bool) -> tuple[str, str]:
+        op = "all_to_all" if op == "all_to_all_v" else op
+        place = "in" if in_place else "out"
+        rows = self._by_key.get((op, mode, place)) or self._by_key.get((op, mode, "out"))
+        if not rows:
+            return FALLBACK
+        for e in rows:
+            if e.bytes_per_rank >= nbytes:
+                return e.variant, e.direction
+        return rows[-1].variant, rows[-1].direction
+
+
+def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
+    """The fastest correct dma (variant, direction) per (op, mode, place, size) of a sweep."""
+    from . import report
+
+    df = report.load(sweep_csvs)
+    dma = df[(df["impl"] == "dma") & df["ok"]]
+    if dma.empty:
+        raise ValueError(f"{sweep_csvs}: no correct dma rows to tune from")
+    idx = dma.groupby(["op", "mode", "place", "bytes_per_rank"])["time_us"].idxmin()
+    entries = [Entry(r.op, r.mode, r.place, int(r.bytes_per_rank), r.variant, r.direction, float(r.time_us))
+               for r in dma.loc[idx].itertuples()]
+    gpus = provenance.get("hardware", {}).get("gpus", [])
+    meta = {"world": int(dma["world"].iloc[0]), "gpu": gpus[0] if gpus else "", "dtype": str(dma["dtype"].iloc[0]),
+            "source": sweep_csvs, "source_git_sha": provenance.get("git_sha"),
+            "source_created_utc": provenance.get("created_utc")}
+    return TuningTable(meta, entries)
+
+
+def shipped_tables() -> list[Path]:
+    folder = resources.files("dmacoll") / DEFAULT_DIRECTORY
+    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".json")) if folder.is_dir() else []
+
+
+def find(world: int, device_name: str, path: Optional[str] = None) -> Optional[TuningTable]:
+    """The given table, else the first shipped one measured on this platform, else None."""
+    if path:
+        return TuningTable.load(path)
+    for p in shipped_tables():
+        table = TuningTable.load(p)
+        if table.matches(world, device_name):
+            return table
+    return None

@@ -1,0 +1,63 @@
+"""variant='auto': tables derived from measured sweeps, selection by size and mode."""
+import json
+from pathlib import Path
+
+import torch
+
+from dmacoll import tuning
+from dmacoll.launch import run_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "results/reference/h200x2/operator/sweep.csv"
+
+
+def _table(entries):
+    return tuning.TuningTable({"world": 2, "gpu": "NVIDIA H200"}, [tuning.Entry(*e) for e in entries])
+
+
+def test_select_takes_smallest_measured_size_at_or_above_the_message():
+    t = _table([("all_gather", "graph", "out", 1024, "b2b", "pull", 1.0),
+                ("all_gather", "graph", "out", 4096, "pcpy", "push", 2.0),
+                ("all_gather", "eager", "out", 1024, "multi", "push", 3.0)])
+    assert t.select("all_gather", 100, "graph", False) == ("b2b", "pull")
+    assert t.select("all_gather", 1025, "graph", False) == ("pcpy", "push")
+    assert t.select("all_gather", 1 << 30, "graph", False) == ("pcpy", "push")  # beyond the table: largest
+    assert t.select("all_gather", 100, "eager", False) == ("multi", "push")
+    assert t.select("all_gather", 100, "graph", True) == ("b2b", "pull")  # no in-place rows: out-of-place ones
+    assert t.select("all_to_all", 100, "graph", False) == tuning.FALLBACK
+
+
+def test_shipped_table_is_derived_from_the_committed_sweep():
+    shipped = tuning.find(2, "NVIDIA H200")
+    assert shipped is not None and shipped.meta["source"] == ["results/reference/h200x2/operator/sweep.csv"]
+    prov = json.loads(SWEEP.with_suffix(".json").read_text())
+    assert shipped.meta["source_git_sha"] == prov["git_sha"]
+    derived = tuning.derive([str(SWEEP)], prov)
+    assert [e.__dict__ for e in derived.entries] == [e.__dict__ for e in shipped.entries]
+    assert tuning.find(8, "NVIDIA H200") is None and tuning.find(2, "cpu") is None
+
+
+def _auto(rank, world, table_path):
+    from dmacoll import Communicator
+
+    out = {}
+    for name, path in (("default", None), ("table", table_path)):
+        comm = Communicator(backend="host", tuning_table=path, timeout_s=10)
+        x = torch.arange(4, dtype=torch.float32) + 10 * rank
+        y = torch.empty(4 * world)
+        comm.all_gather(y, x)
+        out[name] = (comm.last_choice, y.tolist())
+        comm.all_gather(y, x, variant="b2b")  # a per-call override wins over the table
+        out[name + "_override"] = comm.last_choice
+        comm.close()
+    return out
+
+
+def test_communicator_resolves_auto_from_the_table(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(_table([("all_gather", "eager", "out", 1 << 20, "multi", "pull", 1.0)]).to_json())
+    res = run_ranks(_auto, 2, str(path))[0]
+    assert res["default"][0] == ("pcpy", "push", "reset")  # the host emulator has no table: fallback
+    assert res["table"][0] == ("multi", "pull", "reset")
+    assert res["table"][1] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
+    assert res["table_override"] == ("b2b", "pull", "reset")
