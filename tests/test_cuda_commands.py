@@ -1,0 +1,122 @@
+"""The cuda backend's driver calls, recorded on the CPU through a fake driver module.
+
+Checks what the GPU sees per collective (addresses, flag values, wait modes, how many
+commands) without a GPU; the GPU tests (tests/gpu) check that the real driver agrees.
+"""
+from types import SimpleNamespace
+
+import pytest
+
+from dmacoll.backends import cuda as cuda_backend
+from dmacoll.executor import execute, flag_index
+from dmacoll.plan import DONE, READY, Layout, all_gather_exchange, all_to_all_exchange, build_plan
+
+HEAPS = [0x10_0000_0000, 0x20_0000_0000]  # rank 0's and rank 1's heap, as mapped on rank 0
+
+
+class FakeDriver:
+    """Records calls; mirrors the cuda-bindings names, enums and (err, ...) returns used by the backend."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    class CUstreamWaitValue_flags:
+        CU_STREAM_WAIT_VALUE_GEQ = 0
+        CU_STREAM_WAIT_VALUE_EQ = 1
+
+    class CUstreamBatchMemOpType:
+        CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1
+        CU_STREAM_MEM_OP_WRITE_VALUE_32 = 2
+
+    class CUstreamBatchMemOpParams:
+        def __init__(self):
+            self.operation = None
+            self.waitValue = SimpleNamespace()
+            self.writeValue = SimpleNamespace()
+
+    def __init__(self):
+        self.calls = []
+
+    def cuMemcpyAsync(self, dst, src, n, stream):
+        self.calls.append(("copy", dst, src, n, stream))
+        return (0,)
+
+    def cuStreamWriteValue32(self, stream, addr, value, flags):
+        self.calls.append(("write", addr, value, stream))
+        return (0,)
+
+    def cuStreamWaitValue32(self, stream, addr, value, flags):
+        self.calls.append(("wait", addr, value, "eq" if flags == 1 else "geq", stream))
+        return (0,)
+
+    def cuStreamBatchMemOp(self, stream, count, params, flags):
+        ops = []
+        for p in params:
+            if p.operation == 1:
+                ops.append(("wait", p.waitValue.address, p.waitValue.value,
+                            "eq" if p.waitValue.flags == 1 else "geq"))
+            else:
+                ops.append(("write", p.writeValue.address, p.writeValue.value))
+        assert count == len(params) < 256
+        self.calls.append(("batch", tuple(ops), stream))
+        return (0,)
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    drv = FakeDriver()
+    monkeypatch.setattr(cuda_backend, "_drv", drv)
+    eng = object.__new__(cuda_backend.CudaEngine)  # no GPU: only the command-issuing state
+    eng.rank, eng.world, eng.ptrs = 0, 2, HEAPS
+    eng._geq, eng._eq, eng._batches = 0, 1, {}
+    eng.main_queue = SimpleNamespace(cuda_stream=7)
+    eng.drv = drv
+    return eng
+
+
+def flag(rank, sync, phase, signaller):
+    return HEAPS[rank] + 4 * flag_index(2, sync, phase, signaller)
+
+
+def test_in_place_push_all_gather_is_three_commands(engine):
+    layout = Layout(input_sym=4096, output_sym=4096, staging=512)  # rank 0's input is its output slot 0
+    plan = build_plan(all_gather_exchange(2, 512, in_place=True), 0, "b2b", "push", layout)
+    execute(plan, engine, {}, "reset")
+    assert engine.drv.calls == [
+        ("batch", (("write", flag(1, "reset", READY, 0), 1),          # tell rank 1 it may write into us
+                   ("wait", flag(0, "reset", READY, 1), 1, "eq"),     # wait until we may write into rank 1
+                   ("write", flag(0, "reset", READY, 1), 0)), 7),     # re-arm: the graph replays the same values
+        ("copy", HEAPS[1] + 4096, HEAPS[0] + 4096, 512, 7),           # our slot 0 into rank 1's slot 0
+        ("batch", (("write", flag(1, "reset", DONE, 0), 1),
+                   ("wait", flag(0, "reset", DONE, 1), 1, "eq"),
+                   ("write", flag(0, "reset", DONE, 1), 0)), 7),
+    ]
+
+
+def test_epoch_sync_writes_sequence_numbers_and_never_rearms(engine):
+    layout = Layout(input_sym=8192, output_sym=16384, staging=512)
+    plan = build_plan(all_to_all_exchange([[64, 64], [64, 64]]), 0, "b2b", "pull", layout)
+    execute(plan, engine, {}, "epoch", epoch=41)
+    memops = [op for call in engine.drv.calls if call[0] == "batch" for op in call[1]]
+    assert all(op[2] == 41 for op in memops if op[0] == "write")
+    assert all(op[3] == "geq" for op in memops if op[0] == "wait")
+    copies = [c for c in engine.drv.calls if c[0] == "copy"]
+    # pull: rank 1's chunk for us (offset 0 of its input) into our slot 1; our own chunk 0 locally
+    assert sorted(copies) == sorted([("copy", HEAPS[0] + 16384 + 64, HEAPS[1] + 8192, 64, 7),
+                                     ("copy", HEAPS[0] + 16384, HEAPS[0] + 8192, 64, 7)])
+
+
+def test_batches_are_built_once_and_reused(engine):
+    layout = Layout(input_sym=8192, output_sym=16384, staging=512)
+    plan = build_plan(all_gather_exchange(2, 256), 0, "b2b", "push", layout)
+    for _ in range(3):
+        execute(plan, engine, {}, "reset")
+    assert len(engine._batches) == 2
+    # per call: batch(READY), peer copy, DONE write, local copy (while DONE travels), batch(wait DONE)
+    kinds = [c[0] for c in engine.drv.calls]
+    assert kinds == ["batch", "copy", "write", "copy", "batch"] * 3
+
+
+def test_a_single_memop_uses_the_plain_call(engine):
+    engine.memops(engine.main_queue, [cuda_backend.MemOp(True, 0, 3, 1, geq=True)])
+    assert engine.drv.calls == [("wait", HEAPS[0] + 12, 1, "geq", 7)]
