@@ -10,9 +10,8 @@ are staged through the staging area when the protocol needs peer access
 """
 from __future__ import annotations
 
-import functools
 import os
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -20,9 +19,9 @@ import torch.distributed as dist
 from . import tuning, validate
 from .backends import make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
-from .executor import SYNC_MODES, execute, flag_words
-from .plan import DIRECTIONS, VARIANTS, Exchange, Layout, Plan, all_gather_exchange, all_to_all_exchange, \
-    build_plan, staging_bytes
+from .executor import SYNC_MODES, Program, flag_words, lower, run
+from .plan import DIRECTIONS, VARIANTS, Exchange, Layout, all_gather_exchange, all_to_all_exchange, build_plan, \
+    staging_bytes
 
 ALIGN = 512
 DEFAULT_TIMEOUT_S = float(os.environ.get("DMACOLL_TIMEOUT_S", "120"))
@@ -30,11 +29,6 @@ DEFAULT_TIMEOUT_S = float(os.environ.get("DMACOLL_TIMEOUT_S", "120"))
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-@functools.lru_cache(maxsize=512)
-def _plan(ex: Exchange, rank: int, variant: str, direction: str, layout: Layout, engines: int) -> Plan:
-    return build_plan(ex, rank, variant, direction, layout, engines)
 
 
 class Communicator:
@@ -80,6 +74,7 @@ class Communicator:
         self._total = total
         self._epoch = 0
         self._calls = 0
+        self._programs: dict[tuple, Program] = {}
 
     # -- memory ----------------------------------------------------------------
     def empty(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -107,14 +102,15 @@ class Communicator:
         validate.check_all_gather(output, input, self.world, self.device)
         nbytes = input.numel() * input.element_size()
         in_place = input.data_ptr() == output.data_ptr() + self.rank * nbytes and nbytes > 0
-        return self._run("all_gather", all_gather_exchange(self.world, nbytes, in_place), output, input, options)
+        return self._run("all_gather", ("all_gather", nbytes, in_place), in_place, output, input, options,
+                         lambda: all_gather_exchange(self.world, nbytes, in_place))
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, **options: str) -> torch.Tensor:
         """Equal split: chunk p of ``input`` goes to rank p, chunk p of ``output`` comes from rank p."""
         validate.check_all_to_all(output, input, self.world, self.device)
         chunk = input.numel() // self.world * input.element_size()
-        ex = all_to_all_exchange([[chunk] * self.world for _ in range(self.world)])
-        return self._run("all_to_all", ex, output, input, options)
+        return self._run("all_to_all", ("all_to_all", chunk), False, output, input, options,
+                         lambda: all_to_all_exchange([[chunk] * self.world for _ in range(self.world)]))
 
     def all_to_all_v(self, output: torch.Tensor, input: torch.Tensor, send_counts: Sequence[Sequence[int]],
                      **options: str) -> torch.Tensor:
@@ -124,8 +120,9 @@ class Communicator:
         counts = validate.split_matrix(send_counts, self.world)
         validate.check_all_to_all_v(output, input, counts, self.rank, self.device)
         size = input.element_size()
-        ex = all_to_all_exchange([[c * size for c in row] for row in counts])
-        return self._run("all_to_all_v", ex, output, input, options)
+        matrix = tuple(tuple(c * size for c in row) for row in counts)
+        return self._run("all_to_all_v", ("all_to_all_v", matrix), False, output, input, options,
+                         lambda: all_to_all_exchange([list(row) for row in matrix]))
 
     # -- machinery -------------------------------------------------------------
     def _options(self, variant: str, direction: str, sync: str) -> tuple[str, str, str]:
@@ -135,10 +132,12 @@ class Communicator:
                 raise InvalidArgument(f"{name}={value!r} is not one of {allowed}")
         return variant, direction, sync
 
-    def _run(self, op: str, ex: Exchange, output: torch.Tensor, input: torch.Tensor, options: dict) -> torch.Tensor:
-        unknown = set(options) - {"variant", "direction", "sync"}
-        if unknown:
-            raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use variant=, direction=, sync=")
+    def _run(self, op: str, key: tuple, in_place: bool, output: torch.Tensor, input: torch.Tensor, options: dict,
+             exchange: Callable[[], Exchange]) -> torch.Tensor:
+        if options:
+            unknown = set(options) - {"variant", "direction", "sync"}
+            if unknown:
+                raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use variant=, direction=, sync=")
         variant, direction, sync = self._options(options.get("variant", self.variant),
                                                  options.get("direction", self.direction),
                                                  options.get("sync", self.sync))
@@ -148,15 +147,11 @@ class Communicator:
                                   "then deadlock; capture with sync='reset'")
         if "auto" in (variant, direction):
             picked = self.tuning.select(op, input.numel() * input.element_size(), "graph" if capturing else "eager",
-                                        ex.in_place_self) if self.tuning else tuning.FALLBACK
+                                        in_place) if self.tuning else tuning.FALLBACK
             variant = picked[0] if variant == "auto" else variant
             direction = picked[1] if direction == "auto" else direction
-        layout = Layout(self.engine.sym_offset(input), self.engine.sym_offset(output), self.staging)
-        validate.check_capacity(f"{op} with private buffers ({direction})",
-                                staging_bytes(ex, self.rank, direction, layout), self.heap_start - self.staging,
-                                "allocate input/output with Communicator.empty() or create the communicator "
-                                "with a larger staging_bytes")
-        plan = _plan(ex, self.rank, variant, direction, layout, self.engines)
+        program = self._program(op, key, exchange, variant, direction, sync,
+                                self.engine.sym_offset(input), self.engine.sym_offset(output))
         self._calls += 1
         self._epoch += 1
         label = f"{op} call #{self._calls} ({variant}/{direction}/{sync})"
@@ -166,7 +161,7 @@ class Communicator:
                                "create a new one")
         self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
         try:
-            execute(plan, self.engine, self.engine.bases(input, output), sync, self._epoch)
+            run(program, self.engine, self.engine.bases(input, output), self._epoch)
         except DmaCollError as e:
             self.error = e
             raise
@@ -174,6 +169,24 @@ class Communicator:
         return output
 
     error: Optional[DmaCollError] = None
+
+    def _program(self, op: str, key: tuple, exchange: Callable[[], Exchange], variant: str, direction: str,
+                 sync: str, input_sym: Optional[int], output_sym: Optional[int]) -> Program:
+        """The lowered plan for a call, cached by a cheap key (eager calls pay only a dict lookup)."""
+        ck = (key, variant, direction, sync, input_sym, output_sym)
+        program = self._programs.get(ck)
+        if program is None:
+            ex = exchange()
+            layout = Layout(input_sym, output_sym, self.staging)
+            validate.check_capacity(f"{op} with private buffers ({direction})",
+                                    staging_bytes(ex, self.rank, direction, layout), self.heap_start - self.staging,
+                                    "allocate input/output with Communicator.empty() or create the communicator "
+                                    "with a larger staging_bytes")
+            if len(self._programs) >= 4096:  # e.g. all_to_all_v with ever-new splits
+                self._programs.clear()
+            program = self._programs[ck] = lower(build_plan(ex, self.rank, variant, direction, layout, self.engines),
+                                                 sync)
+        return program
 
     def close(self) -> None:
         self.engine.close()

@@ -15,7 +15,8 @@ The two modes use disjoint flag words, so switching between them is safe.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, Union
 
 from .plan import NUM_PHASES, Command, Copy, Plan, Ref, Signal, Wait
 
@@ -53,20 +54,35 @@ class Engine(Protocol):
     main_queue: object
 
 
-def execute(plan: Plan, engine: Engine, bases: Mapping[str, object], sync: str = "reset", epoch: int = 1) -> None:
+Step = Union[Copy, tuple]  # a copy, or consecutive memory operations issued together
+
+
+@dataclass(frozen=True)
+class Program:
+    """A plan lowered for one sync mode: the flag values chosen and consecutive signals and
+    waits grouped, done once per plan so that a call only walks the steps."""
+
+    pre: tuple[Step, ...]
+    queues: tuple[tuple[Step, ...], ...]
+    post: tuple[Step, ...]
+    epoch: bool  # every flag value is the call's sequence number, filled in by run()
+
+
+def lower(plan: Plan, sync: str = "reset") -> Program:
     if sync not in SYNC_MODES:
         raise ValueError(f"unknown sync mode {sync!r}; choose one of {SYNC_MODES}")
-    value = 1 if sync == "reset" else epoch
+    value = 1 if sync == "reset" else 0  # epoch mode: a placeholder, see run()
     me, world = plan.rank, plan.world
 
-    def run(commands: Sequence[Command], queue: object) -> None:
+    def steps(commands: Sequence[Command]) -> tuple[Step, ...]:
+        out: list[Step] = []
         ops: list[MemOp] = []  # consecutive signals/waits go out together (fewer commands)
         for c in commands:
             if isinstance(c, Copy):
                 if ops:
-                    engine.memops(queue, ops)
+                    out.append(tuple(ops))
                     ops = []
-                engine.copy(queue, c.src, c.dst, c.nbytes, bases)
+                out.append(c)
             elif isinstance(c, Signal):
                 ops.append(MemOp(False, c.peer, flag_index(world, sync, c.phase, me), value))
             elif isinstance(c, Wait):
@@ -77,12 +93,30 @@ def execute(plan: Plan, engine: Engine, bases: Mapping[str, object], sync: str =
             else:  # pragma: no cover - plans only hold the three kinds
                 raise TypeError(f"not a command: {c!r}")
         if ops:
-            engine.memops(queue, ops)
+            out.append(tuple(ops))
+        return tuple(out)
+
+    if len(plan.queues) <= 1:  # one queue: everything in order on the caller's queue, no fork/join
+        return Program(steps((*plan.pre, *(plan.queues[0] if plan.queues else ()), *plan.post)), (), (),
+                       sync == "epoch")
+    return Program(steps(plan.pre), tuple(steps(q) for q in plan.queues), steps(plan.post), sync == "epoch")
+
+
+def run(program: Program, engine: Engine, bases: Mapping[str, object], epoch: int = 1) -> None:
+    def issue(steps: Sequence[Step], queue: object) -> None:
+        for step in steps:
+            if type(step) is Copy:
+                engine.copy(queue, step.src, step.dst, step.nbytes, bases)
+            else:
+                engine.memops(queue, tuple(op._replace(value=epoch) for op in step) if program.epoch else step)
 
     main = engine.main_queue
-    if len(plan.queues) <= 1:  # one queue: everything in order on the caller's queue, no fork/join
-        run((*plan.pre, *(plan.queues[0] if plan.queues else ()), *plan.post), main)
-        return
-    run(plan.pre, main)
-    engine.parallel([lambda q, cmds=cmds: run(cmds, q) for cmds in plan.queues])
-    run(plan.post, main)
+    issue(program.pre, main)
+    if program.queues:
+        engine.parallel([lambda q, steps=steps: issue(steps, q) for steps in program.queues])
+    issue(program.post, main)
+
+
+def execute(plan: Plan, engine: Engine, bases: Mapping[str, object], sync: str = "reset", epoch: int = 1) -> None:
+    """Lower and run in one go (callers that repeat a plan keep the Program instead)."""
+    run(lower(plan, sync), engine, bases, epoch)
