@@ -10,8 +10,9 @@ are staged through the staging area when the protocol needs peer access
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -19,7 +20,7 @@ import torch.distributed as dist
 from . import tuning, validate
 from .backends import make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
-from .executor import SYNC_MODES, Program, flag_words, lower, run
+from .executor import GATES, SYNC_MODES, Program, flag_words, lower, run
 from .plan import DIRECTIONS, VARIANTS, Exchange, Layout, all_gather_exchange, all_to_all_exchange, build_plan, \
     staging_bytes
 
@@ -159,16 +160,47 @@ class Communicator:
         if self.error is not None:
             raise DmaCollError(f"this communicator is unusable after an earlier error ({self.error}); "
                                "create a new one")
-        self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
-        try:
-            run(program, self.engine, self.engine.bases(input, output), self._epoch)
-        except DmaCollError as e:
-            self.error = e
-            raise
-        self.engine.end_call(label, sync, 1 if sync == "reset" else self._epoch)
+        if self._gate is not None and self._gate.closed:
+            raise InvalidArgument(f"{op}: a prelaunched collective is still pending; call gate.wait() first "
+                                  "(collectives of one communicator run one after another)")
+        bases, epoch = self.engine.bases(input, output), self._epoch
+
+        def work() -> None:
+            self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
+            try:
+                run(program, self.engine, bases, epoch)
+            except DmaCollError as e:
+                self.error = e
+                raise
+            self.engine.end_call(label, sync, 1 if sync == "reset" else epoch)
+
+        self.engine.submit(work)  # now, or (host emulator, prelaunch) once the gate opens
         return output
 
+    @contextlib.contextmanager
+    def prelaunch(self) -> Iterator["Gate"]:
+        """Prepare the collectives called inside the block now and hold them behind a gate:
+        they start when ``gate.release(stream)`` executes on ``stream`` (e.g. right after the
+        kernel producing their input, with no CPU on the path). ``gate.wait(stream)`` makes
+        ``stream`` wait for them; call it before using their outputs or the communicator again.
+
+        On CUDA the commands go onto a gate stream behind a ``cuStreamWaitValue32`` on a gate
+        flag, and release is one ``cuStreamWriteValue32``; both are graph-capturable."""
+        if self._gate is not None:
+            raise InvalidArgument("a prelaunch gate is already open or pending; call gate.wait() first")
+        gate = Gate(self, self._gates_used % GATES)
+        self._gates_used += 1
+        self._gate = gate
+        self.engine.gate_open(gate.slot)
+        try:
+            yield gate
+        finally:
+            self.engine.gate_close(gate.slot)
+            gate.closed = True
+
     error: Optional[DmaCollError] = None
+    _gate: Optional["Gate"] = None
+    _gates_used = 0
 
     def _program(self, op: str, key: tuple, exchange: Callable[[], Exchange], variant: str, direction: str,
                  sync: str, input_sym: Optional[int], output_sym: Optional[int]) -> Program:
@@ -196,3 +228,32 @@ class Communicator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Gate:
+    """A prelaunched group of collectives (see Communicator.prelaunch)."""
+
+    def __init__(self, comm: Communicator, slot: int):
+        self.comm, self.slot = comm, slot
+        self.closed = False
+        self.released = False
+
+    def release(self, stream: Optional[torch.cuda.Stream] = None) -> None:
+        """Open the gate from ``stream`` (default: the current one) once its prior work is done."""
+        if not self.closed:
+            raise InvalidArgument("release the gate after the `with comm.prelaunch()` block")
+        if self.released:
+            raise InvalidArgument("this gate was already released")
+        self.released = True
+        self.comm.engine.gate_release(self.slot, stream)
+
+    def wait(self, stream: Optional[torch.cuda.Stream] = None) -> None:
+        """Make ``stream`` (default: the current one) wait for the gated collectives."""
+        if self.comm._gate is not self:
+            raise InvalidArgument("this gate was already waited for")
+        self.comm._gate = None
+        try:
+            self.comm.engine.gate_wait(self.slot, stream)
+        except DmaCollError as e:
+            self.comm.error = e
+            raise

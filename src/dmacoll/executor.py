@@ -23,9 +23,23 @@ from .plan import NUM_PHASES, Command, Copy, Plan, Ref, Signal, Wait
 SYNC_MODES = ("reset", "epoch")
 
 
+GATES = 4  # prelaunch gates per communicator (see Communicator.prelaunch)
+
+
 def flag_words(world: int) -> int:
-    """Number of 32-bit flag words a rank's heap holds for ``world`` ranks."""
-    return len(SYNC_MODES) * NUM_PHASES * world
+    """Number of 32-bit flag words a rank's heap holds for ``world`` ranks: the
+    collectives' flags, then the prelaunch gates."""
+    return len(SYNC_MODES) * NUM_PHASES * world + GATES
+
+
+def gate_index(world: int, slot: int) -> int:
+    return len(SYNC_MODES) * NUM_PHASES * world + slot
+
+
+def gate_ops(world: int, rank: int, slot: int) -> tuple["MemOp", "MemOp"]:
+    """Wait for the gate to open, then close it again for the next use (graph-safe values)."""
+    index = gate_index(world, slot)
+    return MemOp(True, rank, index, 1), MemOp(False, rank, index, 0)
 
 
 def flag_index(world: int, sync: str, phase: int, signaller: int) -> int:

@@ -130,3 +130,33 @@ def _bad_input(rank: int, world: int) -> str:
 def test_input_on_wrong_device_is_rejected():
     msg = run_ranks(_bad_input, 2, device="cuda")[0]
     assert "input is on cpu" in msg
+
+
+def _prelaunch(rank: int, world: int) -> bool:
+    from dmacoll import Communicator
+
+    comm = Communicator(timeout_s=30)
+    n = 1 << 20
+    x = comm.empty(n, dtype=torch.bfloat16)
+    out = comm.empty(world * n, dtype=torch.bfloat16)
+    x.fill_(-1)
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    with comm.prelaunch() as gate:  # commands queued now, behind the gate
+        comm.all_gather(out, x)
+    producer = torch.cuda.Stream()
+    with torch.cuda.stream(producer):
+        torch.cuda._sleep(20_000_000)  # a long producer kernel: the gather must not start before it ends
+        x.fill_(rank + 1)
+        gate.release(producer)  # one flag write on the producer's stream, no CPU in between
+    gate.wait()
+    torch.cuda.synchronize()
+    want = torch.cat([torch.full((n,), r + 1, dtype=torch.bfloat16, device=comm.device) for r in range(world)])
+    ok = torch.equal(out, want)
+    torch.distributed.barrier()
+    comm.close()
+    return ok
+
+
+def test_prelaunched_gather_starts_when_the_producer_releases_it():
+    assert run_ranks(_prelaunch, 2, device="cuda") == [True, True]

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError
-from ..executor import MemOp
+from ..executor import MemOp, gate_index, gate_ops
 from ..plan import Ref
 from . import sym_offset
 
@@ -141,6 +141,8 @@ class CudaEngine:
         self._geq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
         self._eq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ)
         self._batches: dict[tuple, list] = {}  # memop arrays by content (epoch values make new ones)
+        self._gate_streams: dict[int, torch.cuda.Stream] = {}
+        self._gate_done: dict[int, torch.cuda.Event] = {}
 
     # -- addresses ---------------------------------------------------------
     def bases(self, input: torch.Tensor, output: torch.Tensor) -> dict[str, int]:
@@ -206,6 +208,31 @@ class CudaEngine:
         tasks[0](main)
         for done in joins:
             main.wait_event(done)
+
+    # -- prelaunch gates: calls made while a gate is open go onto a gate stream behind a wait ----
+    def submit(self, work: Callable[[], None]) -> None:
+        work()  # enqueued on the current stream, which is the gate stream while a gate is open
+
+    def gate_open(self, slot: int) -> None:
+        stream = self._gate_streams.setdefault(slot, torch.cuda.Stream(self.device))
+        stream.wait_stream(torch.cuda.current_stream(self.device))  # after this communicator's earlier calls
+        self.memops(stream, gate_ops(self.world, self.rank, slot))
+        self._gate_context = torch.cuda.stream(stream)
+        self._gate_context.__enter__()
+
+    def gate_close(self, slot: int) -> None:
+        self._gate_context.__exit__(None, None, None)
+        done = torch.cuda.Event()
+        done.record(self._gate_streams[slot])
+        self._gate_done[slot] = done
+
+    def gate_release(self, slot: int, stream: Optional[torch.cuda.Stream] = None) -> None:
+        """One flag write on ``stream`` (a producer's): the gated commands start when it executes."""
+        index = gate_index(self.world, slot)
+        self.memops(stream or torch.cuda.current_stream(self.device), (MemOp(False, self.rank, index, 1),))
+
+    def gate_wait(self, slot: int, stream: Optional[torch.cuda.Stream] = None) -> None:
+        (stream or torch.cuda.current_stream(self.device)).wait_event(self._gate_done.pop(slot))
 
     # -- call bracketing -----------------------------------------------------
     def begin_call(self, label: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DmaCollTimeoutError
-from ..executor import MemOp
+from ..executor import MemOp, gate_index, gate_ops
 from ..plan import NUM_PHASES, Ref
 from . import sym_offset
 
@@ -57,6 +58,8 @@ class HostEngine:
         self.flags = [h[: flag_words * 4].view(torch.int32).numpy() for h in self.heaps]
         self.heap = self.heaps[self.rank]
         # one thread per side queue (pcpy: a queue per peer; multi: `engines` queues)
+        self._deferred: list | None = None  # calls held back by an open prelaunch gate
+        self._gates: dict[int, tuple] = {}
         self._pool = ThreadPoolExecutor(max_workers=max(16, self.world), thread_name_prefix="dmacoll-engine")
 
     # -- addresses ---------------------------------------------------------
@@ -92,6 +95,9 @@ class HostEngine:
             pause = min(1e-3, pause * 2 + 1e-5)  # back off: many ranks share few cores
 
     def timeout_message(self, index: int, value: int) -> str:
+        if index >= gate_index(self.world, 0):
+            return (f"rank {self.rank}: a prelaunched collective waited more than {self.timeout_s:g} s for gate "
+                    f"{index - gate_index(self.world, 0)}: nobody called Gate.release()")
         peer, phase = index % self.world, (index // self.world) % NUM_PHASES
         return (f"rank {self.rank}: {self.call_label} waited more than {self.timeout_s:g} s for rank {peer} "
                 f"to signal {PHASE_NAMES[phase]} (flag {index} = {int(self.flags[self.rank][index])}, expected "
@@ -111,6 +117,42 @@ class HostEngine:
                 errors.append(e)
         if errors:
             raise errors[0]
+
+    # -- prelaunch gates: calls made while a gate is open wait in a thread for its release ----
+    def submit(self, work: Callable[[], None]) -> None:
+        if self._deferred is not None:
+            self._deferred.append(work)
+        else:
+            work()
+
+    def gate_open(self, slot: int) -> None:
+        self._deferred = []
+
+    def gate_close(self, slot: int) -> None:
+        work, self._deferred = self._deferred, None
+        wait, rearm = gate_ops(self.world, self.rank, slot)
+        outcome: dict = {}
+
+        def released() -> None:
+            try:
+                self.memops(self.main_queue, (wait, rearm))
+                for w in work:
+                    w()
+            except Exception as e:  # noqa: BLE001 - re-raised by gate_wait
+                outcome["error"] = e
+
+        thread = threading.Thread(target=released, name=f"dmacoll-gate{slot}", daemon=True)
+        thread.start()
+        self._gates[slot] = (thread, outcome)
+
+    def gate_release(self, slot: int, stream: object = None) -> None:
+        self.flags[self.rank][gate_index(self.world, slot)] = 1
+
+    def gate_wait(self, slot: int, stream: object = None) -> None:
+        thread, outcome = self._gates.pop(slot)
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
 
     # -- call bracketing -----------------------------------------------------
     def begin_call(self, label: str) -> None:
