@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from dmacoll.backends import cuda as cuda_backend
-from dmacoll.executor import execute, flag_index
+from dmacoll.executor import execute, flag_index, one_index
 from dmacoll.plan import DONE, READY, Layout, all_gather_exchange, all_to_all_exchange, build_plan
 
 HEAPS = [0x10_0000_0000, 0x20_0000_0000]  # rank 0's and rank 1's heap, as mapped on rank 0
@@ -69,6 +69,7 @@ def engine(monkeypatch):
     eng = object.__new__(cuda_backend.CudaEngine)  # no GPU: only the command-issuing state
     eng.rank, eng.world, eng.ptrs = 0, 2, HEAPS
     eng._geq, eng._eq, eng._batches = 0, 1, {}
+    eng._one, eng.signal_mode = one_index(2), "memop"
     eng.main_queue = SimpleNamespace(cuda_stream=7)
     eng.drv = drv
     return eng
@@ -120,3 +121,18 @@ def test_batches_are_built_once_and_reused(engine):
 def test_a_single_memop_uses_the_plain_call(engine):
     engine.memops(engine.main_queue, [cuda_backend.MemOp(True, 0, 3, 1, geq=True)])
     assert engine.drv.calls == [("wait", HEAPS[0] + 12, 1, "geq", 7)]
+
+
+def test_copy_signals_are_four_byte_copies_of_the_one_word(engine):
+    engine.signal_mode = "copy"
+    layout = Layout(input_sym=4096, output_sym=4096, staging=512)
+    plan = build_plan(all_gather_exchange(2, 512, in_place=True), 0, "b2b", "push", layout)
+    execute(plan, engine, {}, "reset")
+    one = HEAPS[0] + 4 * one_index(2)
+    assert engine.drv.calls == [
+        ("copy", flag(1, "reset", READY, 0), one, 4, 7),
+        ("batch", (("wait", flag(0, "reset", READY, 1), 1, "eq"), ("write", flag(0, "reset", READY, 1), 0)), 7),
+        ("copy", HEAPS[1] + 4096, HEAPS[0] + 4096, 512, 7),
+        ("copy", flag(1, "reset", DONE, 0), one, 4, 7),               # behind the data, same stream
+        ("batch", (("wait", flag(0, "reset", DONE, 1), 1, "eq"), ("write", flag(0, "reset", DONE, 1), 0)), 7),
+    ]

@@ -11,10 +11,11 @@ from dmacoll.launch import run_ranks
 from dmacoll.plan import VARIANTS
 
 
-def _run_check(world, dtypes, counts, syncs=("reset", "epoch"), ops=("all_gather", "all_to_all", "all_to_all_v")):
+def _run_check(world, dtypes, counts, syncs=("reset", "epoch"), ops=("all_gather", "all_to_all", "all_to_all_v"),
+               signal="memop"):
     seed = random.randrange(1 << 30)  # fresh data every run; printed on failure
     args = dict(backend="host", timeout_s=60, variants=VARIANTS, directions=("push", "pull"), dtypes=dtypes,
-                counts=counts, ops=ops, seed=seed, syncs=syncs, reference="cpu")
+                counts=counts, ops=ops, seed=seed, syncs=syncs, reference="cpu", signal=signal)
     per_rank = run_ranks(_check_rank, world, args)
     bad = [r for rank in per_rank for r in rank if not r["ok"]]
     assert per_rank[0], "no cases ran"
@@ -35,6 +36,11 @@ def test_world3():
 
 def test_world4():
     _run_check(4, ["float16", "int64", "bool"], [5, 1024])
+
+
+def test_world3_copy_signals():
+    results = _run_check(3, ["bfloat16"], [1, 4096], signal="copy")
+    assert {r["sync"] for r in results} == {"reset"}
 
 
 def test_world8():

@@ -27,9 +27,11 @@ def _check_rank(rank: int, world: int, args: dict) -> list[dict]:
     from .check import cases, run_cases
     from .communicator import Communicator
 
-    comm = Communicator(backend=args["backend"], timeout_s=args["timeout_s"])
+    signal = args.get("signal", "memop")
+    comm = Communicator(backend=args["backend"], timeout_s=args["timeout_s"], signal=signal)
+    syncs = [s for s in args["syncs"] if signal == "memop" or s == "reset"]  # copy signals carry a constant 1
     all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
-                      seed=args["seed"], syncs=args["syncs"])
+                      seed=args["seed"], syncs=syncs)
     try:
         return run_cases(comm, all_cases, nccl=args["reference"] == "nccl")
     finally:
@@ -45,7 +47,8 @@ def cmd_check(a: argparse.Namespace) -> int:
           flush=True)
     t0 = time.monotonic()
     args = dict(backend=a.backend, timeout_s=a.timeout_s, variants=a.variants, directions=a.directions,
-                dtypes=a.dtypes, counts=a.counts, ops=a.ops, seed=seed, syncs=a.syncs, reference=a.reference)
+                dtypes=a.dtypes, counts=a.counts, ops=a.ops, seed=seed, syncs=a.syncs, reference=a.reference,
+                signal=a.signal)
     per_rank = run_ranks(_check_rank, a.world, args, device=device)
     passed = failed = 0
     for i, first in enumerate(per_rank[0]):
@@ -119,7 +122,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .bench.sweep import IMPLS, OPS as SWEEP_OPS
     from .check import DTYPES, OPS
-    from .executor import SYNC_MODES
+    from .executor import SIGNAL_MODES, SYNC_MODES
     from .plan import DIRECTIONS, VARIANTS
 
     p = argparse.ArgumentParser(prog="dmacoll", description=__doc__)
@@ -138,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elements per chunk (odd and power-of-two sizes)")
     c.add_argument("--seed", type=int, default=None, help="default: random, printed")
     c.add_argument("--timeout-s", type=float, default=60.0)
+    c.add_argument("--signal", choices=SIGNAL_MODES, default="memop",
+                   help="how flags reach peers: stream memory op or a 4-byte copy (reset sync only)")
     c.add_argument("--reference", choices=("cpu", "nccl"), default="cpu",
                    help="also compare with NCCL on the same inputs (cuda backend)")
     c.set_defaults(func=cmd_check)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from . import tuning, validate
 from .backends import make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
-from .executor import GATES, SYNC_MODES, Program, flag_words, lower, run
+from .executor import GATES, SIGNAL_MODES, SYNC_MODES, Program, flag_words, lower, run
 from .plan import DIRECTIONS, VARIANTS, Exchange, Layout, all_gather_exchange, all_to_all_exchange, build_plan, \
     staging_bytes
 
@@ -41,7 +41,9 @@ class Communicator:
     ``auto`` takes the fastest measured choice for the call's (op, size, graph/eager, in place)
     from a tuning table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on
     this platform; without one: pcpy/push);
-    ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers).
+    ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers);
+    ``signal``: how a flag reaches a peer, ``memop`` (cuStreamWriteValue32) or ``copy``
+    (a 4-byte copy-engine copy queued behind the data; sync='reset' only).
     Each may be overridden per call. Calls enqueue work on the current stream and
     never block the host; they can be captured in a CUDA graph (sync='reset').
     """
@@ -49,7 +51,7 @@ class Communicator:
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *, backend: str = "auto",
                  heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "auto",
                  direction: str = "auto", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 engines: int = 2, tuning_table: Optional[str] = None,
+                 engines: int = 2, signal: str = "memop", tuning_table: Optional[str] = None,
                  device: Optional[torch.device] = None):
         if not dist.is_initialized():
             raise InvalidArgument("torch.distributed is not initialised; call dist.init_process_group first")
@@ -60,6 +62,10 @@ class Communicator:
         self.variant, self.direction, self.sync = self._options(variant, direction, sync)
         if timeout_s <= 0:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
+        if signal not in SIGNAL_MODES:
+            raise InvalidArgument(f"signal={signal!r} is not one of {SIGNAL_MODES}")
+        if signal == "copy" and sync == "epoch":
+            raise InvalidArgument("signal='copy' copies a constant 1: it needs sync='reset'")
         if not 1 <= engines <= 16:
             raise InvalidArgument(f"engines must be between 1 and 16, got {engines}")
         self.engines = engines
@@ -69,6 +75,7 @@ class Communicator:
         total = self.heap_start + _align(heap_bytes)
         self.engine = make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
         self.device = self.engine.device
+        self.engine.signal_mode = signal
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.tuning = tuning.find(self.world, name, tuning_table or os.environ.get("DMACOLL_TUNING"))
         self._next = self.heap_start
@@ -143,6 +150,8 @@ class Communicator:
                                                  options.get("direction", self.direction),
                                                  options.get("sync", self.sync))
         capturing = self.backend == "cuda" and torch.cuda.is_current_stream_capturing()
+        if sync == "epoch" and self.engine.signal_mode == "copy":
+            raise InvalidArgument("signal='copy' copies a constant 1: it needs sync='reset'")
         if sync == "epoch" and capturing:
             raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
                                   "then deadlock; capture with sync='reset'")

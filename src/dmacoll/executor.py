@@ -26,9 +26,16 @@ SYNC_MODES = ("reset", "epoch")
 GATES = 4  # prelaunch gates per communicator (see Communicator.prelaunch)
 
 
+SIGNAL_MODES = ("memop", "copy")  # how a flag reaches a peer: stream write, or a 4-byte copy of ONE
+
+
 def flag_words(world: int) -> int:
-    """Number of 32-bit flag words a rank's heap holds for ``world`` ranks: the
-    collectives' flags, then the prelaunch gates."""
+    """Number of 32-bit words a rank's heap holds for ``world`` ranks: the collectives'
+    flags, the prelaunch gates, and one word that always reads 1 (the source of copy signals)."""
+    return len(SYNC_MODES) * NUM_PHASES * world + GATES + 1
+
+
+def one_index(world: int) -> int:
     return len(SYNC_MODES) * NUM_PHASES * world + GATES
 
 

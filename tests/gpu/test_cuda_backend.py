@@ -160,3 +160,13 @@ def _prelaunch(rank: int, world: int) -> bool:
 
 def test_prelaunched_gather_starts_when_the_producer_releases_it():
     assert run_ranks(_prelaunch, 2, device="cuda") == [True, True]
+
+
+def test_copy_signals_match_nccl():
+    from dmacoll.cli import _check_rank
+
+    args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"),
+                dtypes=["bfloat16", "int8"], counts=[1, 4099, 300001], ops=("all_gather", "all_to_all", "all_to_all_v"),
+                seed=int(time.time()), syncs=["reset"], reference="nccl", signal="copy")
+    results = run_ranks(_check_rank, 2, args, device="cuda")
+    assert results[0] and not [r for rank in results for r in rank if not r["ok"]]

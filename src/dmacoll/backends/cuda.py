@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError
-from ..executor import MemOp, gate_index, gate_ops
+from ..executor import MemOp, gate_index, gate_ops, one_index
 from ..plan import Ref
 from . import sym_offset
 
@@ -132,6 +132,9 @@ class CudaEngine:
         self.ptrs = [int(p) for p in self.handle.buffer_ptrs]
         self.flag_view = self.heap[: flag_words * 4].view(torch.int32)
         self.flag_view.zero_()
+        self._one = one_index(self.world)
+        self.flag_view[self._one] = 1
+        self.signal_mode = "memop"
         torch.cuda.synchronize(self.device)
         dist.barrier(group=group)
         self.side_streams: list[torch.cuda.Stream] = []
@@ -160,6 +163,9 @@ class CudaEngine:
                "cuMemcpyAsync")
 
     def memops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
+        if self.signal_mode == "copy" and any(not op.wait and op.rank != self.rank for op in ops):
+            self._memops_with_copy_signals(queue, ops)
+            return
         stream = queue.cuda_stream
         if len(ops) == 1:  # a single op: the plain call is cheaper to build
             op = ops[0]
@@ -176,6 +182,24 @@ class CudaEngine:
                 self._batches.clear()
             params = self._batches[tuple(ops)] = [self._param(op) for op in ops]
         _check(_drv.cuStreamBatchMemOp(stream, len(params), params, 0), "cuStreamBatchMemOp")
+
+    def _memops_with_copy_signals(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
+        """Signals to peers as 4-byte copy-engine copies of the ONE word (queued behind the data on
+        the same engine path); the other memory operations as usual, in order."""
+        run: list[MemOp] = []
+        for op in ops:
+            if op.wait or op.rank == self.rank:
+                run.append(op)
+                continue
+            if op.value != 1:
+                raise DmaCollError("copy signals carry the value 1 only: use sync='reset'")
+            if run:
+                self.memops(queue, tuple(run))
+                run = []
+            _check(_drv.cuMemcpyAsync(self.ptrs[op.rank] + 4 * op.index, self.ptrs[self.rank] + 4 * self._one, 4,
+                                      queue.cuda_stream), "cuMemcpyAsync (signal)")
+        if run:
+            self.memops(queue, tuple(run))
 
     def _param(self, op: MemOp):
         """One entry of a cuStreamBatchMemOp array; ops in a batch run in array order."""

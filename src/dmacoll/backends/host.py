@@ -22,8 +22,8 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import DmaCollTimeoutError
-from ..executor import MemOp, gate_index, gate_ops
+from ..errors import DmaCollError, DmaCollTimeoutError
+from ..executor import MemOp, gate_index, gate_ops, one_index
 from ..plan import NUM_PHASES, Ref
 from . import sym_offset
 
@@ -56,6 +56,9 @@ class HostEngine:
         dist.barrier(group=group)
         os.unlink(path)
         self.flags = [h[: flag_words * 4].view(torch.int32).numpy() for h in self.heaps]
+        self._one = one_index(self.world)
+        self.flags[self.rank][self._one] = 1
+        self.signal_mode = "memop"
         self.heap = self.heaps[self.rank]
         # one thread per side queue (pcpy: a queue per peer; multi: `engines` queues)
         self._deferred: list | None = None  # calls held back by an open prelaunch gate
@@ -81,6 +84,11 @@ class HostEngine:
         for op in ops:
             if op.wait:
                 self._wait(op.index, op.value, op.geq)
+            elif self.signal_mode == "copy" and op.rank != self.rank:
+                if op.value != 1:
+                    raise DmaCollError("copy signals carry the value 1 only: use sync='reset'")
+                word = slice(4 * op.index, 4 * op.index + 4)
+                self.heaps[op.rank][word].copy_(self.heaps[self.rank][4 * self._one: 4 * self._one + 4])
             else:
                 self.flags[op.rank][op.index] = op.value
 
