@@ -43,7 +43,9 @@ class Communicator:
     this platform; without one: pcpy/push);
     ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers);
     ``signal``: how a flag reaches a peer, ``memop`` (cuStreamWriteValue32) or ``copy``
-    (a 4-byte copy-engine copy queued behind the data; sync='reset' only).
+    (a 4-byte copy-engine copy queued behind the data; sync='reset' only);
+    ``prerecord``: eager calls replay a CUDA graph recorded on first use per (op, size,
+    buffers, variant): one launch instead of a command per step (cuda; sync='reset').
     Each may be overridden per call. Calls enqueue work on the current stream and
     never block the host; they can be captured in a CUDA graph (sync='reset').
     """
@@ -51,7 +53,8 @@ class Communicator:
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *, backend: str = "auto",
                  heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "auto",
                  direction: str = "auto", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 engines: int = 2, signal: str = "memop", tuning_table: Optional[str] = None,
+                 engines: int = 2, signal: str = "memop", prerecord: bool = False,
+                 tuning_table: Optional[str] = None,
                  device: Optional[torch.device] = None):
         if not dist.is_initialized():
             raise InvalidArgument("torch.distributed is not initialised; call dist.init_process_group first")
@@ -69,6 +72,7 @@ class Communicator:
         if not 1 <= engines <= 16:
             raise InvalidArgument(f"engines must be between 1 and 16, got {engines}")
         self.engines = engines
+        self.prerecord = prerecord
         self.backend = resolve(backend)
         self.staging = _align(flag_words(self.world) * 4)
         self.heap_start = self.staging + _align(staging_bytes)
@@ -143,9 +147,10 @@ class Communicator:
     def _run(self, op: str, key: tuple, in_place: bool, output: torch.Tensor, input: torch.Tensor, options: dict,
              exchange: Callable[[], Exchange]) -> torch.Tensor:
         if options:
-            unknown = set(options) - {"variant", "direction", "sync"}
+            unknown = set(options) - {"variant", "direction", "sync", "prerecord"}
             if unknown:
-                raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use variant=, direction=, sync=")
+                raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use variant=, direction=, sync=, "
+                                      "prerecord=")
         variant, direction, sync = self._options(options.get("variant", self.variant),
                                                  options.get("direction", self.direction),
                                                  options.get("sync", self.sync))
@@ -183,7 +188,13 @@ class Communicator:
                 raise
             self.engine.end_call(label, sync, 1 if sync == "reset" else epoch)
 
-        self.engine.submit(work)  # now, or (host emulator, prelaunch) once the gate opens
+        if options.get("prerecord", self.prerecord) and self.backend == "cuda" and not capturing:
+            if sync != "reset":
+                raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
+            graph_key = (key, variant, direction, input.data_ptr(), output.data_ptr())
+            self.engine.submit(lambda: self.engine.replay_recorded(graph_key, work, label, sync))
+        else:
+            self.engine.submit(work)  # now, or (host emulator, prelaunch) once the gate opens
         return output
 
     @contextlib.contextmanager

@@ -170,3 +170,29 @@ def test_copy_signals_match_nccl():
                 seed=int(time.time()), syncs=["reset"], reference="nccl", signal="copy")
     results = run_ranks(_check_rank, 2, args, device="cuda")
     assert results[0] and not [r for rank in results for r in rank if not r["ok"]]
+
+
+def _prerecorded(rank: int, world: int, seed: int) -> list:
+    from dmacoll import Communicator
+
+    comm = Communicator(timeout_s=30, prerecord=True)
+    n = 3 * 4099
+    inp = comm.empty(n, dtype=torch.bfloat16)
+    out = comm.empty(world * n, dtype=torch.bfloat16)
+    failures = []
+    for call in range(5):  # the first call records the graph, the others replay it: fresh data each time
+        data = [torch.randn(n, generator=torch.Generator().manual_seed(seed + 10 * call + r)).to(torch.bfloat16)
+                for r in range(world)]
+        inp.copy_(data[rank])
+        out.fill_(float("nan"))
+        comm.all_gather(out, inp)
+        torch.cuda.synchronize()
+        if not torch.equal(out.cpu(), torch.cat(data)):
+            failures.append(call)
+        torch.distributed.barrier()
+    comm.close()
+    return failures
+
+
+def test_prerecorded_eager_calls_replay_correctly():
+    assert run_ranks(_prerecorded, 2, int(time.time()) % 10000, device="cuda") == [[], []]

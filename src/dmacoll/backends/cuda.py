@@ -145,6 +145,7 @@ class CudaEngine:
         self._eq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ)
         self._batches: dict[tuple, list] = {}  # memop arrays by content (epoch values make new ones)
         self._gate_streams: dict[int, torch.cuda.Stream] = {}
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # prerecord=True
         self._gate_done: dict[int, torch.cuda.Event] = {}
 
     # -- addresses ---------------------------------------------------------
@@ -257,6 +258,20 @@ class CudaEngine:
 
     def gate_wait(self, slot: int, stream: Optional[torch.cuda.Stream] = None) -> None:
         (stream or torch.cuda.current_stream(self.device)).wait_event(self._gate_done.pop(slot))
+
+    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
+        """Replay the graph recorded for ``key`` (recording it on first use) on the current stream."""
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.graph(graph, stream=side):
+                work()
+            self._graphs[key] = graph
+        graph.replay()
+        self.main_queue = torch.cuda.current_stream(self.device)
+        self.end_call(label, sync, 1)
 
     # -- call bracketing -----------------------------------------------------
     def begin_call(self, label: str) -> None:
