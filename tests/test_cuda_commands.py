@@ -69,7 +69,7 @@ def engine(monkeypatch):
     eng = object.__new__(cuda_backend.CudaEngine)  # no GPU: only the command-issuing state
     eng.rank, eng.world, eng.ptrs = 0, 2, HEAPS
     eng._geq, eng._eq, eng._batches = 0, 1, {}
-    eng._one, eng.signal_mode = one_index(2), "memop"
+    eng._one = one_index(2)
     eng.main_queue = SimpleNamespace(cuda_stream=7)
     eng.drv = drv
     return eng
@@ -124,10 +124,9 @@ def test_a_single_memop_uses_the_plain_call(engine):
 
 
 def test_copy_signals_are_four_byte_copies_of_the_one_word(engine):
-    engine.signal_mode = "copy"
     layout = Layout(input_sym=4096, output_sym=4096, staging=512)
     plan = build_plan(all_gather_exchange(2, 512, in_place=True), 0, "b2b", "push", layout)
-    execute(plan, engine, {}, "reset")
+    execute(plan, engine, {}, "reset", signal="copy")
     one = HEAPS[0] + 4 * one_index(2)
     assert engine.drv.calls == [
         ("copy", flag(1, "reset", READY, 0), one, 4, 7),

@@ -18,7 +18,8 @@ CSVS = [str(REF / "sweep.csv"), str(REF / "nccl_ce.csv")]
 def test_reference_results_have_provenance_and_all_columns():
     for csv in CSVS:
         df = pd.read_csv(csv)
-        assert list(df.columns) == COLUMNS
+        # measured before the signal/prerecord options existed: every other column, in order
+        assert list(df.columns) == [c for c in COLUMNS if c not in ("signal", "prerecord")]
         side = Path(csv).with_suffix(".json")
         assert side.exists()
         text = side.read_text()
@@ -46,6 +47,7 @@ def test_ratio_table_picks_fastest_correct_dma():
     rows = []
     for impl, variant, t in (("nccl", "", 10.0), ("dma", "pcpy", 8.0), ("dma", "b2b", 6.0)):
         rows.append({"op": "all_gather", "impl": impl, "variant": variant, "direction": "push", "place": "out",
+                     "signal": "memop", "prerecord": False,
                      "mode": "graph", "bytes_per_rank": 4096, "time_us": t, "busbw_GBps": 1.0, "status": "ok", "correct": True,
                      "error": ""})
     rows.append({**rows[-1], "variant": "multi", "time_us": 1.0, "correct": False})  # wrong: never picked

@@ -17,7 +17,7 @@ echo "== cuda check against NCCL"; timeout 200 python3 -m dmacoll check --backen
 if [ "$what" = smoke ]; then
   timeout 200 python3 -m dmacoll sweep --max-bytes 4M --min-bytes 1K --repeats 3 --out "$out/sweep.csv" 2>&1 | tail -60
 else
-  timeout 420 python3 -m dmacoll sweep --out "$out/sweep.csv" 2>&1 | tee "$out/sweep.log" | tail -40
+  timeout 420 python3 -m dmacoll sweep --signals memop copy --prerecord no yes --out "$out/sweep.csv" 2>&1 | tee "$out/sweep.log" | tail -40
 fi
 timeout 150 python3 -m dmacoll sweep --impls nccl_ce --out "$out/nccl_ce.csv" > "$out/nccl_ce.log" 2>&1
 tail -5 "$out/nccl_ce.log"

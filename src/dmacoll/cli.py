@@ -80,7 +80,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         print(f"dmacoll sweep needs at least 2 GPUs, found {world}", file=sys.stderr)
         return 2
     cfg = SweepConfig(ops=tuple(a.ops), impls=tuple(a.impls), variants=tuple(a.variants),
-                      directions=tuple(a.directions), places=tuple(a.places), min_bytes=a.min_bytes,
+                      directions=tuple(a.directions), places=tuple(a.places), signals=tuple(a.signals),
+                      prerecord=tuple(p == "yes" for p in a.prerecord), min_bytes=a.min_bytes,
                       max_bytes=a.max_bytes, modes=tuple(a.modes), dtype=a.dtype, calls=a.calls, repeats=a.repeats,
                       warmup=a.warmup, seed=a.seed, out=a.out)
     run_ranks(run_sweep, world, cfg, device="cuda", timeout_s=a.timeout_s)
@@ -155,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--directions", nargs="+", choices=DIRECTIONS, default=list(DIRECTIONS))
     s.add_argument("--places", nargs="+", choices=("out", "in"), default=["out", "in"],
                    help="all-gather out-of-place and/or in-place (dma)")
+    s.add_argument("--signals", nargs="+", choices=SIGNAL_MODES, default=["memop"],
+                   help="dma: how flags reach peers (copy: reset sync only)")
+    s.add_argument("--prerecord", nargs="+", choices=("no", "yes"), default=["no"],
+                   help="dma, eager mode: also replay a graph recorded on first use")
     s.add_argument("--min-bytes", type=parse_size, default=parse_size("1K"))
     s.add_argument("--max-bytes", type=parse_size, default=parse_size("256M"))
     s.add_argument("--modes", nargs="+", choices=("graph", "eager"), default=["graph", "eager"])

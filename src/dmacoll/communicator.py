@@ -72,6 +72,7 @@ class Communicator:
         if not 1 <= engines <= 16:
             raise InvalidArgument(f"engines must be between 1 and 16, got {engines}")
         self.engines = engines
+        self.signal = signal
         self.prerecord = prerecord
         self.backend = resolve(backend)
         self.staging = _align(flag_words(self.world) * 4)
@@ -79,7 +80,6 @@ class Communicator:
         total = self.heap_start + _align(heap_bytes)
         self.engine = make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
         self.device = self.engine.device
-        self.engine.signal_mode = signal
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.tuning = tuning.find(self.world, name, tuning_table or os.environ.get("DMACOLL_TUNING"))
         self._next = self.heap_start
@@ -147,15 +147,18 @@ class Communicator:
     def _run(self, op: str, key: tuple, in_place: bool, output: torch.Tensor, input: torch.Tensor, options: dict,
              exchange: Callable[[], Exchange]) -> torch.Tensor:
         if options:
-            unknown = set(options) - {"variant", "direction", "sync", "prerecord"}
+            unknown = set(options) - {"variant", "direction", "sync", "signal", "prerecord"}
             if unknown:
                 raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use variant=, direction=, sync=, "
-                                      "prerecord=")
+                                      "signal=, prerecord=")
         variant, direction, sync = self._options(options.get("variant", self.variant),
                                                  options.get("direction", self.direction),
                                                  options.get("sync", self.sync))
         capturing = self.backend == "cuda" and torch.cuda.is_current_stream_capturing()
-        if sync == "epoch" and self.engine.signal_mode == "copy":
+        signal = options.get("signal", self.signal)
+        if signal not in SIGNAL_MODES:
+            raise InvalidArgument(f"signal={signal!r} is not one of {SIGNAL_MODES}")
+        if sync == "epoch" and signal == "copy":
             raise InvalidArgument("signal='copy' copies a constant 1: it needs sync='reset'")
         if sync == "epoch" and capturing:
             raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
@@ -165,11 +168,11 @@ class Communicator:
                                         in_place) if self.tuning else tuning.FALLBACK
             variant = picked[0] if variant == "auto" else variant
             direction = picked[1] if direction == "auto" else direction
-        program = self._program(op, key, exchange, variant, direction, sync,
+        program = self._program(op, key, exchange, variant, direction, sync, signal,
                                 self.engine.sym_offset(input), self.engine.sym_offset(output))
         self._calls += 1
         self._epoch += 1
-        label = f"{op} call #{self._calls} ({variant}/{direction}/{sync})"
+        label = f"{op} call #{self._calls} ({variant}/{direction}/{sync}/{signal})"
         self.last_choice = (variant, direction, sync)  # what 'auto' resolved to, for logs and tests
         if self.error is not None:
             raise DmaCollError(f"this communicator is unusable after an earlier error ({self.error}); "
@@ -191,7 +194,7 @@ class Communicator:
         if options.get("prerecord", self.prerecord) and self.backend == "cuda" and not capturing:
             if sync != "reset":
                 raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
-            graph_key = (key, variant, direction, input.data_ptr(), output.data_ptr())
+            graph_key = (key, variant, direction, signal, input.data_ptr(), output.data_ptr())
             self.engine.submit(lambda: self.engine.replay_recorded(graph_key, work, label, sync))
         else:
             self.engine.submit(work)  # now, or (host emulator, prelaunch) once the gate opens
@@ -223,9 +226,9 @@ class Communicator:
     _gates_used = 0
 
     def _program(self, op: str, key: tuple, exchange: Callable[[], Exchange], variant: str, direction: str,
-                 sync: str, input_sym: Optional[int], output_sym: Optional[int]) -> Program:
+                 sync: str, signal: str, input_sym: Optional[int], output_sym: Optional[int]) -> Program:
         """The lowered plan for a call, cached by a cheap key (eager calls pay only a dict lookup)."""
-        ck = (key, variant, direction, sync, input_sym, output_sym)
+        ck = (key, variant, direction, sync, signal, input_sym, output_sym)
         program = self._programs.get(ck)
         if program is None:
             ex = exchange()
@@ -237,7 +240,7 @@ class Communicator:
             if len(self._programs) >= 4096:  # e.g. all_to_all_v with ever-new splits
                 self._programs.clear()
             program = self._programs[ck] = lower(build_plan(ex, self.rank, variant, direction, layout, self.engines),
-                                                 sync)
+                                                 sync, signal)
         return program
 
     def close(self) -> None:

@@ -62,6 +62,7 @@ class MemOp(NamedTuple):
     index: int
     value: int
     geq: bool = False
+    copy: bool = False  # a write to a peer delivered as a 4-byte copy of the ONE word (signal="copy")
 
 
 class Engine(Protocol):
@@ -89,9 +90,13 @@ class Program:
     epoch: bool  # every flag value is the call's sequence number, filled in by run()
 
 
-def lower(plan: Plan, sync: str = "reset") -> Program:
+def lower(plan: Plan, sync: str = "reset", signal: str = "memop") -> Program:
     if sync not in SYNC_MODES:
         raise ValueError(f"unknown sync mode {sync!r}; choose one of {SYNC_MODES}")
+    if signal not in SIGNAL_MODES:
+        raise ValueError(f"unknown signal mode {signal!r}; choose one of {SIGNAL_MODES}")
+    if signal == "copy" and sync != "reset":
+        raise ValueError("signal='copy' copies a constant 1: it needs sync='reset'")
     value = 1 if sync == "reset" else 0  # epoch mode: a placeholder, see run()
     me, world = plan.rank, plan.world
 
@@ -105,7 +110,8 @@ def lower(plan: Plan, sync: str = "reset") -> Program:
                     ops = []
                 out.append(c)
             elif isinstance(c, Signal):
-                ops.append(MemOp(False, c.peer, flag_index(world, sync, c.phase, me), value))
+                ops.append(MemOp(False, c.peer, flag_index(world, sync, c.phase, me), value,
+                                 copy=signal == "copy"))
             elif isinstance(c, Wait):
                 index = flag_index(world, sync, c.phase, c.peer)
                 ops.append(MemOp(True, me, index, value, geq=sync == "epoch"))
@@ -138,6 +144,7 @@ def run(program: Program, engine: Engine, bases: Mapping[str, object], epoch: in
     issue(program.post, main)
 
 
-def execute(plan: Plan, engine: Engine, bases: Mapping[str, object], sync: str = "reset", epoch: int = 1) -> None:
+def execute(plan: Plan, engine: Engine, bases: Mapping[str, object], sync: str = "reset", epoch: int = 1,
+            signal: str = "memop") -> None:
     """Lower and run in one go (callers that repeat a plan keep the Program instead)."""
-    run(lower(plan, sync), engine, bases, epoch)
+    run(lower(plan, sync, signal), engine, bases, epoch)

@@ -25,8 +25,13 @@ def human(nbytes: int) -> str:
 
 def load(paths: list[str]) -> pd.DataFrame:
     df = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=["nan"]) for p in paths], ignore_index=True)
-    for col in ("variant", "direction", "place", "error"):
+    if "signal" not in df:  # sweeps from before these options existed used their defaults
+        df["signal"] = df["impl"].map(lambda i: "memop" if i == "dma" else "")
+    if "prerecord" not in df:
+        df["prerecord"] = False
+    for col in ("variant", "direction", "place", "signal", "error"):
         df[col] = df[col].astype(str)
+    df["prerecord"] = df["prerecord"].astype(str) == "True"
     df["ok"] = (df["status"] == "ok") & (df["correct"].astype(str) == "True")
     return df
 
@@ -35,8 +40,15 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
     """Fastest correct row of ``impl`` per (op, mode, size), with its configuration."""
     sub = df[(df["impl"] == impl) & df["ok"]]
     idx = sub.groupby(["op", "mode", "bytes_per_rank"])["time_us"].idxmin()
-    out = sub.loc[idx, ["op", "mode", "bytes_per_rank", "time_us", "busbw_GBps", "variant", "direction", "place"]]
+    out = sub.loc[idx, ["op", "mode", "bytes_per_rank", "time_us", "busbw_GBps", "variant", "direction", "place",
+                        "signal", "prerecord"]]
     return out.set_index(["op", "mode", "bytes_per_rank"])
+
+
+def config_label(r) -> str:
+    """variant/direction/place, plus the non-default signal and prerecord choices."""
+    extra = ("/copy-signal" if r["signal"] == "copy" else "") + ("/prerecorded" if r["prerecord"] else "")
+    return f"{r['variant']}/{r['direction']}/{r['place']}{extra}"
 
 
 def ratio_table(df: pd.DataFrame, sizes=README_SIZES) -> pd.DataFrame:
@@ -55,7 +67,7 @@ def ratio_table(df: pd.DataFrame, sizes=README_SIZES) -> pd.DataFrame:
                      # the fixed cost of the protocol (flags, fork/join) beyond moving the bytes
                      "dma_minus_peer_copy_us": round(float(r["time_us"] - floor.loc[(op, mode, size), "time_us"]), 1)
                      if (op, mode, size) in floor.index else "",
-                     "best_dma": f"{r['variant']}/{r['direction']}/{r['place']}"})
+                     "best_dma": config_label(r)})
     return pd.DataFrame(rows).sort_values(["op", "mode", "bytes"]).reset_index(drop=True)
 
 

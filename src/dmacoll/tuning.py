@@ -66,7 +66,8 @@ def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
     from . import report
 
     df = report.load(sweep_csvs)
-    dma = df[(df["impl"] == "dma") & df["ok"]]
+    # 'auto' chooses variant and direction; signal and prerecord stay the caller's choice
+    dma = df[(df["impl"] == "dma") & df["ok"] & (df["signal"] == "memop") & ~df["prerecord"]]
     if dma.empty:
         raise ValueError(f"{sweep_csvs}: no correct dma rows to tune from")
     idx = dma.groupby(["op", "mode", "place", "bytes_per_rank"])["time_us"].idxmin()

@@ -134,7 +134,6 @@ class CudaEngine:
         self.flag_view.zero_()
         self._one = one_index(self.world)
         self.flag_view[self._one] = 1
-        self.signal_mode = "memop"
         torch.cuda.synchronize(self.device)
         dist.barrier(group=group)
         self.side_streams: list[torch.cuda.Stream] = []
@@ -164,7 +163,7 @@ class CudaEngine:
                "cuMemcpyAsync")
 
     def memops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
-        if self.signal_mode == "copy" and any(not op.wait and op.rank != self.rank for op in ops):
+        if any(op.copy for op in ops):
             self._memops_with_copy_signals(queue, ops)
             return
         stream = queue.cuda_stream
@@ -189,11 +188,9 @@ class CudaEngine:
         the same engine path); the other memory operations as usual, in order."""
         run: list[MemOp] = []
         for op in ops:
-            if op.wait or op.rank == self.rank:
+            if not op.copy:
                 run.append(op)
                 continue
-            if op.value != 1:
-                raise DmaCollError("copy signals carry the value 1 only: use sync='reset'")
             if run:
                 self.memops(queue, tuple(run))
                 run = []

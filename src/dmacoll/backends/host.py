@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import DmaCollError, DmaCollTimeoutError
+from ..errors import DmaCollTimeoutError
 from ..executor import MemOp, gate_index, gate_ops, one_index
 from ..plan import NUM_PHASES, Ref
 from . import sym_offset
@@ -58,7 +58,7 @@ class HostEngine:
         self.flags = [h[: flag_words * 4].view(torch.int32).numpy() for h in self.heaps]
         self._one = one_index(self.world)
         self.flags[self.rank][self._one] = 1
-        self.signal_mode = "memop"
+
         self.heap = self.heaps[self.rank]
         # one thread per side queue (pcpy: a queue per peer; multi: `engines` queues)
         self._deferred: list | None = None  # calls held back by an open prelaunch gate
@@ -84,9 +84,7 @@ class HostEngine:
         for op in ops:
             if op.wait:
                 self._wait(op.index, op.value, op.geq)
-            elif self.signal_mode == "copy" and op.rank != self.rank:
-                if op.value != 1:
-                    raise DmaCollError("copy signals carry the value 1 only: use sync='reset'")
+            elif op.copy:  # the peer's word becomes a copy of our ONE word, as the copy engine would do it
                 word = slice(4 * op.index, 4 * op.index + 4)
                 self.heaps[op.rank][word].copy_(self.heaps[self.rank][4 * self._one: 4 * self._one + 4])
             else:
