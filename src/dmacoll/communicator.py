@@ -62,17 +62,12 @@ class Communicator:
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
         validate.check_world(self.world)
-        self.variant, self.direction, self.sync = self._options(variant, direction, sync)
+        self.variant, self.direction, self.sync, self.signal = self._options(variant, direction, sync, signal)
         if timeout_s <= 0:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
-        if signal not in SIGNAL_MODES:
-            raise InvalidArgument(f"signal={signal!r} is not one of {SIGNAL_MODES}")
-        if signal == "copy" and sync == "epoch":
-            raise InvalidArgument("signal='copy' copies a constant 1: it needs sync='reset'")
         if not 1 <= engines <= 16:
             raise InvalidArgument(f"engines must be between 1 and 16, got {engines}")
         self.engines = engines
-        self.signal = signal
         self.prerecord = prerecord
         self.backend = resolve(backend)
         self.staging = _align(flag_words(self.world) * 4)
@@ -137,12 +132,15 @@ class Communicator:
                          lambda: all_to_all_exchange([list(row) for row in matrix]))
 
     # -- machinery -------------------------------------------------------------
-    def _options(self, variant: str, direction: str, sync: str) -> tuple[str, str, str]:
+    def _options(self, variant: str, direction: str, sync: str, signal: str) -> tuple[str, str, str, str]:
         for name, value, allowed in (("variant", variant, VARIANTS + ("auto",)),
-                                     ("direction", direction, DIRECTIONS + ("auto",)), ("sync", sync, SYNC_MODES)):
+                                     ("direction", direction, DIRECTIONS + ("auto",)), ("sync", sync, SYNC_MODES),
+                                     ("signal", signal, SIGNAL_MODES)):
             if value not in allowed:
                 raise InvalidArgument(f"{name}={value!r} is not one of {allowed}")
-        return variant, direction, sync
+        if signal == "copy" and sync == "epoch":
+            raise InvalidArgument("signal='copy' copies a constant 1: it needs sync='reset'")
+        return variant, direction, sync, signal
 
     def _run(self, op: str, key: tuple, in_place: bool, output: torch.Tensor, input: torch.Tensor, options: dict,
              exchange: Callable[[], Exchange]) -> torch.Tensor:
@@ -151,15 +149,10 @@ class Communicator:
             if unknown:
                 raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use variant=, direction=, sync=, "
                                       "signal=, prerecord=")
-        variant, direction, sync = self._options(options.get("variant", self.variant),
-                                                 options.get("direction", self.direction),
-                                                 options.get("sync", self.sync))
+        variant, direction, sync, signal = self._options(
+            options.get("variant", self.variant), options.get("direction", self.direction),
+            options.get("sync", self.sync), options.get("signal", self.signal))
         capturing = self.backend == "cuda" and torch.cuda.is_current_stream_capturing()
-        signal = options.get("signal", self.signal)
-        if signal not in SIGNAL_MODES:
-            raise InvalidArgument(f"signal={signal!r} is not one of {SIGNAL_MODES}")
-        if sync == "epoch" and signal == "copy":
-            raise InvalidArgument("signal='copy' copies a constant 1: it needs sync='reset'")
         if sync == "epoch" and capturing:
             raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
                                   "then deadlock; capture with sync='reset'")
