@@ -82,6 +82,9 @@ class Communicator:
         self._epoch = 0
         self._calls = 0
         self._programs: dict[tuple, Program] = {}
+        self.error: Optional[DmaCollError] = None  # set by a failed call; every later call raises it
+        self._gate: Optional[Gate] = None  # the open or pending prelaunch gate
+        self._gates_used = 0
 
     # -- memory ----------------------------------------------------------------
     def empty(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -156,6 +159,15 @@ class Communicator:
         if sync == "epoch" and capturing:
             raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
                                   "then deadlock; capture with sync='reset'")
+        prerecord = options.get("prerecord", self.prerecord) and self.backend == "cuda" and not capturing
+        if prerecord and sync != "reset":
+            raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
+        if self.error is not None:
+            raise DmaCollError(f"this communicator is unusable after an earlier error ({self.error}); "
+                               "create a new one")
+        if self._gate is not None and self._gate.closed:
+            raise InvalidArgument(f"{op}: a prelaunched collective is still pending; call gate.wait() first "
+                                  "(collectives of one communicator run one after another)")
         if "auto" in (variant, direction):
             picked = self.tuning.select(op, input.numel() * input.element_size(), "graph" if capturing else "eager",
                                         in_place) if self.tuning else tuning.FALLBACK
@@ -167,12 +179,6 @@ class Communicator:
         self._epoch += 1
         label = f"{op} call #{self._calls} ({variant}/{direction}/{sync}/{signal})"
         self.last_choice = (variant, direction, sync)  # what 'auto' resolved to, for logs and tests
-        if self.error is not None:
-            raise DmaCollError(f"this communicator is unusable after an earlier error ({self.error}); "
-                               "create a new one")
-        if self._gate is not None and self._gate.closed:
-            raise InvalidArgument(f"{op}: a prelaunched collective is still pending; call gate.wait() first "
-                                  "(collectives of one communicator run one after another)")
         bases, epoch = self.engine.bases(input, output), self._epoch
 
         def work() -> None:
@@ -184,9 +190,7 @@ class Communicator:
                 raise
             self.engine.end_call(label, sync, 1 if sync == "reset" else epoch)
 
-        if options.get("prerecord", self.prerecord) and self.backend == "cuda" and not capturing:
-            if sync != "reset":
-                raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
+        if prerecord:
             graph_key = (key, variant, direction, signal, input.data_ptr(), output.data_ptr())
             self.engine.submit(lambda: self.engine.replay_recorded(graph_key, work, label, sync))
         else:
@@ -213,10 +217,6 @@ class Communicator:
         finally:
             self.engine.gate_close(gate.slot)
             gate.closed = True
-
-    error: Optional[DmaCollError] = None
-    _gate: Optional["Gate"] = None
-    _gates_used = 0
 
     def _program(self, op: str, key: tuple, exchange: Callable[[], Exchange], variant: str, direction: str,
                  sync: str, signal: str, input_sym: Optional[int], output_sym: Optional[int]) -> Program:
