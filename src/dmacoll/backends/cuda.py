@@ -236,7 +236,9 @@ class CudaEngine:
         work()  # enqueued on the current stream, which is the gate stream while a gate is open
 
     def gate_open(self, slot: int) -> None:
-        stream = self._gate_streams.setdefault(slot, torch.cuda.Stream(self.device))
+        if slot not in self._gate_streams:
+            self._gate_streams[slot] = torch.cuda.Stream(self.device)
+        stream = self._gate_streams[slot]
         stream.wait_stream(torch.cuda.current_stream(self.device))  # after this communicator's earlier calls
         self.memops(stream, gate_ops(self.world, self.rank, slot))
         self._gate_context = torch.cuda.stream(stream)
