@@ -114,6 +114,36 @@ def cmd_tune(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_power(a: argparse.Namespace) -> int:
+    """Energy per collective: NVML energy counter around sustained graph-replayed calls."""
+    import csv
+    import io
+    from pathlib import Path
+
+    import torch
+
+    from .bench import provenance
+    from .bench.power import POWER_COLUMNS, run_power
+    from .launch import run_ranks
+
+    world = a.world or torch.cuda.device_count()
+    if world < 2:
+        print(f"dmacoll power needs at least 2 GPUs, found {world}", file=sys.stderr)
+        return 2
+    cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, seconds=a.seconds, idle_seconds=a.idle_seconds,
+               repeats=a.repeats, dtype=a.dtype)
+    rows = run_ranks(run_power, world, cfg, device="cuda", timeout_s=3600)[0]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=POWER_COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    out = Path(a.out)
+    provenance.write_atomic(out, buf.getvalue())
+    provenance.write_sidecar(out, provenance.collect(cfg))
+    print(f"wrote {out} ({len(rows)} rows) and {out.with_suffix('.json')}")
+    return 0
+
+
 def cmd_report(a: argparse.Namespace) -> int:
     from . import report
 
@@ -180,6 +210,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-bytes", type=parse_size, default=parse_size("256M"))
     t.add_argument("--repeats", type=int, default=5)
     t.set_defaults(func=cmd_tune)
+
+    w = sub.add_parser("power", help="energy and power per collective (NVML / amdsmi), idle baseline subtracted")
+    w.add_argument("--world", type=int, default=0)
+    w.add_argument("--ops", nargs="+", choices=SWEEP_OPS, default=list(SWEEP_OPS))
+    w.add_argument("--impls", nargs="+", choices=("nccl", "dma"), default=["nccl", "dma"])
+    w.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(x) for x in ("1K", "1M", "256M")])
+    w.add_argument("--seconds", type=float, default=2.0, help="sustained run per measurement")
+    w.add_argument("--idle-seconds", type=float, default=2.0)
+    w.add_argument("--repeats", type=int, default=3)
+    w.add_argument("--dtype", default="bfloat16")
+    w.add_argument("--out", default="results/local/power.csv")
+    w.set_defaults(func=cmd_power)
 
     r = sub.add_parser("report", help="render tables from sweep CSVs")
     from .report import add_arguments

@@ -160,41 +160,45 @@ def _verify(pt: Point, result: torch.Tensor, expected: torch.Tensor, world: int,
     return torch.equal(result.view(torch.uint8), expected.view(torch.uint8))
 
 
+class BoundPoint:
+    """One implementation bound to its buffers and this rank's input: run it, check its output."""
+
+    def __init__(self, runner: Runner, pt: Point, nbytes: int, data: Inputs):
+        self.runner, self.pt, self.data = runner, pt, data
+        self.out, self.inp = runner.buffers(pt, nbytes)
+        self.mine = data.inputs[runner.rank]
+        self.inp.copy_(self.mine)
+        self.fn = runner.call(pt, self.out, self.inp)
+        self.result: Optional[torch.Tensor] = None
+
+    def run_once(self) -> None:
+        r = self.fn()
+        self.result = r if isinstance(r, torch.Tensor) else self.out  # some baselines allocate their output
+
+    def check(self, rerun: Callable[[], None]) -> bool:
+        """Poison the outputs, run once more (``rerun``: a call or a graph replay), compare byte for byte."""
+        for t in {id(self.out): self.out, id(self.result): self.result}.values():
+            if t is not None:
+                t.view(torch.uint8).fill_(POISON)
+        self.inp.copy_(self.mine)  # in place: the input sits inside the poisoned output
+        torch.cuda.synchronize()
+        self.runner.barrier()
+        rerun()
+        torch.cuda.synchronize()
+        self.runner.barrier()  # peers' copies into us are complete
+        return _verify(self.pt, self.result, self.data.expected(self.runner.rank), self.runner.world,
+                       self.runner.rank)
+
+
 def measure(runner: Runner, pt: Point, nbytes: int, mode: str, data: Inputs) -> dict:
-    cfg, rank, world = runner.cfg, runner.rank, runner.world
-    out, inp = runner.buffers(pt, nbytes)
-    mine = data.inputs[rank]
-    inp.copy_(mine)
-    fn = runner.call(pt, out, inp)
-
-    result_holder: list = []
-
-    def prepare() -> None:
-        for t in {id(out): out, **{id(r): r for r in result_holder}}.values():
-            t.view(torch.uint8).fill_(POISON)  # also an output the implementation allocated itself
-        inp.copy_(mine)  # in place: the input sits inside the poisoned output
-
-    def run_once() -> None:
-        r = fn()
-        result_holder[:] = [r if isinstance(r, torch.Tensor) and r is not out else out]
-
+    cfg = runner.cfg
+    bp = BoundPoint(runner, pt, nbytes, data)
     if mode == "graph":
-        graph = timing.capture(run_once, cfg.calls, cfg.warmup)
+        graph = timing.capture(bp.run_once, cfg.calls, cfg.warmup)
         samples = timing.time_graph(graph, cfg.calls, cfg.repeats, runner.barrier)
-        prepare()
-        torch.cuda.synchronize()
-        runner.barrier()
-        graph.replay()
-    else:
-        samples = timing.time_eager(run_once, cfg.calls, cfg.repeats, cfg.warmup, runner.barrier)
-        prepare()
-        torch.cuda.synchronize()
-        runner.barrier()
-        run_once()
-    torch.cuda.synchronize()
-    runner.barrier()  # peers' copies into us are complete
-    ok = _verify(pt, result_holder[0], data.expected(rank), world, rank)
-    return {"samples": samples, "correct": ok}
+        return {"samples": samples, "correct": bp.check(graph.replay)}
+    samples = timing.time_eager(bp.run_once, cfg.calls, cfg.repeats, cfg.warmup, runner.barrier)
+    return {"samples": samples, "correct": bp.check(bp.run_once)}
 
 
 def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:

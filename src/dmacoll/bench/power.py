@@ -1,0 +1,210 @@
+"""Energy and power of collectives: NVML on NVIDIA, amdsmi on AMD, one interface.
+
+Energy comes from the board's cumulative energy counter (read before and after a
+run of back-to-back collectives lasting ``seconds``); power samples from a
+background thread are kept as a cross-check (on Hopper NVML's power reading is a
+1-second average, so the counter is the primary source). An idle baseline,
+measured the same way with the GPU idle, is reported and subtracted:
+
+    dynamic energy per call = (E_run - P_idle x t_run) / calls
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Callable, Optional, Protocol
+
+from ..errors import BackendUnavailable
+
+
+class Meter(Protocol):
+    name: str
+
+    def energy_j(self) -> float: ...
+
+    def power_w(self) -> float: ...
+
+
+class NvmlMeter:
+    """One NVIDIA GPU through nvidia-ml-py, found by the UUID torch reports (CUDA and NVML orders may differ)."""
+
+    def __init__(self, device_index: int):
+        try:
+            import pynvml
+        except ImportError:
+            raise BackendUnavailable("power needs nvidia-ml-py on NVIDIA GPUs (pip install nvidia-ml-py)") from None
+        import torch
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device_index).uuid)
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        self.name = f"cuda:{device_index} ({torch.cuda.get_device_name(device_index)})"
+
+    def energy_j(self) -> float:
+        return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1e3  # mJ
+
+    def power_w(self) -> float:
+        return self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1e3  # mW
+
+
+class AmdSmiMeter:
+    """One AMD GPU through amdsmi (ROCm): the accumulated energy counter times its resolution."""
+
+    def __init__(self, device_index: int):
+        try:
+            import amdsmi
+        except ImportError:
+            raise BackendUnavailable("power needs the amdsmi Python package on AMD GPUs (it ships with ROCm)") \
+                from None
+        amdsmi.amdsmi_init()
+        self._smi = amdsmi
+        self._handle = amdsmi.amdsmi_get_processor_handles()[device_index]
+        self.name = f"hip:{device_index}"
+
+    def energy_j(self) -> float:
+        e = self._smi.amdsmi_get_energy_count(self._handle)
+        return e["energy_accumulator"] * e["counter_resolution"] / 1e6  # microjoules
+
+    def power_w(self) -> float:
+        return float(self._smi.amdsmi_get_power_info(self._handle)["average_socket_power"])
+
+
+def meter_for(device_index: int) -> Meter:
+    import torch
+
+    return AmdSmiMeter(device_index) if torch.version.hip else NvmlMeter(device_index)
+
+
+class PowerSampler:
+    """Samples ``meter.power_w()`` every ``interval_s`` in a background thread."""
+
+    def __init__(self, meter: Meter, interval_s: float = 0.02):
+        self.meter, self.interval_s = meter, interval_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dmacoll-power", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self.meter.power_w())
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "PowerSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(meter: Meter, sync: Callable[[], None], steps: int = 0, step: Optional[Callable[[], int]] = None,
+            idle_seconds: float = 0.0) -> dict:
+    """Energy, time, calls and power over ``steps`` repetitions of ``step`` (which issues some
+    calls and returns how many; a fixed count, so that every rank issues the same collectives),
+    or over ``idle_seconds`` of an idle GPU when ``step`` is None."""
+    sync()
+    with PowerSampler(meter) as sampler:
+        e0, t0, calls = meter.energy_j(), time.perf_counter(), 0
+        if step is None:
+            time.sleep(idle_seconds)
+        for _ in range(steps if step is not None else 0):
+            calls += step()
+        sync()
+        e1, t1 = meter.energy_j(), time.perf_counter()
+    elapsed = t1 - t0
+    return {"seconds": elapsed, "calls": calls, "energy_j": e1 - e0, "avg_power_w": (e1 - e0) / elapsed,
+            "sampled_power_w": statistics.median(sampler.samples) if sampler.samples else float("nan"),
+            "power_samples": len(sampler.samples)}
+
+
+def dynamic_energy(run: dict, idle_power_w: float, bytes_per_call: int) -> dict:
+    """Energy above idle, per call and per byte moved."""
+    extra_j = run["energy_j"] - idle_power_w * run["seconds"]
+    per_call = extra_j / run["calls"] if run["calls"] else float("nan")
+    return {"idle_power_w": idle_power_w, "energy_per_call_uj": run["energy_j"] / max(run["calls"], 1) * 1e6,
+            "dynamic_energy_per_call_uj": per_call * 1e6,
+            "dynamic_energy_per_byte_pj": per_call / bytes_per_call * 1e12 if bytes_per_call else float("nan")}
+
+
+# -- the power sweep: one process per GPU, each measuring its own board ------------------------
+POWER_COLUMNS = ["op", "impl", "variant", "direction", "place", "world", "rank", "gpu", "bytes_per_rank",
+                 "bytes_sent_per_call", "repeat", "calls", "seconds", "energy_j", "avg_power_w", "sampled_power_w",
+                 "power_samples", "idle_power_w", "energy_per_call_uj", "dynamic_energy_per_call_uj",
+                 "dynamic_energy_per_byte_pj", "correct"]
+
+
+def power_points(op: str, impls) -> list:
+    from .sweep import Point
+
+    out = []
+    if "nccl" in impls:
+        out.append(Point(op, "nccl"))
+    if "dma" in impls:  # DMA-Latte's unoptimised baseline, and the tuned choice
+        out.append(Point(op, "dma", "pcpy", "push", "out", "memop"))
+        out.append(Point(op, "dma", "auto", "auto", "in" if op == "all_gather" else "out", "memop"))
+    return out
+
+
+def bytes_sent(op: str, nbytes: int, world: int) -> int:
+    """Bytes one rank sends to its peers per call."""
+    return nbytes * (world - 1) if op == "all_gather" else nbytes * (world - 1) // world
+
+
+def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
+    import torch
+    import torch.distributed as dist
+
+    from ..communicator import Communicator
+    from . import timing
+    from .sweep import BoundPoint, Inputs, Runner, SweepConfig
+
+    torch.cuda.set_stream(torch.cuda.Stream())
+    sizes = cfg["sizes"]
+    scfg = SweepConfig(max_bytes=max(sizes), dtype=cfg["dtype"], calls=10, repeats=3, warmup=3)
+    comm = Communicator(heap_bytes=max(sizes) * (world + 1) + (1 << 20), staging_bytes=1 << 20, timeout_s=120)
+    runner = Runner(scfg, comm, world, rank)
+    meter = meter_for(torch.cuda.current_device())
+    sync = torch.cuda.synchronize
+    idle = [measure(meter, sync, idle_seconds=cfg["idle_seconds"]) for _ in range(cfg["repeats"])]
+    idle_w = statistics.median(r["avg_power_w"] for r in idle)
+    rows: list[dict] = [{"op": "idle", "impl": "idle", "repeat": i, "world": world, "rank": rank, "gpu": meter.name,
+                         **r, "idle_power_w": idle_w} for i, r in enumerate(idle)]
+    for i, nbytes in enumerate(sizes):
+        for op in cfg["ops"]:
+            data = Inputs(op, nbytes, runner.dtype, world, 7919 * (i + 1), runner.device)
+            for pt in power_points(op, cfg["impls"]):
+                bp = BoundPoint(runner, pt, nbytes, data)
+                probe = timing.capture(bp.run_once, 10, 3)
+                per_call_us = statistics.median(timing.time_graph(probe, 10, 3, runner.barrier))
+                # one replay ~ 20 ms of back-to-back calls; the same count on every rank (collectives must match)
+                local = max(10, min(2000, int(20e3 / max(per_call_us, 1e-3))))
+                counts: list = [None] * world
+                dist.all_gather_object(counts, local, group=runner.cpu_group)
+                calls = min(counts)
+                graph = timing.capture(bp.run_once, calls, 1)
+                seconds = calls * per_call_us * 1e-6
+                steps: list = [None] * world
+                dist.all_gather_object(steps, max(1, int(cfg["seconds"] / max(seconds, 1e-6))), group=runner.cpu_group)
+                for rep in range(cfg["repeats"]):
+                    runner.barrier()
+                    res = measure(meter, sync, steps=max(steps), step=lambda: (graph.replay(), calls)[1])
+                    rows.append({"op": op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction,
+                                 "place": pt.place, "world": world, "rank": rank, "gpu": meter.name,
+                                 "bytes_per_rank": nbytes, "bytes_sent_per_call": bytes_sent(op, nbytes, world),
+                                 "repeat": rep, **res,
+                                 **dynamic_energy(res, idle_w, bytes_sent(op, nbytes, world))})
+                ok = bp.check(graph.replay)
+                for r in rows[-cfg["repeats"]:]:
+                    r["correct"] = ok
+                if rank == 0:
+                    last = rows[-1]
+                    print(f"{op:10s} {pt.impl:5s} {pt.variant:5s} {nbytes:>10d} B: {last['avg_power_w']:6.1f} W "
+                          f"(idle {idle_w:.1f}), {last['dynamic_energy_per_call_uj']:9.2f} uJ/call above idle, "
+                          f"{'ok' if ok else 'WRONG'}", flush=True)
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, rows, group=runner.cpu_group)
+    comm.close()
+    return [r for per_rank in gathered for r in per_rank] if rank == 0 else None
