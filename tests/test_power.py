@@ -62,3 +62,14 @@ def test_missing_library_says_what_to_install(monkeypatch, meter, missing):
     monkeypatch.setattr(builtins, "__import__", fake_import)
     with pytest.raises(BackendUnavailable, match="nvidia-ml-py" if missing == "pynvml" else "amdsmi"):
         meter(0)
+
+
+def test_sm_usage_classes_gpu_activities_by_name():
+    from dmacoll.bench.smusage import summarize
+
+    acts = [("Memcpy PtoP (Device -> Device)", 5.0), ("Memcpy DtoD (Device -> Device)", 1.0),
+            ("Memset (Device)", 0.5), ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 8.0)] * 2
+    s = summarize(acts, calls=2)
+    assert s["kernels_per_call"] == 1 and s["kernel_us_per_call"] == 8.0
+    assert s["copies_per_call"] == 2 and s["copy_us_per_call"] == 6.0 and s["memsets_per_call"] == 1
+    assert s["kernel_names"] == "ncclDevKernel_AllGather_RING_LL x2"

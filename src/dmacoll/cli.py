@@ -69,15 +69,12 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     from .bench.sweep import SweepConfig, run_sweep
     from .launch import run_ranks
 
-    import torch
-
     if "nccl_ce" in a.impls and {"dma", "peer_copy"} & set(a.impls):
         print("run nccl_ce in a sweep of its own: it switches torch's symmetric-memory backend to NCCL "
               "for the whole process", file=sys.stderr)
         return 2
-    world = a.world or torch.cuda.device_count()
+    world = _gpu_world(a, "sweep")
     if world < 2:
-        print(f"dmacoll sweep needs at least 2 GPUs, found {world}", file=sys.stderr)
         return 2
     cfg = SweepConfig(ops=tuple(a.ops), impls=tuple(a.impls), variants=tuple(a.variants),
                       directions=tuple(a.directions), places=tuple(a.places), signals=tuple(a.signals),
@@ -114,33 +111,43 @@ def cmd_tune(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_power(a: argparse.Namespace) -> int:
-    """Energy per collective: NVML energy counter around sustained graph-replayed calls."""
-    import csv
-    import io
-    from pathlib import Path
-
+def _gpu_world(a: argparse.Namespace, what: str) -> int:
     import torch
 
+    world = a.world or torch.cuda.device_count()
+    if world < 2:
+        print(f"dmacoll {what} needs at least 2 GPUs, found {world}", file=sys.stderr)
+    return world
+
+
+def cmd_power(a: argparse.Namespace) -> int:
+    """Energy per collective: NVML energy counter around sustained graph-replayed calls."""
     from .bench import provenance
     from .bench.power import POWER_COLUMNS, run_power
     from .launch import run_ranks
 
-    world = a.world or torch.cuda.device_count()
+    world = _gpu_world(a, "power")
     if world < 2:
-        print(f"dmacoll power needs at least 2 GPUs, found {world}", file=sys.stderr)
         return 2
     cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, seconds=a.seconds, idle_seconds=a.idle_seconds,
                repeats=a.repeats, dtype=a.dtype)
     rows = run_ranks(run_power, world, cfg, device="cuda", timeout_s=3600)[0]
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=POWER_COLUMNS, extrasaction="ignore")
-    w.writeheader()
-    w.writerows(rows)
-    out = Path(a.out)
-    provenance.write_atomic(out, buf.getvalue())
-    provenance.write_sidecar(out, provenance.collect(cfg))
-    print(f"wrote {out} ({len(rows)} rows) and {out.with_suffix('.json')}")
+    provenance.write_table(a.out, rows, POWER_COLUMNS, cfg)
+    return 0
+
+
+def cmd_sm_usage(a: argparse.Namespace) -> int:
+    """GPU kernels versus copies per collective, from the PyTorch profiler."""
+    from .bench import provenance
+    from .bench.smusage import SM_COLUMNS, run_sm_usage
+    from .launch import run_ranks
+
+    world = _gpu_world(a, "sm-usage")
+    if world < 2:
+        return 2
+    cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, calls=a.calls, modes=a.modes)
+    rows = run_ranks(run_sm_usage, world, cfg, device="cuda", timeout_s=1800)[0]
+    provenance.write_table(a.out, rows, SM_COLUMNS, cfg)
     return 0
 
 
@@ -222,6 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--dtype", default="bfloat16")
     w.add_argument("--out", default="results/local/power.csv")
     w.set_defaults(func=cmd_power)
+
+    m = sub.add_parser("sm-usage", help="GPU kernels vs copy-engine work per collective (PyTorch profiler)")
+    m.add_argument("--world", type=int, default=0)
+    m.add_argument("--ops", nargs="+", choices=SWEEP_OPS, default=list(SWEEP_OPS))
+    m.add_argument("--impls", nargs="+", choices=("nccl", "dma"), default=["nccl", "dma"])
+    m.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(x) for x in ("64K", "4M", "256M")])
+    m.add_argument("--modes", nargs="+", choices=("graph", "eager"), default=["graph", "eager"])
+    m.add_argument("--calls", type=int, default=10)
+    m.add_argument("--out", default="results/local/sm_usage.csv")
+    m.set_defaults(func=cmd_sm_usage)
 
     r = sub.add_parser("report", help="render tables from sweep CSVs")
     from .report import add_arguments

@@ -107,3 +107,19 @@ def write_sidecar(csv_path: Path, provenance: dict[str, Any]) -> Path:
     side = csv_path.with_suffix(".json")
     write_atomic(side, json.dumps(provenance, indent=2, default=str) + "\n")
     return side
+
+
+def write_table(path: Path, rows: list[dict], columns: list[str], config: dict[str, Any]) -> Path:
+    """A tidy CSV (floats to 4 decimals) and its provenance sidecar, both written atomically."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+    write_atomic(Path(path), buf.getvalue())
+    write_sidecar(Path(path), collect(config))
+    print(f"wrote {path} ({len(rows)} rows) and {Path(path).with_suffix('.json')}", flush=True)
+    return Path(path)

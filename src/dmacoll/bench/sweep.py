@@ -16,8 +16,6 @@ time and busbw = algbw x (n-1)/n for both.
 """
 from __future__ import annotations
 
-import csv
-import io
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -265,14 +263,4 @@ def merge(per_rank: list[dict], cfg: SweepConfig, pt: Point, nbytes: int, mode: 
 
 
 def write_results(rows: list[dict], cfg: SweepConfig) -> Path:
-    path = Path(cfg.out)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
-    provenance.write_atomic(path, buf.getvalue())
-    config = {k: v for k, v in cfg.__dict__.items()}
-    provenance.write_sidecar(path, provenance.collect(config))
-    print(f"wrote {path} ({len(rows)} rows) and {path.with_suffix('.json')}", flush=True)
-    return path
+    return provenance.write_table(Path(cfg.out), rows, COLUMNS, dict(cfg.__dict__))
