@@ -157,15 +157,11 @@ def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
     import torch
     import torch.distributed as dist
 
-    from ..communicator import Communicator
     from . import timing
-    from .sweep import BoundPoint, Inputs, Runner, SweepConfig
+    from .sweep import BoundPoint, Inputs, gather_rows, gpu_runner, point_fields
 
-    torch.cuda.set_stream(torch.cuda.Stream())
     sizes = cfg["sizes"]
-    scfg = SweepConfig(max_bytes=max(sizes), dtype=cfg["dtype"], calls=10, repeats=3, warmup=3)
-    comm = Communicator(heap_bytes=max(sizes) * (world + 1) + (1 << 20), staging_bytes=1 << 20, timeout_s=120)
-    runner = Runner(scfg, comm, world, rank)
+    runner = gpu_runner(rank, world, max(sizes), cfg["dtype"])
     meter = meter_for(torch.cuda.current_device())
     sync = torch.cuda.synchronize
     idle = [measure(meter, sync, idle_seconds=cfg["idle_seconds"]) for _ in range(cfg["repeats"])]
@@ -191,8 +187,7 @@ def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                 for rep in range(cfg["repeats"]):
                     runner.barrier()
                     res = measure(meter, sync, steps=max(steps), step=lambda: (graph.replay(), calls)[1])
-                    rows.append({"op": op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction,
-                                 "place": pt.place, "world": world, "rank": rank, "gpu": meter.name,
+                    rows.append({**point_fields(pt), "world": world, "rank": rank, "gpu": meter.name,
                                  "bytes_per_rank": nbytes, "bytes_sent_per_call": bytes_sent(op, nbytes, world),
                                  "repeat": rep, **res,
                                  **dynamic_energy(res, idle_w, bytes_sent(op, nbytes, world))})
@@ -204,7 +199,4 @@ def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                     print(f"{op:10s} {pt.impl:5s} {pt.variant:5s} {nbytes:>10d} B: {last['avg_power_w']:6.1f} W "
                           f"(idle {idle_w:.1f}), {last['dynamic_energy_per_call_uj']:9.2f} uJ/call above idle, "
                           f"{'ok' if ok else 'WRONG'}", flush=True)
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, rows, group=runner.cpu_group)
-    comm.close()
-    return [r for per_rank in gathered for r in per_rank] if rank == 0 else None
+    return gather_rows(runner, rows)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Optional
 
-SM_COLUMNS = ["op", "impl", "variant", "direction", "place", "world", "bytes_per_rank", "mode", "calls",
+SM_COLUMNS = ["op", "impl", "variant", "direction", "place", "world", "rank", "bytes_per_rank", "mode", "calls",
               "kernels_per_call", "kernel_us_per_call", "copies_per_call", "copy_us_per_call", "memsets_per_call",
               "kernel_names"]
 
@@ -58,18 +58,12 @@ def gpu_activities(fn, calls: int) -> list[tuple[str, float]]:
 
 
 def run_sm_usage(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
-    import torch
-    import torch.distributed as dist
-
-    from ..communicator import Communicator
     from . import timing
     from .power import power_points
-    from .sweep import BoundPoint, Inputs, Runner, SweepConfig
+    from .sweep import BoundPoint, Inputs, gather_rows, gpu_runner, point_fields
 
-    torch.cuda.set_stream(torch.cuda.Stream())
     sizes, calls = cfg["sizes"], cfg["calls"]
-    comm = Communicator(heap_bytes=max(sizes) * (world + 1) + (1 << 20), staging_bytes=1 << 20, timeout_s=60)
-    runner = Runner(SweepConfig(max_bytes=max(sizes)), comm, world, rank)
+    runner = gpu_runner(rank, world, max(sizes))
     rows = []
     for i, nbytes in enumerate(sizes):
         for op in cfg["ops"]:
@@ -85,15 +79,11 @@ def run_sm_usage(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                         for _ in range(3):
                             bp.run_once()
                         acts = gpu_activities(bp.run_once, calls)
-                    rows.append({"op": op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction,
-                                 "place": pt.place, "world": world, "bytes_per_rank": nbytes, "mode": mode,
-                                 **summarize(acts, calls)})
+                    rows.append({**point_fields(pt), "world": world, "bytes_per_rank": nbytes, "mode": mode,
+                                 "rank": rank, **summarize(acts, calls)})
                     if rank == 0:
                         r = rows[-1]
                         print(f"{op:10s} {pt.impl:5s} {pt.variant:5s} {nbytes:>10d} B {mode:5s}: "
                               f"{r['kernels_per_call']:.1f} kernels ({r['kernel_us_per_call']:.1f} us), "
                               f"{r['copies_per_call']:.1f} copies per call", flush=True)
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, rows, group=runner.cpu_group)
-    comm.close()
-    return gathered[0] if rank == 0 else None
+    return gather_rows(runner, rows)

@@ -158,6 +158,28 @@ def _verify(pt: Point, result: torch.Tensor, expected: torch.Tensor, world: int,
     return torch.equal(result.view(torch.uint8), expected.view(torch.uint8))
 
 
+def gpu_runner(rank: int, world: int, max_bytes: int, dtype: str = "bfloat16", timeout_s: float = 120) -> Runner:
+    """A rank's communicator (heap for inputs and outputs up to ``max_bytes`` per rank) and buffers, on a
+    non-default stream: NCCL's copy-engine path rejects the legacy stream, and applications use their own."""
+    from ..communicator import Communicator
+
+    torch.cuda.set_stream(torch.cuda.Stream())
+    comm = Communicator(heap_bytes=max_bytes * (world + 1) + (1 << 20), staging_bytes=1 << 20, timeout_s=timeout_s)
+    return Runner(SweepConfig(max_bytes=max_bytes, dtype=dtype), comm, world, rank)
+
+
+def gather_rows(runner: Runner, rows: list[dict]) -> Optional[list[dict]]:
+    """Every rank's rows on rank 0 (None elsewhere); closes the communicator."""
+    gathered: list = [None] * runner.world
+    dist.all_gather_object(gathered, rows, group=runner.cpu_group)
+    runner.comm.close()
+    return [r for per_rank in gathered for r in per_rank] if runner.rank == 0 else None
+
+
+def point_fields(pt: Point) -> dict:
+    return {"op": pt.op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction, "place": pt.place}
+
+
 class BoundPoint:
     """One implementation bound to its buffers and this rank's input: run it, check its output."""
 
