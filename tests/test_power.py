@@ -73,3 +73,14 @@ def test_sm_usage_classes_gpu_activities_by_name():
     assert s["kernels_per_call"] == 1 and s["kernel_us_per_call"] == 8.0
     assert s["copies_per_call"] == 2 and s["copy_us_per_call"] == 6.0 and s["memsets_per_call"] == 1
     assert s["kernel_names"] == "ncclDevKernel_AllGather_RING_LL x2"
+
+
+def test_c3_metrics_follow_the_conccl_definitions():
+    from dmacoll.bench.overlap import c3_metrics
+
+    m = c3_metrics(t_comp=100.0, t_comm=50.0, t_c3=110.0)
+    assert m["ideal_speedup"] == 1.5
+    assert m["realized_speedup"] == pytest.approx(150 / 110)
+    assert m["fraction_of_ideal"] == pytest.approx(40 / 50)
+    assert c3_metrics(100.0, 50.0, 100.0)["fraction_of_ideal"] == 1.0   # perfect overlap
+    assert c3_metrics(100.0, 50.0, 150.0)["fraction_of_ideal"] == 0.0   # none at all

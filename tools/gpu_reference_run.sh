@@ -4,6 +4,7 @@
 #   PART: tests    probe, GPU tests, `dmacoll check --backend cuda` against NCCL
 #         operator the reference sweep (every variant, signal and prerecord choice) and NCCL's copy-engine path
 #         power    energy per collective (NVML), idle baseline subtracted; kernels vs copies per collective
+#         interference  slowdowns of a GEMM / memory-bound kernel and a collective running together
 #         smoke    a short sweep
 # Logs go into OUTDIR/logs.tgz so that few files come back.
 set -u
@@ -32,6 +33,9 @@ case "$part" in
     timeout 420 python3 -m dmacoll power --sizes 1K 64K 1M 16M 256M --seconds 2 --repeats 3 \
       --out "$out/power.csv" 2>&1 | tee "$log/power.log" | tail -30
     timeout 150 python3 -m dmacoll sm-usage --out "$out/sm_usage.csv" 2>&1 | tee "$log/sm_usage.log" | tail -14 ;;
+  interference)
+    timeout 540 python3 -m dmacoll interference --out "$out/interference.csv" 2>&1 | tee "$log/interference.log" \
+      | tail -14 ;;
   smoke)
     timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$out/sweep.csv" 2>&1 | tail -30 ;;
   *) echo "unknown part $part"; exit 2 ;;

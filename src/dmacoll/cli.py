@@ -151,6 +151,21 @@ def cmd_sm_usage(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_interference(a: argparse.Namespace) -> int:
+    """Slowdown a collective inflicts on a concurrent GEMM / memory-bound kernel, and vice versa."""
+    from .bench import provenance
+    from .bench.overlap import INTERFERENCE_COLUMNS, run_interference
+    from .launch import run_ranks
+
+    world = _gpu_world(a, "interference")
+    if world < 2:
+        return 2
+    cfg = dict(compute=a.compute, impls=a.impls, sizes=a.sizes, repeats=a.repeats)
+    rows = run_ranks(run_interference, world, cfg, device="cuda", timeout_s=1800)[0]
+    provenance.write_table(a.out, rows, INTERFERENCE_COLUMNS, cfg)
+    return 0
+
+
 def cmd_report(a: argparse.Namespace) -> int:
     from . import report
 
@@ -239,6 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--calls", type=int, default=10)
     m.add_argument("--out", default="results/local/sm_usage.csv")
     m.set_defaults(func=cmd_sm_usage)
+
+    f = sub.add_parser("interference", help="collective vs concurrent GEMM / memory-bound kernel slowdowns")
+    f.add_argument("--world", type=int, default=0)
+    f.add_argument("--compute", nargs="+", choices=("gemm", "membound"), default=["gemm", "membound"])
+    f.add_argument("--impls", nargs="+", choices=("nccl", "dma"), default=["nccl", "dma"])
+    f.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(x) for x in ("64K", "4M", "256M")])
+    f.add_argument("--repeats", type=int, default=5)
+    f.add_argument("--out", default="results/local/interference.csv")
+    f.set_defaults(func=cmd_interference)
 
     r = sub.add_parser("report", help="render tables from sweep CSVs")
     from .report import add_arguments
