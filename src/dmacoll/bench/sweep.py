@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -54,7 +54,6 @@ class SweepConfig:
     warmup: int = 3
     seed: int = 0
     out: str = "results/sweep.csv"
-    extra: dict = field(default_factory=dict)
 
     def sizes(self) -> list[int]:
         out, s = [], self.min_bytes
@@ -229,7 +228,8 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
     torch.cuda.set_stream(torch.cuda.Stream())
     heap = cfg.max_bytes * (world + 1) + (1 << 20)
     # NCCL's copy-engine path switches torch's symmetric-memory backend globally: run it alone
-    comm = Communicator(heap_bytes=heap, staging_bytes=1 << 20, timeout_s=60) if {"dma", "peer_copy"} & set(cfg.impls) else None
+    uses_heap = {"dma", "peer_copy"} & set(cfg.impls)
+    comm = Communicator(heap_bytes=heap, staging_bytes=1 << 20, timeout_s=60) if uses_heap else None
     runner = Runner(cfg, comm, world, rank)
     rows: list[dict] = []
     plan = [(nbytes, op, pt, mode) for nbytes in cfg.sizes() for op in cfg.ops
