@@ -11,7 +11,9 @@ for a sync mode:
 * ``epoch`` (eager only): signal writes the call's sequence number, wait for
   >= it, no reset: one memory operation less per wait.
 
-The two modes use disjoint flag words, so switching between them is safe.
+The two modes use disjoint flag words, so switching between them is safe. With
+``signal='copy'`` a write to a peer is delivered as a 4-byte copy of a word that
+always reads 1, queued behind the data like any copy (reset mode only).
 """
 from __future__ import annotations
 
@@ -21,26 +23,26 @@ from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, Union
 from .plan import NUM_PHASES, Command, Copy, Plan, Ref, Signal, Wait
 
 SYNC_MODES = ("reset", "epoch")
-
-
+SIGNAL_MODES = ("memop", "copy")  # how a flag reaches a peer: a stream write, or a 4-byte copy of ONE
 GATES = 4  # prelaunch gates per communicator (see Communicator.prelaunch)
 
+# A rank's flag words: [collective flags: sync mode x phase x signalling rank | GATES gates | ONE (reads 1)]
 
-SIGNAL_MODES = ("memop", "copy")  # how a flag reaches a peer: stream write, or a 4-byte copy of ONE
+
+def _collective_words(world: int) -> int:
+    return len(SYNC_MODES) * NUM_PHASES * world
 
 
 def flag_words(world: int) -> int:
-    """Number of 32-bit words a rank's heap holds for ``world`` ranks: the collectives'
-    flags, the prelaunch gates, and one word that always reads 1 (the source of copy signals)."""
-    return len(SYNC_MODES) * NUM_PHASES * world + GATES + 1
-
-
-def one_index(world: int) -> int:
-    return len(SYNC_MODES) * NUM_PHASES * world + GATES
+    return _collective_words(world) + GATES + 1
 
 
 def gate_index(world: int, slot: int) -> int:
-    return len(SYNC_MODES) * NUM_PHASES * world + slot
+    return _collective_words(world) + slot
+
+
+def one_index(world: int) -> int:
+    return _collective_words(world) + GATES
 
 
 def gate_ops(world: int, rank: int, slot: int) -> tuple["MemOp", "MemOp"]:
