@@ -1,4 +1,4 @@
-"""Energy accounting on a synthetic meter: idle subtraction, per call, per byte."""
+"""Measurement arithmetic on synthetic inputs: energy (idle subtracted), profiler classes, C3 metrics."""
 import builtins
 
 import pytest
