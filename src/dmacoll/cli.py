@@ -120,50 +120,42 @@ def _gpu_world(a: argparse.Namespace, what: str) -> int:
     return world
 
 
-def cmd_power(a: argparse.Namespace) -> int:
-    """Energy per collective: NVML energy counter around sustained graph-replayed calls."""
+def _gpu_tool(a: argparse.Namespace, what: str, run_rank, columns: list[str], cfg: dict, timeout_s: float) -> int:
+    """Run ``run_rank`` on every GPU and write rank 0's rows as a CSV with provenance."""
     from .bench import provenance
-    from .bench.power import POWER_COLUMNS, run_power
     from .launch import run_ranks
 
-    world = _gpu_world(a, "power")
+    world = _gpu_world(a, what)
     if world < 2:
         return 2
+    rows = run_ranks(run_rank, world, cfg, device="cuda", timeout_s=timeout_s)[0]
+    provenance.write_table(a.out, rows, columns, cfg)
+    return 0
+
+
+def cmd_power(a: argparse.Namespace) -> int:
+    """Energy per collective: NVML energy counter around sustained graph-replayed calls."""
+    from .bench.power import POWER_COLUMNS, run_power
+
     cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, seconds=a.seconds, idle_seconds=a.idle_seconds,
                repeats=a.repeats, dtype=a.dtype)
-    rows = run_ranks(run_power, world, cfg, device="cuda", timeout_s=3600)[0]
-    provenance.write_table(a.out, rows, POWER_COLUMNS, cfg)
-    return 0
+    return _gpu_tool(a, "power", run_power, POWER_COLUMNS, cfg, 3600)
 
 
 def cmd_sm_usage(a: argparse.Namespace) -> int:
     """GPU kernels versus copies per collective, from the PyTorch profiler."""
-    from .bench import provenance
     from .bench.smusage import SM_COLUMNS, run_sm_usage
-    from .launch import run_ranks
 
-    world = _gpu_world(a, "sm-usage")
-    if world < 2:
-        return 2
     cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, calls=a.calls, modes=a.modes)
-    rows = run_ranks(run_sm_usage, world, cfg, device="cuda", timeout_s=1800)[0]
-    provenance.write_table(a.out, rows, SM_COLUMNS, cfg)
-    return 0
+    return _gpu_tool(a, "sm-usage", run_sm_usage, SM_COLUMNS, cfg, 1800)
 
 
 def cmd_interference(a: argparse.Namespace) -> int:
     """Slowdown a collective inflicts on a concurrent GEMM / memory-bound kernel, and vice versa."""
-    from .bench import provenance
     from .bench.overlap import INTERFERENCE_COLUMNS, run_interference
-    from .launch import run_ranks
 
-    world = _gpu_world(a, "interference")
-    if world < 2:
-        return 2
     cfg = dict(compute=a.compute, impls=a.impls, sizes=a.sizes, repeats=a.repeats)
-    rows = run_ranks(run_interference, world, cfg, device="cuda", timeout_s=1800)[0]
-    provenance.write_table(a.out, rows, INTERFERENCE_COLUMNS, cfg)
-    return 0
+    return _gpu_tool(a, "interference", run_interference, INTERFERENCE_COLUMNS, cfg, 1800)
 
 
 def cmd_report(a: argparse.Namespace) -> int:
