@@ -19,7 +19,7 @@ NCCL_CTA_POLICY_ZERO = 0x02  # nccl.h (2.28): no CTAs, copy engines carry the da
 
 
 class Baselines:
-    def __init__(self, comm, impls, group: Optional[dist.ProcessGroup] = None, max_bytes: int = 0):
+    def __init__(self, comm, group: Optional[dist.ProcessGroup] = None, max_bytes: int = 0):
         self.comm = comm
         self.group = group or dist.group.WORLD
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)

@@ -137,7 +137,7 @@ class Runner:
         if self._baselines is None:
             from .. import baselines
 
-            self._baselines = baselines.Baselines(self.comm, self.cfg.impls, max_bytes=self.cfg.max_bytes)
+            self._baselines = baselines.Baselines(self.comm, max_bytes=self.cfg.max_bytes)
         return self._baselines
 
     def call(self, pt: Point, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], Optional[torch.Tensor]]:
