@@ -225,11 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--repeats", type=int, default=5)
     t.set_defaults(func=cmd_tune)
 
+    def gpu_tool_arguments(parser: argparse.ArgumentParser, sizes: tuple[str, ...], ops: bool = True) -> None:
+        parser.add_argument("--world", type=int, default=0, help="ranks (default: every visible GPU)")
+        if ops:
+            parser.add_argument("--ops", nargs="+", choices=SWEEP_OPS, default=list(SWEEP_OPS))
+        parser.add_argument("--impls", nargs="+", choices=("nccl", "dma"), default=["nccl", "dma"])
+        parser.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(x) for x in sizes],
+                            help="bytes per rank")
+
     w = sub.add_parser("power", help="energy and power per collective (NVML / amdsmi), idle baseline subtracted")
-    w.add_argument("--world", type=int, default=0)
-    w.add_argument("--ops", nargs="+", choices=SWEEP_OPS, default=list(SWEEP_OPS))
-    w.add_argument("--impls", nargs="+", choices=("nccl", "dma"), default=["nccl", "dma"])
-    w.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(x) for x in ("1K", "1M", "256M")])
+    gpu_tool_arguments(w, ("1K", "1M", "256M"))
     w.add_argument("--seconds", type=float, default=2.0, help="sustained run per measurement")
     w.add_argument("--idle-seconds", type=float, default=2.0)
     w.add_argument("--repeats", type=int, default=3)
@@ -238,20 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=cmd_power)
 
     m = sub.add_parser("sm-usage", help="GPU kernels vs copy-engine work per collective (PyTorch profiler)")
-    m.add_argument("--world", type=int, default=0)
-    m.add_argument("--ops", nargs="+", choices=SWEEP_OPS, default=list(SWEEP_OPS))
-    m.add_argument("--impls", nargs="+", choices=("nccl", "dma"), default=["nccl", "dma"])
-    m.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(x) for x in ("64K", "4M", "256M")])
+    gpu_tool_arguments(m, ("64K", "4M", "256M"))
     m.add_argument("--modes", nargs="+", choices=("graph", "eager"), default=["graph", "eager"])
     m.add_argument("--calls", type=int, default=10)
     m.add_argument("--out", default="results/local/sm_usage.csv")
     m.set_defaults(func=cmd_sm_usage)
 
     f = sub.add_parser("interference", help="collective vs concurrent GEMM / memory-bound kernel slowdowns")
-    f.add_argument("--world", type=int, default=0)
+    gpu_tool_arguments(f, ("64K", "4M", "256M"), ops=False)  # all-gather
     f.add_argument("--compute", nargs="+", choices=("gemm", "membound"), default=["gemm", "membound"])
-    f.add_argument("--impls", nargs="+", choices=("nccl", "dma"), default=["nccl", "dma"])
-    f.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(x) for x in ("64K", "4M", "256M")])
     f.add_argument("--repeats", type=int, default=5)
     f.add_argument("--out", default="results/local/interference.csv")
     f.set_defaults(func=cmd_interference)
