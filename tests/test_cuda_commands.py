@@ -3,12 +3,13 @@
 Checks what the GPU sees per collective (addresses, flag values, wait modes, how many
 commands) without a GPU; the GPU tests (tests/gpu) check that the real driver agrees.
 """
+import contextlib
 from types import SimpleNamespace
 
 import pytest
 
 from dmacoll.backends import cuda as cuda_backend
-from dmacoll.executor import execute, flag_index, one_index
+from dmacoll.executor import execute, flag_index, lower, one_index
 from dmacoll.plan import DONE, READY, Layout, all_gather_exchange, all_to_all_exchange, build_plan
 
 HEAPS = [0x10_0000_0000, 0x20_0000_0000]  # rank 0's and rank 1's heap, as mapped on rank 0
@@ -135,3 +136,24 @@ def test_copy_signals_are_four_byte_copies_of_the_one_word(engine):
         ("copy", flag(1, "reset", DONE, 0), one, 4, 7),               # behind the data, same stream
         ("batch", (("wait", flag(0, "reset", DONE, 1), 1, "eq"), ("write", flag(0, "reset", DONE, 1), 0)), 7),
     ]
+
+
+def test_kernel_signals_use_the_signal_pad_channels_of_the_flag_words(engine, monkeypatch):
+    calls = engine.drv.calls
+    engine.handle = SimpleNamespace(put_signal=lambda dst, channel, timeout: calls.append(("put", dst, channel)),
+                                    wait_signal=lambda src, channel, timeout: calls.append(("spin", src, channel)))
+    monkeypatch.setattr(cuda_backend.torch.cuda, "stream", lambda queue: contextlib.nullcontext())
+    layout = Layout(input_sym=4096, output_sym=4096, staging=512)
+    plan = build_plan(all_gather_exchange(2, 512, in_place=True), 0, "b2b", "push", layout)
+    execute(plan, engine, {}, "reset", signal="kernel")
+    # channel = the flag's (sync, phase) row, as in flag_index; the waiting kernel re-arms the flag itself
+    assert calls == [("put", 1, READY), ("spin", 1, READY), ("copy", HEAPS[1] + 4096, HEAPS[0] + 4096, 512, 7),
+                     ("put", 1, DONE), ("spin", 1, DONE)]
+    assert flag_index(2, "reset", DONE, 1) == DONE * 2 + 1  # the pad's layout: channel * world + rank
+
+
+def test_constant_signals_refuse_sequence_numbers():
+    plan = build_plan(all_gather_exchange(2, 64), 0, "b2b", "push", Layout(0, 0, 512))
+    for signal in ("copy", "kernel"):
+        with pytest.raises(ValueError, match="needs sync='reset'"):
+            lower(plan, "epoch", signal)

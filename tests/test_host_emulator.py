@@ -38,8 +38,9 @@ def test_world4():
     _run_check(4, ["float16", "int64", "bool"], [5, 1024])
 
 
-def test_world3_copy_signals():
-    results = _run_check(3, ["bfloat16"], [1, 4096], signal="copy")
+@pytest.mark.parametrize("signal", ["copy", "kernel"])
+def test_world3_constant_signals(signal):
+    results = _run_check(3, ["bfloat16"], [1, 4096], signal=signal)
     assert {r["sync"] for r in results} == {"reset"}
 
 

@@ -27,6 +27,14 @@ def test_select_takes_smallest_measured_size_at_or_above_the_message():
     assert t.select("all_to_all", 100, "graph", False) == tuning.FALLBACK
 
 
+def test_select_uses_the_callers_signal_mode_and_falls_back_to_memop_entries():
+    t = _table([("all_gather", "graph", "out", 1024, "b2b", "pull", 1.0),
+                ("all_gather", "graph", "out", 1024, "multi", "push", 0.5, "kernel")])
+    assert t.select("all_gather", 100, "graph", False, "kernel") == ("multi", "push")
+    assert t.select("all_gather", 100, "graph", False, "memop") == ("b2b", "pull")
+    assert t.select("all_gather", 100, "graph", False, "copy") == ("b2b", "pull")  # not measured: memop's pick
+
+
 def test_shipped_table_is_derived_from_the_committed_sweep():
     shipped = tuning.find(2, "NVIDIA H200")
     assert shipped is not None and shipped.meta["source"] == ["results/reference/h200x2/operator/sweep.csv"]

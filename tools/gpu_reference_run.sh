@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Batched runs on the lent 2-GPU machine, one part per call (each fits the 10-minute command limit).
-# Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> bash tools/gpu_reference_run.sh OUTDIR PART
-#   PART: tests    probe, GPU tests, `dmacoll check --backend cuda` against NCCL
+# Batched runs on the lent 2-GPU machine; parts run in the order given (keep each call inside the 10-minute limit).
+# Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> bash tools/gpu_reference_run.sh OUTDIR PART...
+#   PART: tests    the GPU tests (tests/gpu)
+#         check    `dmacoll check --backend cuda` against NCCL
 #         operator the reference sweep (every variant, signal and prerecord choice) and NCCL's copy-engine path
+#         breakdown control/schedule/copy/sync phases of one peer copy (CUPTI)
 #         power    energy per collective (NVML), idle baseline subtracted; kernels vs copies per collective
 #         interference  slowdowns of a GEMM / memory-bound kernel and a collective running together
 #         smoke    a short sweep
-# Logs go into OUTDIR/logs.tgz so that few files come back.
+# Everything (CSV + JSON provenance + logs) is packed into OUTDIR/results.tgz: few files come back.
 set -u
-out=${1:?output dir}; part=${2:?part}
+dest=${1:?output dir}; shift; out=$dest/run; [ $# -gt 0 ] || { echo "name at least one part"; exit 2; }
 mkdir -p "$out/logs"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -18,15 +20,20 @@ log=$out/logs
   python3 -c 'import torch, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
   python3 -m pip list 2>/dev/null | grep -i -E "cuda-bindings|nvidia-nccl|nvidia-ml-py|pandas|pytest"
 } > "$log/probe.txt" 2>&1
+for part in "$@"; do
+echo "== part $part ($(date -u +%T))"
 case "$part" in
   tests)
-    echo "== gpu tests"; timeout 330 python3 -m pytest -q -m gpu tests/gpu 2>&1 | tee "$out/pytest_gpu.log" | tail -15
-    echo "== cuda check against NCCL"; timeout 200 python3 -m dmacoll check --backend cuda --world 2 --reference nccl \
+    timeout 540 python3 -m pytest -q -m gpu tests/gpu 2>&1 | tee "$out/pytest_gpu.log" | tail -15 ;;
+  check)
+    timeout 200 python3 -m dmacoll check --backend cuda --world 2 --reference nccl \
       --dtypes float32 bfloat16 float16 int8 int32 int64 bool --counts 1 17 4096 65537 2>&1 | tail -3 \
-      | tee -a "$out/pytest_gpu.log" ;;
+      | tee "$out/check_cuda.log" ;;
   operator)
-    timeout 400 python3 -m dmacoll sweep --signals memop copy --prerecord no yes --out "$out/sweep.csv" \
-      > "$log/sweep.log" 2>&1; tail -5 "$log/sweep.log"
+    for op in all_gather all_to_all; do  # one CSV per op: a run cut short keeps the other
+      timeout 300 python3 -m dmacoll sweep --ops $op --signals memop copy kernel --prerecord no yes --repeats 15 \
+        --out "$out/sweep_$op.csv" > "$log/sweep_$op.log" 2>&1; tail -3 "$log/sweep_$op.log"
+    done
     timeout 150 python3 -m dmacoll sweep --impls nccl_ce --out "$out/nccl_ce.csv" > "$log/nccl_ce.log" 2>&1
     tail -3 "$log/nccl_ce.log" ;;
   power)
@@ -36,8 +43,12 @@ case "$part" in
   interference)
     timeout 540 python3 -m dmacoll interference --out "$out/interference.csv" 2>&1 | tee "$log/interference.log" \
       | tail -14 ;;
+  breakdown)
+    timeout 150 python3 -m dmacoll breakdown --sizes 1K 4K 16K 64K 256K 1M 4M 16M 64M 256M \
+      --out "$out/breakdown.csv" 2>&1 | tee "$log/breakdown.log" | tail -14 ;;
   smoke)
     timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$out/sweep.csv" 2>&1 | tail -30 ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
-tar czf "$out/logs.tgz" -C "$out" logs && rm -r "$log"
+done
+tar czf "$dest/results.tgz" -C "$out" . && rm -r "$out"

@@ -1,4 +1,4 @@
-"""`dmacoll <subcommand>`: check, sweep, report."""
+"""`dmacoll <subcommand>`: check, sweep, tune, breakdown, power, sm-usage, interference, report."""
 from __future__ import annotations
 
 import argparse
@@ -150,6 +150,22 @@ def cmd_sm_usage(a: argparse.Namespace) -> int:
     return _gpu_tool(a, "sm-usage", run_sm_usage, SM_COLUMNS, cfg, 1800)
 
 
+def cmd_breakdown(a: argparse.Namespace) -> int:
+    """Control / schedule / copy / sync of one copy-engine transfer, from CUPTI timestamps."""
+    import torch
+
+    from .bench import provenance
+    from .bench.breakdown import BREAKDOWN_COLUMNS, run_breakdown
+
+    if not torch.cuda.is_available():
+        print("dmacoll breakdown needs a CUDA GPU", file=sys.stderr)
+        return 2
+    cfg = dict(sizes=a.sizes, transfers=a.transfers, warmup=a.warmup, src=a.src, dst=a.dst)
+    rows = run_breakdown(**cfg)
+    provenance.write_table(a.out, rows, BREAKDOWN_COLUMNS, cfg)
+    return 0
+
+
 def cmd_interference(a: argparse.Namespace) -> int:
     """Slowdown a collective inflicts on a concurrent GEMM / memory-bound kernel, and vice versa."""
     from .bench.overlap import INTERFERENCE_COLUMNS, run_interference
@@ -255,6 +271,16 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--repeats", type=int, default=5)
     f.add_argument("--out", default="results/local/interference.csv")
     f.set_defaults(func=cmd_interference)
+
+    b = sub.add_parser("breakdown", help="control/schedule/copy/sync phases of one copy-engine transfer (CUPTI)")
+    b.add_argument("--sizes", nargs="+", type=parse_size,
+                   default=[parse_size(x) for x in ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")])
+    b.add_argument("--transfers", type=int, default=30, help="profiled transfers per size")
+    b.add_argument("--warmup", type=int, default=5)
+    b.add_argument("--src", type=int, default=0, help="sender GPU")
+    b.add_argument("--dst", type=int, default=None, help="receiver GPU (default: 1, or 0 on a one-GPU machine)")
+    b.add_argument("--out", default="results/local/breakdown.csv")
+    b.set_defaults(func=cmd_breakdown)
 
     r = sub.add_parser("report", help="render tables from sweep CSVs")
     from .report import add_arguments

@@ -42,8 +42,9 @@ class Communicator:
     from a tuning table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on
     this platform; without one: pcpy/push);
     ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers);
-    ``signal``: how a flag reaches a peer, ``memop`` (cuStreamWriteValue32) or ``copy``
-    (a 4-byte copy-engine copy queued behind the data; sync='reset' only);
+    ``signal``: how a flag reaches a peer, ``memop`` (cuStreamWriteValue32), ``copy``
+    (a 4-byte copy-engine copy queued behind the data) or ``kernel`` (one-thread flag
+    kernels; the only option that uses an SM, briefly); the last two need sync='reset';
     ``prerecord``: eager calls replay a CUDA graph recorded on first use per (op, size,
     buffers, variant): one launch instead of a command per step (cuda; sync='reset').
     Each may be overridden per call. Calls enqueue work on the current stream and
@@ -141,8 +142,8 @@ class Communicator:
                                      ("signal", signal, SIGNAL_MODES)):
             if value not in allowed:
                 raise InvalidArgument(f"{name}={value!r} is not one of {allowed}")
-        if signal == "copy" and sync == "epoch":
-            raise InvalidArgument("signal='copy' copies a constant 1: it needs sync='reset'")
+        if signal != "memop" and sync == "epoch":
+            raise InvalidArgument(f"signal={signal!r} sends a constant 1: it needs sync='reset'")
         return variant, direction, sync, signal
 
     def _run(self, op: str, key: tuple, in_place: bool, output: torch.Tensor, input: torch.Tensor, options: dict,
@@ -170,7 +171,7 @@ class Communicator:
                                   "(collectives of one communicator run one after another)")
         if "auto" in (variant, direction):
             picked = self.tuning.select(op, input.numel() * input.element_size(), "graph" if capturing else "eager",
-                                        in_place) if self.tuning else tuning.FALLBACK
+                                        in_place, signal) if self.tuning else tuning.FALLBACK
             variant = picked[0] if variant == "auto" else variant
             direction = picked[1] if direction == "auto" else direction
         program = self._program(op, key, exchange, variant, direction, sync, signal,

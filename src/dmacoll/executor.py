@@ -11,9 +11,17 @@ for a sync mode:
 * ``epoch`` (eager only): signal writes the call's sequence number, wait for
   >= it, no reset: one memory operation less per wait.
 
-The two modes use disjoint flag words, so switching between them is safe. With
-``signal='copy'`` a write to a peer is delivered as a 4-byte copy of a word that
-always reads 1, queued behind the data like any copy (reset mode only).
+The two modes use disjoint flag words, so switching between them is safe.
+
+How a flag travels (``signal``, reset mode only for the last two):
+
+* ``memop``: ``cuStreamWriteValue32`` / ``cuStreamWaitValue32``: no kernel at all;
+* ``copy``: a write to a peer is a 4-byte copy of a word that always reads 1,
+  queued behind the data like any copy;
+* ``kernel``: a one-thread kernel sets the peer's word from 0 to 1, another spins
+  on the own word until it reads 1 and sets it back to 0 (one op per wait). It
+  uses a sliver of one SM while it spins and reacts faster than the stream
+  front-end polls a memop wait (``dmacoll breakdown`` measures both).
 """
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, Union
 from .plan import NUM_PHASES, Command, Copy, Plan, Ref, Signal, Wait
 
 SYNC_MODES = ("reset", "epoch")
-SIGNAL_MODES = ("memop", "copy")  # how a flag reaches a peer: a stream write, or a 4-byte copy of ONE
+SIGNAL_MODES = ("memop", "copy", "kernel")  # how a flag travels (see above)
 GATES = 4  # prelaunch gates per communicator (see Communicator.prelaunch)
 
 # A rank's flag words: [collective flags: sync mode x phase x signalling rank | GATES gates | ONE (reads 1)]
@@ -56,15 +64,16 @@ def flag_index(world: int, sync: str, phase: int, signaller: int) -> int:
 
 
 class MemOp(NamedTuple):
-    """A stream memory operation: write ``value`` to ``rank``'s flag word ``index``, or
-    (``wait``) block the queue until the own word is == value (>= with ``geq``)."""
+    """A flag operation: write ``value`` to ``rank``'s flag word ``index``, or (``wait``)
+    block the queue until the own word is == value (>= with ``geq``). ``via`` says how
+    (see SIGNAL_MODES); a ``kernel`` wait also sets the word back to 0."""
 
     wait: bool
     rank: int
     index: int
     value: int
     geq: bool = False
-    copy: bool = False  # a write to a peer delivered as a 4-byte copy of the ONE word (signal="copy")
+    via: str = "memop"
 
 
 class Engine(Protocol):
@@ -97,8 +106,8 @@ def lower(plan: Plan, sync: str = "reset", signal: str = "memop") -> Program:
         raise ValueError(f"unknown sync mode {sync!r}; choose one of {SYNC_MODES}")
     if signal not in SIGNAL_MODES:
         raise ValueError(f"unknown signal mode {signal!r}; choose one of {SIGNAL_MODES}")
-    if signal == "copy" and sync != "reset":
-        raise ValueError("signal='copy' copies a constant 1: it needs sync='reset'")
+    if signal != "memop" and sync != "reset":
+        raise ValueError(f"signal={signal!r} sends a constant 1: it needs sync='reset'")
     value = 1 if sync == "reset" else 0  # epoch mode: a placeholder, see run()
     me, world = plan.rank, plan.world
 
@@ -112,12 +121,12 @@ def lower(plan: Plan, sync: str = "reset", signal: str = "memop") -> Program:
                     ops = []
                 out.append(c)
             elif isinstance(c, Signal):
-                ops.append(MemOp(False, c.peer, flag_index(world, sync, c.phase, me), value,
-                                 copy=signal == "copy"))
+                ops.append(MemOp(False, c.peer, flag_index(world, sync, c.phase, me), value, via=signal))
             elif isinstance(c, Wait):
                 index = flag_index(world, sync, c.phase, c.peer)
-                ops.append(MemOp(True, me, index, value, geq=sync == "epoch"))
-                if sync == "reset":
+                kernel = signal == "kernel"  # the waiting kernel consumes the flag itself
+                ops.append(MemOp(True, me, index, value, geq=sync == "epoch", via="kernel" if kernel else "memop"))
+                if sync == "reset" and not kernel:
                     ops.append(MemOp(False, me, index, 0))
             else:  # pragma: no cover - plans only hold the three kinds
                 raise TypeError(f"not a command: {c!r}")

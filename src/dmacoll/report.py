@@ -47,7 +47,8 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
 
 def config_label(r) -> str:
     """variant/direction/place, plus the non-default signal and prerecord choices."""
-    extra = ("/copy-signal" if r["signal"] == "copy" else "") + ("/prerecorded" if r["prerecord"] else "")
+    extra = (f"/{r['signal']}-signal" if r["signal"] in ("copy", "kernel") else "") + (
+        "/prerecorded" if r["prerecord"] else "")
     return f"{r['variant']}/{r['direction']}/{r['place']}{extra}"
 
 

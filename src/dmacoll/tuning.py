@@ -1,7 +1,9 @@
 """Automatic variant selection from a measured tuning table.
 
-A table maps (op, mode, place, message size) to the fastest (variant, direction)
-measured by a sweep of the dma variants (``dmacoll tune``). ``select`` picks the
+A table maps (op, mode, place, signal, message size) to the fastest (variant,
+direction) measured by a sweep of the dma variants (``dmacoll tune``): the signal
+mode stays the caller's choice (only ``kernel`` uses an SM, and a spinning flag
+kernel can wait behind a GEMM that fills the GPU), 'auto' picks the rest for it. ``select`` picks the
 entry of the smallest measured size at or above the message (the largest if the
 message is bigger than any), for the call's mode (``graph`` while a CUDA graph
 is being captured, else ``eager``). Tables are JSON with the provenance of the
@@ -28,15 +30,16 @@ class Entry:
     variant: str
     direction: str
     time_us: float
+    signal: str = "memop"  # tables from before signal modes were measured hold memop entries only
 
 
 class TuningTable:
     def __init__(self, meta: dict, entries: list[Entry]):
         self.meta = meta
         self.entries = entries
-        self._by_key: dict[tuple[str, str, str], list[Entry]] = {}
+        self._by_key: dict[tuple[str, str, str, str], list[Entry]] = {}
         for e in sorted(entries, key=lambda e: e.bytes_per_rank):
-            self._by_key.setdefault((e.op, e.mode, e.place), []).append(e)
+            self._by_key.setdefault((e.op, e.mode, e.place, e.signal), []).append(e)
 
     @classmethod
     def load(cls, path: str | Path) -> "TuningTable":
@@ -49,10 +52,12 @@ class TuningTable:
     def matches(self, world: int, device_name: str) -> bool:
         return self.meta.get("world") == world and self.meta.get("gpu", "") in device_name
 
-    def select(self, op: str, nbytes: int, mode: str, in_place: bool) -> tuple[str, str]:
+    def select(self, op: str, nbytes: int, mode: str, in_place: bool, signal: str = "memop") -> tuple[str, str]:
         op = "all_to_all" if op == "all_to_all_v" else op
         place = "in" if in_place else "out"
-        rows = self._by_key.get((op, mode, place)) or self._by_key.get((op, mode, "out"))
+        rows = next((self._by_key[k] for k in ((op, mode, place, signal), (op, mode, "out", signal),
+                                                (op, mode, place, "memop"), (op, mode, "out", "memop"))
+                     if k in self._by_key), None)
         if not rows:
             return FALLBACK
         for e in rows:
@@ -62,17 +67,17 @@ class TuningTable:
 
 
 def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
-    """The fastest correct dma (variant, direction) per (op, mode, place, size) of a sweep."""
+    """The fastest correct dma (variant, direction) per (op, mode, place, signal, size) of a sweep."""
     from . import report
 
     df = report.load(sweep_csvs)
     # 'auto' chooses variant and direction; signal and prerecord stay the caller's choice
-    dma = df[(df["impl"] == "dma") & df["ok"] & (df["signal"] == "memop") & ~df["prerecord"]]
+    dma = df[(df["impl"] == "dma") & df["ok"] & ~df["prerecord"]]
     if dma.empty:
         raise ValueError(f"{sweep_csvs}: no correct dma rows to tune from")
-    idx = dma.groupby(["op", "mode", "place", "bytes_per_rank"])["time_us"].idxmin()
-    entries = [Entry(r.op, r.mode, r.place, int(r.bytes_per_rank), r.variant, r.direction, float(r.time_us))
-               for r in dma.loc[idx].itertuples()]
+    idx = dma.groupby(["op", "mode", "place", "signal", "bytes_per_rank"])["time_us"].idxmin()
+    entries = [Entry(r.op, r.mode, r.place, int(r.bytes_per_rank), r.variant, r.direction, float(r.time_us),
+                     r.signal) for r in dma.loc[idx].itertuples()]
     gpus = provenance.get("hardware", {}).get("gpus", [])
     meta = {"world": int(dma["world"].iloc[0]), "gpu": gpus[0] if gpus else "", "dtype": str(dma["dtype"].iloc[0]),
             "source": sweep_csvs, "source_git_sha": provenance.get("git_sha"),

@@ -33,11 +33,11 @@ def test_every_op_variant_dtype_matches_nccl():
     assert not bad, bad[:5]
 
 
-def _graph(rank: int, world: int, seed: int) -> list[str]:
+def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
     from dmacoll import Communicator
     from dmacoll.check import DTYPES, random_tensor
 
-    comm = Communicator(timeout_s=30)
+    comm = Communicator(timeout_s=30, signal=signal)
     n = world * 4099  # odd chunks, divisible by world for all_to_all
     failures = []
     gen = torch.Generator().manual_seed(seed)
@@ -80,17 +80,18 @@ def _graph(rank: int, world: int, seed: int) -> list[str]:
     return failures
 
 
-def test_graph_capture_and_replay_with_fresh_data():
-    results = run_ranks(_graph, 2, int(time.time()) % 100000, device="cuda")
+@pytest.mark.parametrize("signal", ["memop", "kernel"])
+def test_graph_capture_and_replay_with_fresh_data(signal):
+    results = run_ranks(_graph, 2, int(time.time()) % 100000, signal, device="cuda")
     assert results == [[], []]
 
 
-def _timeout(rank: int, world: int) -> dict:
+def _timeout(rank: int, world: int, signal: str) -> dict:
     import torch.distributed as dist
 
     from dmacoll import Communicator, DmaCollTimeoutError
 
-    comm = Communicator(timeout_s=2.0)
+    comm = Communicator(timeout_s=2.0, signal=signal)
     x = comm.empty(1024, dtype=torch.float32)
     out = comm.empty(2048, dtype=torch.float32)
     cpu = dist.new_group(backend="gloo")
@@ -109,8 +110,9 @@ def _timeout(rank: int, world: int) -> dict:
     return info
 
 
-def test_unsatisfied_wait_times_out_and_releases_gpu():
-    info = run_ranks(_timeout, 2, device="cuda")[0]
+@pytest.mark.parametrize("signal", ["memop", "kernel"])
+def test_unsatisfied_wait_times_out_and_releases_gpu(signal):
+    info = run_ranks(_timeout, 2, signal, device="cuda")[0]
     assert info["enqueue_s"] < 1.0  # the call itself never blocks the host
     assert 1.5 < info["released_after_s"] < 10.0
     assert "did not complete within 2 s" in info["error"]
@@ -162,12 +164,13 @@ def test_prelaunched_gather_starts_when_the_producer_releases_it():
     assert run_ranks(_prelaunch, 2, device="cuda") == [True, True]
 
 
-def test_copy_signals_match_nccl():
+@pytest.mark.parametrize("signal", ["copy", "kernel"])
+def test_constant_signals_match_nccl(signal):
     from dmacoll.cli import _check_rank
 
     args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"),
                 dtypes=["bfloat16", "int8"], counts=[1, 4099, 300001], ops=("all_gather", "all_to_all", "all_to_all_v"),
-                seed=int(time.time()), syncs=["reset"], reference="nccl", signal="copy")
+                seed=int(time.time()), syncs=["reset"], reference="nccl", signal=signal)
     results = run_ranks(_check_rank, 2, args, device="cuda")
     assert results[0] and not [r for rank in results for r in rank if not r["ok"]]
 

@@ -8,6 +8,8 @@
 * Signals: ``cuStreamWriteValue32`` to the peer's flag word (issued after a
   memory barrier, so the data written before it is visible first); waits:
   ``cuStreamWaitValue32`` on the own flag word. Neither launches a kernel.
+  ``signal="copy"`` sends a flag as a 4-byte copy; ``signal="kernel"`` uses
+  PyTorch's one-block signal-pad kernels (``put_signal`` / ``wait_signal``).
 * Queues: the caller's current stream plus side streams, forked and joined
   with events; everything is capturable in a CUDA graph.
 * Timeouts: a GPU wait cannot time out by itself, so a watchdog thread tracks
@@ -93,6 +95,9 @@ class Watchdog:
         with torch.cuda.stream(eng.release_stream):
             words = eng.flag_view.cpu().tolist()
             eng.flag_view.fill_(value)  # satisfies every wait of this rank: the stuck stream drains
+            eng.pad_view(eng.rank).fill_(1)  # the same for waiting flag kernels (signal="kernel") ...
+            for peer in range(eng.world):  # ... and signalling ones stuck on an unconsumed earlier signal
+                eng.pad_view(peer).view(-1, eng.world)[:, eng.rank].zero_()
         eng.release_stream.synchronize()
         self.error = DmaCollTimeoutError(
             f"rank {eng.rank}: {label} did not complete within {eng.timeout_s:g} s; flag words were {words}. "
@@ -130,6 +135,11 @@ class CudaEngine:
         self.heap = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
         self.handle = symm_mem.rendezvous(self.heap, group)
         self.ptrs = [int(p) for p in self.handle.buffer_ptrs]
+        self._pad_words = flag_words // self.world * self.world  # signal="kernel" flags: the signal pads
+        pad_bytes = getattr(self.handle, "signal_pad_size", None)
+        if pad_bytes is not None and 4 * self._pad_words > pad_bytes:
+            raise BackendUnavailable(f"torch's signal pad ({pad_bytes} bytes) is smaller than the "
+                                     f"{4 * self._pad_words} bytes that signal='kernel' needs")
         self.flag_view = self.heap[: flag_words * 4].view(torch.int32)
         self.flag_view.zero_()
         self._one = one_index(self.world)
@@ -154,6 +164,9 @@ class CudaEngine:
     def _addr(self, ref: Ref, bases: Mapping[str, int]) -> int:
         return (self.ptrs[ref.rank] if ref.space == "sym" else bases[ref.space]) + ref.offset
 
+    def pad_view(self, rank: int) -> torch.Tensor:
+        return self.handle.get_signal_pad(rank, (self._pad_words,), torch.int32)
+
     def sym_offset(self, t: torch.Tensor) -> int | None:
         return sym_offset(self.heap, t)
 
@@ -163,8 +176,8 @@ class CudaEngine:
                "cuMemcpyAsync")
 
     def memops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
-        if any(op.copy for op in ops):
-            self._memops_with_copy_signals(queue, ops)
+        if any(op.via != "memop" for op in ops):
+            self._mixed_ops(queue, ops)
             return
         stream = queue.cuda_stream
         if len(ops) == 1:  # a single op: the plain call is cheaper to build
@@ -183,21 +196,35 @@ class CudaEngine:
             params = self._batches[tuple(ops)] = [self._param(op) for op in ops]
         _check(_drv.cuStreamBatchMemOp(stream, len(params), params, 0), "cuStreamBatchMemOp")
 
-    def _memops_with_copy_signals(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
-        """Signals to peers as 4-byte copy-engine copies of the ONE word (queued behind the data on
-        the same engine path); the other memory operations as usual, in order."""
+    def _mixed_ops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
+        """Flag operations that are not all stream memops, in order: runs of memops go out
+        batched; ``copy`` signals are 4-byte copies of the ONE word (queued behind the data on
+        the same engine path); ``kernel`` ones are PyTorch's one-block signal-pad kernels."""
         run: list[MemOp] = []
         for op in ops:
-            if not op.copy:
+            if op.via == "memop":
                 run.append(op)
                 continue
             if run:
                 self.memops(queue, tuple(run))
                 run = []
-            _check(_drv.cuMemcpyAsync(self.ptrs[op.rank] + 4 * op.index, self.ptrs[self.rank] + 4 * self._one, 4,
-                                      queue.cuda_stream), "cuMemcpyAsync (signal)")
+            if op.via == "copy":
+                _check(_drv.cuMemcpyAsync(self.ptrs[op.rank] + 4 * op.index, self.ptrs[self.rank] + 4 * self._one,
+                                          4, queue.cuda_stream), "cuMemcpyAsync (signal)")
+            else:
+                self._flag_kernel(queue, op)
         if run:
             self.memops(queue, tuple(run))
+
+    def _flag_kernel(self, queue: torch.cuda.Stream, op: MemOp) -> None:
+        # Our flag index is channel * world + signalling rank, the signal pad's own layout:
+        # put_signal sets pad[dst][channel * world + me] 0 -> 1, wait_signal sets pad[me][channel * world + src] 1 -> 0.
+        channel, rank = divmod(op.index, self.world)
+        with torch.cuda.stream(queue):
+            if op.wait:
+                self.handle.wait_signal(rank, channel, 0)  # no device-side timeout (it would trap): the watchdog
+            else:
+                self.handle.put_signal(op.rank, channel, 0)
 
     def _param(self, op: MemOp):
         """One entry of a cuStreamBatchMemOp array; ops in a batch run in array order."""

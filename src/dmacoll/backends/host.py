@@ -83,24 +83,33 @@ class HostEngine:
     def memops(self, queue: object, ops: Sequence[MemOp]) -> None:
         for op in ops:
             if op.wait:
-                self._wait(op.index, op.value, op.geq)
-            elif op.copy:  # the peer's word becomes a copy of our ONE word, as the copy engine would do it
+                self._wait(self.rank, op.index, op.value, op.geq)
+                if op.via == "kernel":  # the waiting kernel consumes the flag
+                    self.flags[self.rank][op.index] = 0
+            elif op.via == "kernel":  # the signalling kernel waits until the previous signal was consumed
+                self._wait(op.rank, op.index, 0, False)
+                self.flags[op.rank][op.index] = op.value
+            elif op.via == "copy":  # the peer's word becomes a copy of our ONE word, as the copy engine would do it
                 word = slice(4 * op.index, 4 * op.index + 4)
                 self.heaps[op.rank][word].copy_(self.heaps[self.rank][4 * self._one: 4 * self._one + 4])
             else:
                 self.flags[op.rank][op.index] = op.value
 
-    def _wait(self, index: int, value: int, geq: bool) -> None:
-        word = self.flags[self.rank]
+    def _wait(self, rank: int, index: int, value: int, geq: bool) -> None:
+        word = self.flags[rank]
         deadline = time.monotonic() + self.timeout_s
         pause = 0.0
         while not (word[index] >= value if geq else word[index] == value):
             if time.monotonic() > deadline:
-                raise DmaCollTimeoutError(self.timeout_message(index, value))
+                raise DmaCollTimeoutError(self.timeout_message(rank, index, value))
             time.sleep(pause)
             pause = min(1e-3, pause * 2 + 1e-5)  # back off: many ranks share few cores
 
-    def timeout_message(self, index: int, value: int) -> str:
+    def timeout_message(self, rank: int, index: int, value: int) -> str:
+        if rank != self.rank:
+            return (f"rank {self.rank}: {self.call_label} waited more than {self.timeout_s:g} s for rank {rank} to "
+                    f"consume its previous signal (flag {index}); rank {rank} died, hangs, or the ranks called "
+                    "collectives in a different order.")
         if index >= gate_index(self.world, 0):
             return (f"rank {self.rank}: a prelaunched collective waited more than {self.timeout_s:g} s for gate "
                     f"{index - gate_index(self.world, 0)}: nobody called Gate.release()")

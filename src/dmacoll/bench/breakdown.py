@@ -1,0 +1,143 @@
+"""Where the time of one copy-engine transfer goes: control, schedule, copy, sync.
+
+One process drives the sender GPU and the receiver GPU, so that every timestamp
+comes from one trace on one clock. The GPU timestamps are CUPTI activity records
+(taken through the PyTorch profiler, which normalises them to the host clock);
+the host timestamps are profiler annotations around our own driver calls.
+Per transfer of N bytes:
+
+* control:  the host's ``cuMemcpyAsync`` call (annotation start -> end);
+* schedule: the call returned -> the copy starts on the engine (CUPTI memcpy start;
+  negative when the engine starts before the call has returned);
+* copy:     engine start -> end (the CUPTI memcpy record);
+* sync:     copy end -> the receiver observes completion. The sender writes a flag
+  behind the copy (``cuStreamWriteValue32`` to the receiver); the receiver's stream
+  waits on it (``cuStreamWaitValue32``) and then runs a 4-byte memset, whose CUPTI
+  start is the moment of observation. This is the protocol's DONE crossing.
+* host_sync (beside the four): copy end -> the host sees the copy's event complete.
+
+Each transfer is isolated (both GPUs idle before it); the medians over the
+transfers are reported with p10/p90.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Optional
+
+import torch
+
+from .timing import summarize
+
+PHASES = ("control", "schedule", "copy", "sync", "host_sync")
+BREAKDOWN_COLUMNS = ["src_gpu", "dst_gpu", "link", "bytes", "phase", "time_us", "time_us_p10", "time_us_p90",
+                     "samples"]
+CALL, HOST_WAIT = "dmacoll::cuMemcpyAsync", "dmacoll::host_wait"
+
+
+def phases(calls: list[dict], copies: list[dict], observed: list[dict], host_waits: list[dict]) -> dict:
+    """Per-phase samples (us) from the trace events of the transfers, in order (chrome-trace
+    dicts with ``ts`` and ``dur`` in us)."""
+    n = len(calls)
+    if not (len(copies) == len(observed) == len(host_waits) == n):
+        raise RuntimeError(f"the trace does not pair up: {n} calls, {len(copies)} copies, {len(observed)} "
+                           f"receiver memsets, {len(host_waits)} host waits (another process on these GPUs?)")
+    out: dict[str, list[float]] = {p: [] for p in PHASES}
+    for call, cp, obs, hw in zip(calls, copies, observed, host_waits):
+        call_end, copy_end = call["ts"] + call["dur"], cp["ts"] + cp["dur"]
+        out["control"].append(call["dur"])
+        out["schedule"].append(cp["ts"] - call_end)
+        out["copy"].append(cp["dur"])
+        out["sync"].append(obs["ts"] - copy_end)
+        out["host_sync"].append(hw["ts"] + hw["dur"] - copy_end)
+    return out
+
+
+def trace_events(trace: dict, nbytes: int, dst_gpu: int) -> tuple[list, list, list, list]:
+    """The four event lists of ``phases`` from an exported chrome trace, sorted by time."""
+    def pick(pred) -> list[dict]:
+        return sorted((e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and pred(e)),
+                      key=lambda e: e["ts"])
+
+    def nbytes_of(e: dict) -> Optional[int]:
+        b = e.get("args", {}).get("bytes")
+        return int(b) if b is not None else None
+
+    calls = pick(lambda e: e.get("name") == CALL)
+    waits = pick(lambda e: e.get("name") == HOST_WAIT)
+    copies = pick(lambda e: e.get("cat") == "gpu_memcpy" and nbytes_of(e) == nbytes)
+    memsets = pick(lambda e: e.get("cat") == "gpu_memset" and nbytes_of(e) == 4
+                   and int(e.get("args", {}).get("device", dst_gpu)) == dst_gpu)
+    return calls, copies, memsets, waits
+
+
+def _enable_peer_access(a: int, b: int) -> None:
+    from cuda.bindings import runtime
+
+    for dev, peer in ((a, b), (b, a)):
+        with torch.cuda.device(dev):
+            err = runtime.cudaDeviceEnablePeerAccess(peer, 0)[0]
+            if err not in (runtime.cudaError_t.cudaSuccess, runtime.cudaError_t.cudaErrorPeerAccessAlreadyEnabled):
+                raise RuntimeError(f"cudaDeviceEnablePeerAccess({dev} -> {peer}) failed: {err}")
+
+
+def run_breakdown(sizes: list[int], transfers: int = 30, warmup: int = 5, src: int = 0,
+                  dst: Optional[int] = None) -> list[dict]:
+    from cuda.bindings import driver as drv
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    if dst is None:
+        dst = 1 if torch.cuda.device_count() > 1 else 0
+    link = "local" if src == dst else "peer"
+    if link == "peer":
+        _enable_peer_access(src, dst)
+    torch.cuda.set_device(src)
+    a = torch.empty(max(sizes), dtype=torch.uint8, device=f"cuda:{src}")
+    b = torch.empty(max(sizes), dtype=torch.uint8, device=f"cuda:{dst}")
+    flag = torch.zeros(1, dtype=torch.int32, device=f"cuda:{dst}")
+    marker = torch.zeros(1, dtype=torch.int32, device=f"cuda:{dst}")
+    s_src, s_dst = torch.cuda.Stream(src), torch.cuda.Stream(dst)
+    geq = drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+    seq = 0
+
+    def ok(result: tuple, what: str) -> None:
+        if result[0] != drv.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"{what} failed: {result[0]}")
+
+    def transfer(n: int) -> None:
+        nonlocal seq
+        seq += 1
+        torch.cuda.synchronize(src)
+        torch.cuda.synchronize(dst)
+        ok(drv.cuStreamWaitValue32(s_dst.cuda_stream, flag.data_ptr(), seq, geq), "cuStreamWaitValue32")
+        ok(drv.cuMemsetD32Async(marker.data_ptr(), seq, 1, s_dst.cuda_stream), "cuMemsetD32Async")
+        done = torch.cuda.Event()
+        with record_function(CALL):
+            ok(drv.cuMemcpyAsync(b.data_ptr(), a.data_ptr(), n, s_src.cuda_stream), "cuMemcpyAsync")
+        done.record(s_src)
+        ok(drv.cuStreamWriteValue32(s_src.cuda_stream, flag.data_ptr(), seq, 0), "cuStreamWriteValue32")
+        with record_function(HOST_WAIT):
+            while not done.query():
+                pass
+        torch.cuda.synchronize(dst)
+
+    rows = []
+    for n in sizes:
+        for _ in range(warmup):
+            transfer(n)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(transfers):
+                transfer(n)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                trace = json.load(f)
+        samples = phases(*trace_events(trace, n, dst))
+        for phase in PHASES:
+            rows.append({"src_gpu": src, "dst_gpu": dst, "link": link, "bytes": n, "phase": phase,
+                         **summarize(samples[phase]), "samples": len(samples[phase])})
+        med = {r["phase"]: r["time_us"] for r in rows[-len(PHASES):]}
+        print(f"{n:>10} B  " + "  ".join(f"{p} {med[p]:8.2f}" for p in PHASES) + "  us", flush=True)
+    return rows

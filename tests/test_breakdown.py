@@ -1,0 +1,48 @@
+"""The phase arithmetic of `dmacoll breakdown`, on a synthetic CUPTI trace."""
+import random
+
+import pytest
+
+from dmacoll.bench.breakdown import CALL, HOST_WAIT, phases, trace_events
+
+
+def _trace(transfers, nbytes, dst=1):
+    events, expected = [], []
+    t = 1000.0
+    for _ in range(transfers):
+        control, schedule, copy, sync, host = (random.uniform(1, 9) for _ in range(5))
+        events += [
+            {"ph": "X", "name": CALL, "cat": "user_annotation", "ts": t, "dur": control},
+            {"ph": "X", "name": "Memcpy PtoP (Device -> Device)", "cat": "gpu_memcpy", "ts": t + control + schedule,
+             "dur": copy, "args": {"bytes": nbytes, "device": 0}},
+            {"ph": "X", "name": "Memset (Device)", "cat": "gpu_memset", "ts": t + control + schedule + copy + sync,
+             "dur": 0.5, "args": {"bytes": 4, "device": dst}},
+            {"ph": "X", "name": HOST_WAIT, "cat": "user_annotation", "ts": t + control + 0.1,
+             "dur": schedule + copy + host - 0.1},
+            # noise that must be ignored: another copy size, a memset on the sender
+            {"ph": "X", "name": "Memcpy DtoD", "cat": "gpu_memcpy", "ts": t + 2, "dur": 1, "args": {"bytes": 7}},
+            {"ph": "X", "name": "Memset (Device)", "cat": "gpu_memset", "ts": t + 3, "dur": 1,
+             "args": {"bytes": 4, "device": 0}},
+        ]
+        expected.append((control, schedule, copy, sync, host))
+        t += 100.0
+    random.shuffle(events)  # the exporter's order is not time order
+    return {"traceEvents": events}, expected
+
+
+def test_phases_recover_the_intervals():
+    trace, expected = _trace(7, 4096)
+    got = phases(*trace_events(trace, 4096, dst_gpu=1))
+    for i, (control, schedule, copy, sync, host) in enumerate(expected):
+        assert got["control"][i] == pytest.approx(control)
+        assert got["schedule"][i] == pytest.approx(schedule)
+        assert got["copy"][i] == pytest.approx(copy)
+        assert got["sync"][i] == pytest.approx(sync)
+        assert got["host_sync"][i] == pytest.approx(host)
+
+
+def test_a_trace_that_does_not_pair_up_is_an_error():
+    trace, _ = _trace(3, 4096)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "gpu_memset"]
+    with pytest.raises(RuntimeError, match="does not pair up"):
+        phases(*trace_events(trace, 4096, dst_gpu=1))
