@@ -64,8 +64,8 @@ def trace_events(trace: dict, nbytes: int, dst_gpu: int) -> tuple[list, list, li
         b = e.get("args", {}).get("bytes")
         return int(b) if b is not None else None
 
-    calls = pick(lambda e: e.get("name") == CALL)
-    waits = pick(lambda e: e.get("name") == HOST_WAIT)
+    host = lambda name: lambda e: e.get("name") == name and e.get("cat") == "user_annotation"  # noqa: E731
+    calls, waits = pick(host(CALL)), pick(host(HOST_WAIT))  # not the GPU-side copies of the annotations
     copies = pick(lambda e: e.get("cat") == "gpu_memcpy" and nbytes_of(e) == nbytes)
     memsets = pick(lambda e: e.get("cat") == "gpu_memset" and nbytes_of(e) == 4
                    and int(e.get("args", {}).get("device", dst_gpu)) == dst_gpu)
