@@ -5,6 +5,7 @@ WORLD_SIZE set) the function runs in the current process instead.
 """
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import tempfile
@@ -36,7 +37,10 @@ def init_rank(rank: int, world: int, init_method: str, device: str) -> None:
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, **kwargs)
 
 
-def _child(fn: Callable, rank: int, world: int, init_method: str, device: str, args: tuple, results) -> None:
+def _child(fn: Callable, rank: int, world: int, init_method: str, device: str, args: tuple, results,
+           timeout_s: float) -> None:
+    # a rank still running shortly before the parent gives up prints where every thread is
+    faulthandler.dump_traceback_later(max(1.0, timeout_s - 5), exit=False)
     try:
         init_rank(rank, world, init_method, device)
         out = fn(rank, world, *args)
@@ -57,11 +61,16 @@ class RankFailed(RuntimeError):
     pass
 
 
-def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu", timeout_s: float = 900) -> list:
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu",
+              timeout_s: float | None = None) -> list:
     """Start ``world`` processes running ``fn(rank, world, *args)``; return the results by rank.
 
     ``fn`` must be importable (a module-level function). Raises RankFailed with every
-    rank's traceback if any rank fails, dies or runs past ``timeout_s``."""
+    rank's traceback if any rank fails, dies or runs past ``timeout_s`` (default
+    $DMACOLL_RANK_TIMEOUT_S, else 900); a rank that is still running then has printed
+    its threads' stacks to stderr."""
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("DMACOLL_RANK_TIMEOUT_S", "900"))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         init_rank(rank, world, "env://", device)
@@ -71,7 +80,8 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="dmacoll-rdv-") as tmp:
         init_method = f"file://{os.path.join(tmp, 'store')}"
-        procs = [ctx.Process(target=_child, args=(fn, r, world, init_method, device, args, results), daemon=False)
+        procs = [ctx.Process(target=_child, args=(fn, r, world, init_method, device, args, results, timeout_s),
+                             daemon=False)
                  for r in range(world)]
         for p in procs:
             p.start()

@@ -16,8 +16,12 @@ Per transfer of N bytes:
   start is the moment of observation. This is the protocol's DONE crossing.
 * host_sync (beside the four): copy end -> the host sees the copy's event complete.
 
-Each transfer is isolated (both GPUs idle before it); the medians over the
-transfers are reported with p10/p90.
+Each transfer is isolated (both GPUs idle before it). The first three phases come
+from transfers issued to an idle stream. Sync and host_sync come from a second set
+whose copy is held behind a short sleep kernel on the sender stream, so that the
+flag write and the host's polling are in place before the copy ends (otherwise a
+small copy ends before the host has even issued the flag write, and "sync" would
+measure the host). Medians over the transfers are reported with p10/p90.
 """
 from __future__ import annotations
 
@@ -38,7 +42,8 @@ CALL, HOST_WAIT = "dmacoll::cuMemcpyAsync", "dmacoll::host_wait"
 
 def phases(calls: list[dict], copies: list[dict], observed: list[dict], host_waits: list[dict]) -> dict:
     """Per-phase samples (us) from the trace events of the transfers, in order (chrome-trace
-    dicts with ``ts`` and ``dur`` in us)."""
+    dicts with ``ts`` and ``dur`` in us). Every phase is computed; the caller keeps those that
+    its kind of transfer measures."""
     n = len(calls)
     if not (len(copies) == len(observed) == len(host_waits) == n):
         raise RuntimeError(f"the trace does not pair up: {n} calls, {len(copies)} copies, {len(observed)} "
@@ -105,11 +110,14 @@ def run_breakdown(sizes: list[int], transfers: int = 30, warmup: int = 5, src: i
         if result[0] != drv.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"{what} failed: {result[0]}")
 
-    def transfer(n: int) -> None:
+    def transfer(n: int, held: bool) -> None:
         nonlocal seq
         seq += 1
         torch.cuda.synchronize(src)
         torch.cuda.synchronize(dst)
+        if held:  # ~50 us of sleep before the copy: the host issues everything below meanwhile
+            with torch.cuda.stream(s_src):
+                torch.cuda._sleep(100_000)
         ok(drv.cuStreamWaitValue32(s_dst.cuda_stream, flag.data_ptr(), seq, geq), "cuStreamWaitValue32")
         ok(drv.cuMemsetD32Async(marker.data_ptr(), seq, 1, s_dst.cuda_stream), "cuMemsetD32Async")
         done = torch.cuda.Event()
@@ -122,19 +130,22 @@ def run_breakdown(sizes: list[int], transfers: int = 30, warmup: int = 5, src: i
                 pass
         torch.cuda.synchronize(dst)
 
-    rows = []
-    for n in sizes:
+    def profiled(n: int, held: bool) -> dict:
         for _ in range(warmup):
-            transfer(n)
+            transfer(n, held)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(transfers):
-                transfer(n)
+                transfer(n, held)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.json")
             prof.export_chrome_trace(path)
             with open(path) as f:
-                trace = json.load(f)
-        samples = phases(*trace_events(trace, n, dst))
+                return phases(*trace_events(json.load(f), n, dst))
+
+    rows = []
+    for n in sizes:
+        idle, held = profiled(n, False), profiled(n, True)
+        samples = {p: (held if p in ("sync", "host_sync") else idle)[p] for p in PHASES}
         for phase in PHASES:
             rows.append({"src_gpu": src, "dst_gpu": dst, "link": link, "bytes": n, "phase": phase,
                          **summarize(samples[phase]), "samples": len(samples[phase])})
