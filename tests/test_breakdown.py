@@ -41,6 +41,17 @@ def test_phases_recover_the_intervals():
         assert got["host_sync"][i] == pytest.approx(host)
 
 
+def test_the_driver_record_of_the_call_replaces_the_annotation():
+    trace, expected = _trace(4, 4096)
+    for e in [e for e in trace["traceEvents"] if e["name"] == CALL]:  # the driver call inside the annotation
+        trace["traceEvents"].append({"ph": "X", "name": "cuMemcpyAsync", "cat": "cuda_driver", "ts": e["ts"] + 0.5,
+                                     "dur": e["dur"] - 1.0})
+    got = phases(*trace_events(trace, 4096, dst_gpu=1))
+    for i, (control, schedule, *_) in enumerate(expected):
+        assert got["control"][i] == pytest.approx(control - 1.0)
+        assert got["schedule"][i] == pytest.approx(schedule + 0.5)
+
+
 def test_a_trace_that_does_not_pair_up_is_an_error():
     trace, _ = _trace(3, 4096)
     trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "gpu_memset"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Callable, Iterator, Optional, Sequence
 
 import torch
@@ -206,9 +207,16 @@ class Communicator:
         ``stream`` wait for them; call it before using their outputs or the communicator again.
 
         On CUDA the commands go onto a gate stream behind a ``cuStreamWaitValue32`` on a gate
-        flag, and release is one ``cuStreamWriteValue32``; both are graph-capturable."""
+        flag, and release is one ``cuStreamWriteValue32``; both are graph-capturable.
+
+        Lazy module loading (CUDA's default): a kernel launched for the first time in the
+        process while a gate is pending can block in the driver until the GPU is idle, which
+        it never is before the release: a deadlock that no timeout can break (seen on H200,
+        driver 580). Launch the producer's kernels once before opening a gate, or set
+        CUDA_MODULE_LOADING=EAGER; a warning says so once per process."""
         if self._gate is not None:
             raise InvalidArgument("a prelaunch gate is already open or pending; call gate.wait() first")
+        _warn_lazy_loading(self.backend)
         gate = Gate(self, self._gates_used % GATES)
         self._gates_used += 1
         self._gate = gate
@@ -245,6 +253,13 @@ class Communicator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _warn_lazy_loading(backend: str) -> None:
+    if backend == "cuda" and os.environ.get("CUDA_MODULE_LOADING", "LAZY") != "EAGER":
+        warnings.warn("dmacoll prelaunch: CUDA lazy module loading is on; launch every kernel the producer uses "
+                      "once before opening a gate (or set CUDA_MODULE_LOADING=EAGER), else a first launch while "
+                      "the gate is pending can deadlock the process (see Communicator.prelaunch)", stacklevel=3)
 
 
 class Gate:
