@@ -17,5 +17,5 @@ include: "workflow/rules/report.smk"
 rule all:
     input:
         f"{OUT}/check/host_w{config['host_check']['world']}.txt",
-        f"{OUT}/notebooks/operator.html",
+        expand(f"{OUT}/notebooks/{{name}}.html", name=NOTEBOOK_INPUTS),
         f"{OUT}/claims.json",

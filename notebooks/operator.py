@@ -12,12 +12,13 @@
 # # Operator level: copy-engine (dma) collectives vs NCCL
 #
 # Latency and bus bandwidth per message size for all-gather and all-to-all, graph-replayed and eager, from the
-# sweep CSVs given as parameters. `dma` is the fastest correct dmacoll variant at each size (its configuration is
+# sweep CSVs given as parameters (`csvs`). `dma` is the fastest correct dmacoll variant at each size (its configuration is
 # in the table); `peer_copy` is one raw copy-engine copy of the same chunk to one peer, the NVLink floor.
 # Measured on NVIDIA Hopper; the papers this reproduces (ConCCL, DMA-Latte) ran on AMD MI300X.
 
 # %% tags=["parameters"]
-sweep_csvs = ["results/reference/h200x2/operator/sweep.csv", "results/reference/h200x2/operator/nccl_ce.csv"]
+csvs = ["results/reference/h200x2/operator/sweep_all_gather.csv",
+        "results/reference/h200x2/operator/sweep_all_to_all.csv", "results/reference/h200x2/operator/nccl_ce.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/operator"
 
@@ -36,9 +37,9 @@ from dmacoll import report  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
-df = report.load(sweep_csvs)
-prov = json.loads(Path(sweep_csvs[0]).with_suffix(".json").read_text())
-print(f"{len(df)} points from {sweep_csvs}; git {prov['git_sha'][:10]}, torch {prov['software']['torch']}, "
+df = report.load(csvs)
+prov = json.loads(Path(csvs[0]).with_suffix(".json").read_text())
+print(f"{len(df)} points from {csvs}; git {prov['git_sha'][:10]}, torch {prov['software']['torch']}, "
       f"NCCL {prov['software']['nccl']}, GPUs {prov['hardware']['gpus']}")
 print("failed points:", int((df['status'] != 'ok').sum()), " wrong outputs:",
       int(((df['status'] == 'ok') & ~df['ok']).sum()))

@@ -12,14 +12,14 @@ from dmacoll.cli import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / "results/reference/h200x2/operator"
-CSVS = [str(REF / "sweep.csv"), str(REF / "nccl_ce.csv")]
+SWEEPS = [str(REF / "sweep_all_gather.csv"), str(REF / "sweep_all_to_all.csv")]
+CSVS = SWEEPS + [str(REF / "nccl_ce.csv")]
 
 
 def test_reference_results_have_provenance_and_all_columns():
     for csv in CSVS:
         df = pd.read_csv(csv)
-        # measured before the signal/prerecord options existed: every other column, in order
-        assert list(df.columns) == [c for c in COLUMNS if c not in ("signal", "prerecord")]
+        assert list(df.columns) == COLUMNS
         side = Path(csv).with_suffix(".json")
         assert side.exists()
         text = side.read_text()
@@ -41,6 +41,22 @@ def test_every_reference_point_is_correct_or_explained():
     assert ok["ok"].all(), ok[~ok["ok"]].head()
     failed = df[df["status"] != "ok"]
     assert (failed["error"].str.len() > 0).all()
+
+
+def test_speedup_table_switches_one_feature_at_a_time():
+    df = report.load(SWEEPS)
+    table = report.speedup_table(df).set_index(["op", "mode", "bytes_per_rank"])
+    dma = df[(df["impl"] == "dma") & df["ok"]]
+    key = ("all_gather", "graph", 1 << 20)
+    pick = lambda **kw: dma[(dma[list(kw)] == pd.Series(kw)).all(axis=1)]  # noqa: E731
+    base = pick(op=key[0], mode=key[1], bytes_per_rank=key[2], variant="pcpy", direction="push", place="out",
+                signal="memop", prerecord=False)["time_us"].item()
+    b2b = pick(op=key[0], mode=key[1], bytes_per_rank=key[2], variant="b2b", direction="push", place="out",
+               signal="memop", prerecord=False)["time_us"].item()
+    assert table.loc[key, "pcpy_us"] == round(base, 2)
+    assert table.loc[key, "b2b"] == round(base / b2b, 2)
+    assert table.loc[key, "best"] >= max(table.loc[key, list(report.FEATURES)].dropna()) - 0.01
+    assert "prerecord" not in table.loc[("all_gather", "graph")].dropna(axis=1).columns  # graphs: nothing to prerecord
 
 
 def test_ratio_table_picks_fastest_correct_dma():

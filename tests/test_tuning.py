@@ -8,7 +8,8 @@ from dmacoll import tuning
 from dmacoll.launch import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
-SWEEP = ROOT / "results/reference/h200x2/operator/sweep.csv"
+SWEEPS = [ROOT / "results/reference/h200x2/operator/sweep_all_gather.csv",
+          ROOT / "results/reference/h200x2/operator/sweep_all_to_all.csv"]
 
 
 def _table(entries):
@@ -37,10 +38,10 @@ def test_select_uses_the_callers_signal_mode_and_falls_back_to_memop_entries():
 
 def test_shipped_table_is_derived_from_the_committed_sweep():
     shipped = tuning.find(2, "NVIDIA H200")
-    assert shipped is not None and shipped.meta["source"] == ["results/reference/h200x2/operator/sweep.csv"]
-    prov = json.loads(SWEEP.with_suffix(".json").read_text())
+    assert shipped is not None and shipped.meta["source"] == [str(p.relative_to(ROOT)) for p in SWEEPS]
+    prov = json.loads(SWEEPS[0].with_suffix(".json").read_text())
     assert shipped.meta["source_git_sha"] == prov["git_sha"]
-    derived = tuning.derive([str(SWEEP)], prov)
+    derived = tuning.derive([str(p.relative_to(ROOT)) for p in SWEEPS], prov)
     assert [e.__dict__ for e in derived.entries] == [e.__dict__ for e in shipped.entries]
     assert tuning.find(8, "NVIDIA H200") is None and tuning.find(2, "cpu") is None
 

@@ -19,9 +19,11 @@ def dry_run(*args, config=("platform=none",)):
 def test_default_target_renders_from_reference_results(tmp_path):
     r = dry_run(config=("platform=none", f"outdir={tmp_path}"))
     assert r.returncode == 0, r.stderr[-2000:]
-    for job in ("host_check", "notebook_operator", "claims"):
+    for job in ("host_check", "claims", *(f"notebooks/{n}.html" for n in ("operator", "speedup", "breakdown",
+                                                                          "resources"))):
         assert job in r.stdout
-    assert "operator_sweep" not in r.stdout  # no GPUs: nothing is measured
+    for gpu_rule in ("operator_sweep", "breakdown:", "resources:"):  # no GPUs: nothing is measured
+        assert f"rule {gpu_rule}" not in r.stdout
 
 
 def test_kick_config_parses():

@@ -72,6 +72,35 @@ def ratio_table(df: pd.DataFrame, sizes=README_SIZES) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["op", "mode", "bytes"]).reset_index(drop=True)
 
 
+# DMA-Latte's plain baseline, and each feature as one change to it (PERFORMANCE.md style)
+BASELINE = {"variant": "pcpy", "direction": "push", "place": "out", "signal": "memop", "prerecord": False}
+FEATURES = {"b2b": {"variant": "b2b"}, "multi": {"variant": "multi"}, "pull": {"direction": "pull"},
+            "in_place": {"place": "in"}, "copy_signal": {"signal": "copy"}, "kernel_signal": {"signal": "kernel"},
+            "prerecord": {"prerecord": True}}
+
+
+def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (op, mode, size): time of the plain pcpy baseline over the time with one feature
+    switched (> 1: the feature helps), and over the best dma configuration of all."""
+    dma = df[(df["impl"] == "dma") & df["ok"]]
+
+    def times(change: dict) -> pd.Series:
+        cfg = {**BASELINE, **change}
+        sel = dma
+        for col, value in cfg.items():
+            sel = sel[sel[col] == value]
+        return sel.set_index(["op", "mode", "bytes_per_rank"])["time_us"]
+
+    base = times({})
+    out = pd.DataFrame({"pcpy_us": base})
+    for name, change in FEATURES.items():
+        out[name] = base / times(change)
+    out["best"] = base / dma.groupby(["op", "mode", "bytes_per_rank"])["time_us"].min()
+    out = out.reset_index().sort_values(["op", "mode", "bytes_per_rank"])
+    out.insert(2, "size", out["bytes_per_rank"].map(lambda b: human(int(b))))
+    return out.dropna(axis=1, how="all").round(2)
+
+
 def targets(df: pd.DataFrame) -> list[dict]:
     """Issue 2's done-when checks on the all-gather, graph mode."""
     dma, nccl, floor = best(df, "dma"), best(df, "nccl"), best(df, "peer_copy")
@@ -134,6 +163,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", nargs="+", required=True, help="sweep CSV(s)")
     p.add_argument("--out", help="write the Markdown here (table)")
     p.add_argument("--readme", default="README.md")
+    p.add_argument("--power", help="claims: the power CSV of `dmacoll power` (its claims are 'not run' without)")
 
 
 def main(a: argparse.Namespace) -> int:
@@ -141,7 +171,7 @@ def main(a: argparse.Namespace) -> int:
         from . import claims
 
         out = Path(a.out or "results/local/claims.json")
-        rows = claims.write(a.csv, out, out.with_suffix(".md"))
+        rows = claims.write(a.csv, out, out.with_suffix(".md"), a.power)
         for r in rows:
             print(f"{r['status']:7s} {r['id']}: {r['reproduced']} (tolerance {r['tolerance']})")
         return 0

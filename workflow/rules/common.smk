@@ -27,7 +27,20 @@ print(f"dmacoll workflow: platform={PLATFORM}, results rendered from "
       file=sys.stderr)
 
 
+def result(path):
+    """A result file: measured here on a GPU machine, the shipped reference otherwise."""
+    return f"{OUT}/{path}" if PLATFORM == "cuda" else f"{config['reference']}/{path}"
+
+
 def operator_csvs():
-    """Sweep CSVs the tables come from: fresh on a GPU machine, shipped otherwise."""
-    base = f"{OUT}/operator" if PLATFORM == "cuda" else f"{config['reference']}/operator"
-    return [f"{base}/sweep.csv", f"{base}/nccl_ce.csv"]
+    return [result(f"operator/sweep_{op}.csv") for op in config["operator"]["ops"]] + [
+        result("operator/nccl_ce.csv")]
+
+
+# what each notebook (notebooks/<name>.py) renders, passed as its `csvs` parameter
+NOTEBOOK_INPUTS = {
+    "operator": operator_csvs,
+    "speedup": operator_csvs,
+    "breakdown": lambda: [result("breakdown/breakdown.csv")],
+    "resources": lambda: [result(f"resources/{name}.csv") for name in ("power", "sm_usage", "interference")],
+}

@@ -1,23 +1,28 @@
 OP = config["operator"]
+GPUS = config["gpus"]
 
 
 rule operator_sweep:
-    """nccl-tests-style sweep of every implementation (GPUs)."""
+    """nccl-tests-style sweep of every implementation for one op (GPUs); one CSV per op."""
     output:
-        csv=f"{OUT}/operator/sweep.csv",
-        json=f"{OUT}/operator/sweep.json",
+        csv=f"{OUT}/operator/sweep_{{op}}.csv",
+        json=f"{OUT}/operator/sweep_{{op}}.json",
+    wildcard_constraints:
+        op="all_gather|all_to_all",
     log:
-        "logs/operator_sweep.log",
+        "logs/operator_sweep_{op}.log",
     benchmark:
-        "benchmarks/operator_sweep.tsv"
+        "benchmarks/operator_sweep_{op}.tsv"
     resources:
-        gpu=2,
+        gpu=GPUS,
     params:
         impls=" ".join(i for i in OP["impls"] if i != "nccl_ce"),
-        ops=" ".join(OP["ops"]),
         modes=" ".join(OP["modes"]),
+        signals=" ".join(OP["signals"]),
+        prerecord=" ".join(OP["prerecord"]),
     shell:
-        "{PY} -m dmacoll sweep --ops {params.ops} --impls {params.impls} --modes {params.modes} "
+        "{PY} -m dmacoll sweep --ops {wildcards.op} --impls {params.impls} --modes {params.modes} "
+        "--signals {params.signals} --prerecord {params.prerecord} "
         "--min-bytes {OP[min_bytes]} --max-bytes {OP[max_bytes]} --repeats {OP[repeats]} --calls {OP[calls]} "
         "--out {output.csv} 2>&1 | tee {log}"
 
@@ -29,8 +34,10 @@ rule operator_sweep_nccl_ce:
         json=f"{OUT}/operator/nccl_ce.json",
     log:
         "logs/operator_sweep_nccl_ce.log",
+    benchmark:
+        "benchmarks/operator_sweep_nccl_ce.tsv"
     resources:
-        gpu=2,
+        gpu=GPUS,
     params:
         ops=" ".join(OP["ops"]),
         modes=" ".join(OP["modes"]),
@@ -38,3 +45,40 @@ rule operator_sweep_nccl_ce:
         "{PY} -m dmacoll sweep --ops {params.ops} --impls nccl_ce --modes {params.modes} "
         "--min-bytes {OP[min_bytes]} --max-bytes {OP[max_bytes]} --repeats {OP[repeats]} --calls {OP[calls]} "
         "--out {output.csv} 2>&1 | tee {log}"
+
+
+rule breakdown:
+    """Control / schedule / copy / sync of one peer copy (CUPTI timestamps), one process."""
+    output:
+        csv=f"{OUT}/breakdown/breakdown.csv",
+        json=f"{OUT}/breakdown/breakdown.json",
+    log:
+        "logs/breakdown.log",
+    benchmark:
+        "benchmarks/breakdown.tsv"
+    resources:
+        gpu=GPUS,
+    params:
+        sizes=" ".join(config["breakdown"]["sizes"]),
+    shell:
+        "{PY} -m dmacoll breakdown --sizes {params.sizes} --out {output.csv} 2>&1 | tee {log}"
+
+
+rule resources:
+    """Power/energy (NVML), kernels vs copies per call (profiler), interference with compute (GPUs)."""
+    output:
+        power=f"{OUT}/resources/power.csv",
+        sm_usage=f"{OUT}/resources/sm_usage.csv",
+        interference=f"{OUT}/resources/interference.csv",
+    log:
+        "logs/resources.log",
+    benchmark:
+        "benchmarks/resources.tsv"
+    resources:
+        gpu=GPUS,
+    params:
+        sizes=" ".join(config["resources"]["power_sizes"]),
+    shell:
+        "({PY} -m dmacoll power --sizes {params.sizes} --out {output.power} && "
+        "{PY} -m dmacoll sm-usage --out {output.sm_usage} && "
+        "{PY} -m dmacoll interference --out {output.interference}) 2>&1 | tee {log}"

@@ -1,21 +1,23 @@
 import json
 
 
-rule notebook_operator:
-    """Latency / bandwidth figures and ratio tables (papermill), and an HTML page without code."""
+rule notebook:
+    """A notebook executed with papermill on its CSVs (figures + tables), and an HTML page without code."""
     input:
-        nb="notebooks/operator.py",
-        csvs=operator_csvs(),
+        nb="notebooks/{name}.py",
+        csvs=lambda wc: NOTEBOOK_INPUTS[wc.name](),
     output:
-        ipynb=f"{OUT}/notebooks/operator.ipynb",
-        html=f"{OUT}/notebooks/operator.html",
-        figures=directory(f"{OUT}/figures/operator"),
+        ipynb=f"{OUT}/notebooks/{{name}}.ipynb",
+        html=f"{OUT}/notebooks/{{name}}.html",
+        figures=directory(f"{OUT}/figures/{{name}}"),
+    wildcard_constraints:
+        name="|".join(NOTEBOOK_INPUTS),
     params:
         parameters=lambda wc, input, output: json.dumps(
-            {"sweep_csvs": list(input.csvs), "platform_label": config["label"], "outdir": output.figures}),
-        stem=f"{OUT}/notebooks/operator",
+            {"csvs": list(input.csvs), "platform_label": config["label"], "outdir": output.figures}),
+        stem=lambda wc: f"{OUT}/notebooks/{wc.name}",
     log:
-        "logs/notebook_operator.log",
+        "logs/notebook_{name}.log",
     shell:
         "({PY} -m jupytext --to ipynb {input.nb} -o {params.stem}.src.ipynb && "
         "{PY} -m papermill {params.stem}.src.ipynb {output.ipynb} -y '{params.parameters}' --cwd . && "
@@ -26,11 +28,13 @@ rule notebook_operator:
 rule claims:
     """Each paper claim, the reproduced value, the tolerance and pass/fail."""
     input:
-        operator_csvs(),
+        sweeps=operator_csvs(),
+        power=result("resources/power.csv"),
     output:
         json=f"{OUT}/claims.json",
         md=f"{OUT}/claims.md",
     log:
         "logs/claims.log",
     shell:
-        "{PY} -m dmacoll report claims --csv {input} --out {output.json} > {log} 2>&1; cat {log}"
+        "{PY} -m dmacoll report claims --csv {input.sweeps} --power {input.power} --out {output.json} > {log} 2>&1; "
+        "cat {log}"

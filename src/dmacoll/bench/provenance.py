@@ -24,14 +24,20 @@ def _run(cmd: list[str]) -> str:
 
 
 def git_sha() -> dict[str, Any]:
-    """The commit the code came from; DMACOLL_GIT_SHA stands in where no .git travels."""
+    """The commit the code came from. DMACOLL_GIT_SHA, where the runner sets it, names the commit
+    whose tree was shipped to the machine (a shipped copy's own .git can be stale: it then shows
+    an older HEAD plus the newer code as changes); the checkout's state is recorded beside it."""
     root = Path(__file__).resolve().parents[3]
     sha = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
+    checkout: dict[str, Any] = {"sha": "unknown", "dirty": "unknown"}
     if re.fullmatch(r"[0-9a-f]{40}", sha):  # a copied tree may hold a .git without commits
         dirty = bool(_run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"]))
-        return {"git_sha": sha, "git_dirty": dirty}
-    return {"git_sha": os.environ.get("DMACOLL_GIT_SHA", "unknown"),
-            "git_dirty": os.environ.get("DMACOLL_GIT_DIRTY", "unknown")}
+        checkout = {"sha": sha, "dirty": dirty}
+    stated = os.environ.get("DMACOLL_GIT_SHA")
+    if stated:
+        return {"git_sha": stated, "git_dirty": os.environ.get("DMACOLL_GIT_DIRTY", "False") == "True",
+                "git_checkout": checkout}
+    return {"git_sha": checkout["sha"], "git_dirty": checkout["dirty"]}
 
 
 def _version(pkg: str) -> str:

@@ -1,0 +1,106 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Resource footprint: power, energy, SM use and interference
+#
+# * Power and energy per collective (`dmacoll power`): NVML's total-energy counter around sustained
+#   graph-replayed calls on every GPU, the idle power measured in the same run and subtracted
+#   ("dynamic" energy); medians over every GPU and repeat.
+# * SM use (`dmacoll sm-usage`): GPU kernels versus copies per call, from the PyTorch profiler.
+# * Interference (`dmacoll interference`): slowdown of a bf16 GEMM / memory-bound kernel and of the
+#   all-gather when they run together on separate streams; fraction of ideal overlap
+#   = (serial - together) / (serial - max(alone)).
+#
+# `dma pcpy` is the plain collective, `dma auto` the tuned choice. Measured on NVIDIA Hopper; the
+# papers measured AMD MI300X.
+
+# %% tags=["parameters"]
+csvs = ["results/reference/h200x2/resources/power.csv", "results/reference/h200x2/resources/sm_usage.csv",
+        "results/reference/h200x2/resources/interference.csv"]
+platform_label = "2x H200 (NVLink)"
+outdir = "results/local/figures/resources"
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from dmacoll import report  # noqa: E402
+
+out = Path(outdir)
+out.mkdir(parents=True, exist_ok=True)
+power, sm, inter = (pd.read_csv(p, keep_default_na=False, na_values=["nan", ""]) for p in csvs)
+for p in csvs:
+    prov = json.loads(Path(p).with_suffix(".json").read_text())
+    print(f"{p}: git {prov['git_sha'][:10]}, GPUs {prov['hardware']['gpus']}")
+
+
+def label(df: pd.DataFrame) -> pd.Series:
+    return df["impl"] + df["variant"].fillna("").map(lambda v: f" {v}" if v else "")
+
+
+def save(fig, name: str) -> None:
+    for ext in ("png", "pdf"):
+        fig.savefig(out / f"{name}.{ext}", bbox_inches="tight")
+    plt.show()
+
+
+# %%
+runs = power[power["impl"] != "idle"].copy()
+runs["impl"] = label(runs)
+runs["size"] = runs["bytes_per_rank"].map(lambda b: report.human(int(b)))
+summary = (runs.groupby(["op", "impl", "bytes_per_rank", "size"])
+           [["avg_power_w", "idle_power_w", "dynamic_energy_per_call_uj", "dynamic_energy_per_byte_pj"]]
+           .median().reset_index())
+nccl = summary[summary["impl"] == "nccl"].set_index(["op", "bytes_per_rank"])["dynamic_energy_per_call_uj"]
+summary["energy_vs_nccl"] = [row.dynamic_energy_per_call_uj / nccl.get((row.op, row.bytes_per_rank), float("nan"))
+                             for row in summary.itertuples()]
+summary = summary.round(3)
+summary.to_csv(out / "power.csv", index=False)
+(out / "power.md").write_text(report.markdown(summary.drop(columns=["bytes_per_rank"])) + "\n")
+summary
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+sns.barplot(data=summary, x="size", y="avg_power_w", hue="impl", ax=axes[0], errorbar=None)
+axes[0].axhline(summary["idle_power_w"].median(), color="grey", ls="--", label="idle")
+axes[0].set_ylabel("average GPU power (W)")
+sns.barplot(data=summary, x="size", y="dynamic_energy_per_call_uj", hue="impl", ax=axes[1], errorbar=None)
+axes[1].set_yscale("log")
+axes[1].set_ylabel("energy per call above idle (uJ, log)")
+fig.suptitle(f"power and energy per collective (both ops), {platform_label}")
+save(fig, "power")
+
+# %%
+sm["impl"] = label(sm)
+sm_table = sm[["op", "impl", "bytes_per_rank", "mode", "kernels_per_call", "kernel_us_per_call", "copies_per_call",
+               "memsets_per_call", "kernel_names"]]
+(out / "sm_usage.md").write_text(report.markdown(sm_table) + "\n")
+sm_table
+
+# %%
+inter["impl"] = label(inter)
+inter["size"] = inter["bytes_per_rank"].map(lambda b: report.human(int(b)))
+cols = ["compute", "impl", "size", "rank", "comp_slowdown", "comm_slowdown", "fraction_of_ideal"]
+(out / "interference.md").write_text(report.markdown(inter[cols].round(3)) + "\n")
+long = inter[inter["rank"] == 0].melt(id_vars=["compute", "impl", "size"], value_vars=["comp_slowdown", "comm_slowdown"],
+                  var_name="who", value_name="slowdown")
+g = sns.catplot(data=long, x="size", y="slowdown", hue="impl", col="compute", row="who", kind="bar", height=3,
+                aspect=1.5, errorbar=None)
+g.figure.suptitle(f"slowdown when running together (1 = none), rank 0, {platform_label}", y=1.02)
+save(g.figure, "interference")
+inter[cols].round(3)
