@@ -23,8 +23,8 @@
 # papers measured AMD MI300X.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/resources/power.csv", "results/reference/h200x2/resources/sm_usage.csv",
-        "results/reference/h200x2/resources/interference.csv"]
+csvs = ["results/reference/h200x2/power/power.csv", "results/reference/h200x2/power/sm_usage.csv",
+        "results/reference/h200x2/power/interference.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/resources"
 

@@ -22,7 +22,7 @@ def test_default_target_renders_from_reference_results(tmp_path):
     for job in ("host_check", "claims", *(f"notebooks/{n}.html" for n in ("operator", "speedup", "breakdown",
                                                                           "resources"))):
         assert job in r.stdout
-    for gpu_rule in ("operator_sweep", "breakdown:", "resources:"):  # no GPUs: nothing is measured
+    for gpu_rule in ("operator_sweep", "breakdown:", "power:"):  # no GPUs: nothing is measured
         assert f"rule {gpu_rule}" not in r.stdout
 
 

@@ -42,5 +42,5 @@ NOTEBOOK_INPUTS = {
     "operator": operator_csvs,
     "speedup": operator_csvs,
     "breakdown": lambda: [result("breakdown/breakdown.csv")],
-    "resources": lambda: [result(f"resources/{name}.csv") for name in ("power", "sm_usage", "interference")],
+    "resources": lambda: [result(f"power/{name}.csv") for name in ("power", "sm_usage", "interference")],
 }

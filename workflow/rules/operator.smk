@@ -64,16 +64,16 @@ rule breakdown:
         "{PY} -m dmacoll breakdown --sizes {params.sizes} --out {output.csv} 2>&1 | tee {log}"
 
 
-rule resources:
+rule power:
     """Power/energy (NVML), kernels vs copies per call (profiler), interference with compute (GPUs)."""
     output:
-        power=f"{OUT}/resources/power.csv",
-        sm_usage=f"{OUT}/resources/sm_usage.csv",
-        interference=f"{OUT}/resources/interference.csv",
+        power=f"{OUT}/power/power.csv",
+        sm_usage=f"{OUT}/power/sm_usage.csv",
+        interference=f"{OUT}/power/interference.csv",
     log:
-        "logs/resources.log",
+        "logs/power.log",
     benchmark:
-        "benchmarks/resources.tsv"
+        "benchmarks/power.tsv"
     resources:
         gpu=GPUS,
     params:

@@ -29,7 +29,7 @@ rule claims:
     """Each paper claim, the reproduced value, the tolerance and pass/fail."""
     input:
         sweeps=operator_csvs(),
-        power=result("resources/power.csv"),
+        power=result("power/power.csv"),
     output:
         json=f"{OUT}/claims.json",
         md=f"{OUT}/claims.md",
