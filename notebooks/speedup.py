@@ -45,7 +45,7 @@ for (op, mode), part in table.groupby(["op", "mode"]):
 # %%
 features = [c for c in table.columns if c in report.FEATURES or c == "best"]
 for (op, mode), part in table.groupby(["op", "mode"]):
-    heat = part.set_index("size")[features].T
+    heat = part.set_index("size")[features].T.dropna(how="all")  # graphs: nothing to prerecord
     fig, ax = plt.subplots(figsize=(12, 3.2))
     sns.heatmap(heat, annot=True, fmt=".2f", center=1.0, cmap="RdBu", cbar=False, ax=ax)
     ax.set_title(f"{op}, {mode}: speedup over pcpy (> 1 faster), {platform_label}")
