@@ -39,7 +39,7 @@ case "$part" in
     timeout 150 python3 -m dmacoll sweep --impls nccl_ce --out "$out/nccl_ce.csv" > "$log/nccl_ce.log" 2>&1
     tail -3 "$log/nccl_ce.log" ;;
   power)
-    timeout 150 python3 -m dmacoll power --sizes 1K 64K 1M 16M 256M --seconds 1.5 --repeats 3 \
+    timeout 240 python3 -m dmacoll power --sizes 1K 64K 1M 16M 256M --seconds 1 --repeats 3 \
       --out "$out/power.csv" 2>&1 | tee "$log/power.log" | tail -30
     timeout 60 python3 -m dmacoll sm-usage --out "$out/sm_usage.csv" 2>&1 | tee "$log/sm_usage.log" | tail -14 ;;
   interference)
