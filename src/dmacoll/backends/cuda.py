@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - depends on the installed bindings
     _drv = None
 
 
-def _check(result: tuple, what: str) -> tuple:
+def check_driver(result: tuple, what: str) -> tuple:
     err = result[0]
     if err != _drv.CUresult.CUDA_SUCCESS:
         name = _drv.cuGetErrorName(err)[1]
@@ -76,7 +76,7 @@ class Watchdog:
     def _loop(self) -> None:
         # Relaxed capture mode for this thread: querying events must not invalidate a graph
         # capture that the application runs on another thread (global mode forbids it).
-        _check(_drv.cuThreadExchangeStreamCaptureMode(
+        check_driver(_drv.cuThreadExchangeStreamCaptureMode(
             _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuThreadExchangeStreamCaptureMode")
         torch.cuda.set_device(self.engine.device)
         while not self._stop.wait(self.poll_s):
@@ -172,7 +172,7 @@ class CudaEngine:
 
     # -- primitives ----------------------------------------------------------
     def copy(self, queue: torch.cuda.Stream, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, int]) -> None:
-        _check(_drv.cuMemcpyAsync(self._addr(dst, bases), self._addr(src, bases), nbytes, queue.cuda_stream),
+        check_driver(_drv.cuMemcpyAsync(self._addr(dst, bases), self._addr(src, bases), nbytes, queue.cuda_stream),
                "cuMemcpyAsync")
 
     def memops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
@@ -184,17 +184,17 @@ class CudaEngine:
             op = ops[0]
             addr = self.ptrs[op.rank] + 4 * op.index
             if op.wait:
-                _check(_drv.cuStreamWaitValue32(stream, addr, op.value, self._geq if op.geq else self._eq),
+                check_driver(_drv.cuStreamWaitValue32(stream, addr, op.value, self._geq if op.geq else self._eq),
                        "cuStreamWaitValue32")
             else:
-                _check(_drv.cuStreamWriteValue32(stream, addr, op.value, 0), "cuStreamWriteValue32")
+                check_driver(_drv.cuStreamWriteValue32(stream, addr, op.value, 0), "cuStreamWriteValue32")
             return
         params = self._batches.get(tuple(ops))
         if params is None:
             if len(self._batches) > 4096:  # epoch mode makes new values every call
                 self._batches.clear()
             params = self._batches[tuple(ops)] = [self._param(op) for op in ops]
-        _check(_drv.cuStreamBatchMemOp(stream, len(params), params, 0), "cuStreamBatchMemOp")
+        check_driver(_drv.cuStreamBatchMemOp(stream, len(params), params, 0), "cuStreamBatchMemOp")
 
     def _mixed_ops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
         """Flag operations that are not all stream memops, in order: runs of memops go out
@@ -209,7 +209,7 @@ class CudaEngine:
                 self.memops(queue, tuple(run))
                 run = []
             if op.via == "copy":
-                _check(_drv.cuMemcpyAsync(self.ptrs[op.rank] + 4 * op.index, self.ptrs[self.rank] + 4 * self._one,
+                check_driver(_drv.cuMemcpyAsync(self.ptrs[op.rank] + 4 * op.index, self.ptrs[self.rank] + 4 * self._one,
                                           4, queue.cuda_stream), "cuMemcpyAsync (signal)")
             else:
                 self._flag_kernel(queue, op)

@@ -96,6 +96,8 @@ def run_breakdown(sizes: list[int], transfers: int = 30, warmup: int = 5, src: i
     from cuda.bindings import driver as drv
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from ..backends.cuda import check_driver
+
     if dst is None:
         dst = 1 if torch.cuda.device_count() > 1 else 0
     link = "local" if src == dst else "peer"
@@ -111,26 +113,23 @@ def run_breakdown(sizes: list[int], transfers: int = 30, warmup: int = 5, src: i
     geq = drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
     seq = 0
 
-    def ok(result: tuple, what: str) -> None:
-        if result[0] != drv.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"{what} failed: {result[0]}")
-
     def transfer(n: int, held: bool) -> None:
         nonlocal seq
         seq += 1
         torch.cuda.synchronize(src)
         torch.cuda.synchronize(dst)
         if held:  # the sender stream waits until everything below is queued
-            ok(drv.cuStreamWaitValue32(s_src.cuda_stream, gate.data_ptr(), seq, geq), "cuStreamWaitValue32")
-        ok(drv.cuStreamWaitValue32(s_dst.cuda_stream, flag.data_ptr(), seq, geq), "cuStreamWaitValue32")
-        ok(drv.cuMemsetD32Async(marker.data_ptr(), seq, 1, s_dst.cuda_stream), "cuMemsetD32Async")
+            check_driver(drv.cuStreamWaitValue32(s_src.cuda_stream, gate.data_ptr(), seq, geq), "cuStreamWaitValue32")
+        check_driver(drv.cuStreamWaitValue32(s_dst.cuda_stream, flag.data_ptr(), seq, geq), "cuStreamWaitValue32")
+        check_driver(drv.cuMemsetD32Async(marker.data_ptr(), seq, 1, s_dst.cuda_stream), "cuMemsetD32Async")
         done = torch.cuda.Event()
         with record_function(CALL):
-            ok(drv.cuMemcpyAsync(b.data_ptr(), a.data_ptr(), n, s_src.cuda_stream), "cuMemcpyAsync")
+            check_driver(drv.cuMemcpyAsync(b.data_ptr(), a.data_ptr(), n, s_src.cuda_stream), "cuMemcpyAsync")
         done.record(s_src)
-        ok(drv.cuStreamWriteValue32(s_src.cuda_stream, flag.data_ptr(), seq, 0), "cuStreamWriteValue32")
+        check_driver(drv.cuStreamWriteValue32(s_src.cuda_stream, flag.data_ptr(), seq, 0), "cuStreamWriteValue32")
         if held:
-            ok(drv.cuStreamWriteValue32(s_release.cuda_stream, gate.data_ptr(), seq, 0), "cuStreamWriteValue32")
+            check_driver(drv.cuStreamWriteValue32(s_release.cuda_stream, gate.data_ptr(), seq, 0),
+                         "cuStreamWriteValue32")
         with record_function(HOST_WAIT):
             while not done.query():
                 pass
