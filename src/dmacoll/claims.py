@@ -36,10 +36,8 @@ def _ratios(df: pd.DataFrame, op: str, mode: str, lo: int, hi: int, dma_pick: st
     if dma_pick == "best":
         dma = report.best(df, "dma")
     else:  # the unoptimised baseline: pcpy push, out of place, memop flags, not prerecorded
-        sub = df[(df["impl"] == "dma") & df["ok"]]
-        for col, value in report.BASELINE.items():
-            sub = sub[sub[col] == value]
-        dma = sub.set_index(["op", "mode", "bytes_per_rank"])
+        dma = report.matching(df[(df["impl"] == "dma") & df["ok"]], report.BASELINE).set_index(
+            ["op", "mode", "bytes_per_rank"])
     keys = [k for k in dma.index if k[0] == op and k[1] == mode and lo <= k[2] <= hi and k in nccl.index]
     return pd.Series({k[2]: dma.loc[k, "time_us"] / nccl.loc[k, "time_us"] for k in keys}, dtype=float)
 

@@ -79,17 +79,20 @@ FEATURES = {"b2b": {"variant": "b2b"}, "multi": {"variant": "multi"}, "pull": {"
             "prerecord": {"prerecord": True}}
 
 
+def matching(df: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """The rows whose columns equal every value of ``config``."""
+    for col, value in config.items():
+        df = df[df[col] == value]
+    return df
+
+
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (op, mode, size): time of the plain pcpy baseline over the time with one feature
     switched (> 1: the feature helps), and over the best dma configuration of all."""
     dma = df[(df["impl"] == "dma") & df["ok"]]
 
     def times(change: dict) -> pd.Series:
-        cfg = {**BASELINE, **change}
-        sel = dma
-        for col, value in cfg.items():
-            sel = sel[sel[col] == value]
-        return sel.set_index(["op", "mode", "bytes_per_rank"])["time_us"]
+        return matching(dma, {**BASELINE, **change}).set_index(["op", "mode", "bytes_per_rank"])["time_us"]
 
     base = times({})
     out = pd.DataFrame({"pcpy_us": base})
