@@ -58,6 +58,5 @@ share.plot(kind="bar", stacked=True, ax=axes[1], rot=45, legend=False)
 axes[1].set_ylabel("share of the end-to-end time")
 axes[1].set_title("share per phase")
 fig.suptitle(f"copy-engine transfer breakdown, {platform_label}")
-for ext in ("png", "pdf"):
-    fig.savefig(out / f"breakdown.{ext}", bbox_inches="tight")
+report.save_figure(fig, out, "breakdown")
 plt.show()

@@ -62,8 +62,7 @@ def facet_plot(y: str, ylabel: str, name: str) -> None:
     g.set(xscale="log", yscale="log")
     g.set_axis_labels("message size per rank (MB)", ylabel)
     g.figure.suptitle(f"{ylabel}, {platform_label}", y=1.02)
-    for ext in ("png", "pdf"):
-        g.savefig(out / f"{name}.{ext}", bbox_inches="tight")
+    report.save_figure(g, out, name)
     plt.show()
 
 

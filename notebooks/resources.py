@@ -54,8 +54,7 @@ def label(df: pd.DataFrame) -> pd.Series:
 
 
 def save(fig, name: str) -> None:
-    for ext in ("png", "pdf"):
-        fig.savefig(out / f"{name}.{ext}", bbox_inches="tight")
+    report.save_figure(fig, out, name)
     plt.show()
 
 

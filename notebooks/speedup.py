@@ -50,6 +50,5 @@ for (op, mode), part in table.groupby(["op", "mode"]):
     sns.heatmap(heat, annot=True, fmt=".2f", center=1.0, cmap="RdBu", cbar=False, ax=ax)
     ax.set_title(f"{op}, {mode}: speedup over pcpy (> 1 faster), {platform_label}")
     ax.set_xlabel("message size per rank")
-    for ext in ("png", "pdf"):
-        fig.savefig(out / f"speedup_{op}_{mode}.{ext}", bbox_inches="tight")
+    report.save_figure(fig, out, f"speedup_{op}_{mode}")
     plt.show()

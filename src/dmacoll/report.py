@@ -122,6 +122,12 @@ def targets(df: pd.DataFrame) -> list[dict]:
     return out
 
 
+def save_figure(fig, outdir: str | Path, name: str) -> None:
+    """A notebook figure as PNG (for the HTML pages) and PDF (for papers)."""
+    for ext in ("png", "pdf"):
+        fig.savefig(Path(outdir) / f"{name}.{ext}", bbox_inches="tight")
+
+
 def markdown(df: pd.DataFrame) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
