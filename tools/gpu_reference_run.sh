@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Batched runs on the lent 2-GPU machine; parts run in the order given (keep each call inside the 10-minute limit).
+# Batched runs on a lent GPU machine (every visible GPU is a rank); parts run in the order given (keep each call inside the 10-minute limit).
 # Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> bash tools/gpu_reference_run.sh OUTDIR PART...
 #   PART: tests    the GPU tests (tests/gpu)
 #         check    `dmacoll check --backend cuda` against NCCL
@@ -13,6 +13,7 @@ set -u
 dest=${1:?output dir}; shift; out=$dest/run; [ $# -gt 0 ] || { echo "name at least one part"; exit 2; }
 mkdir -p "$out/logs"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+world=$(nvidia-smi -L | wc -l)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 log=$out/logs
 {
@@ -28,7 +29,7 @@ case "$part" in
     DMACOLL_RANK_TIMEOUT_S=${DMACOLL_RANK_TIMEOUT_S:-150} timeout ${TESTS_TIMEOUT_S:-540} python3 -m pytest -q \
       --durations=0 -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$out/pytest_gpu.log" | tail -25 ;;
   check)
-    timeout 200 python3 -m dmacoll check --backend cuda --world 2 --reference nccl \
+    timeout 200 python3 -m dmacoll check --backend cuda --world $world --reference nccl \
       --dtypes float32 bfloat16 float16 int8 int32 int64 bool --counts 1 17 4096 65537 2>&1 | tail -3 \
       | tee "$out/check_cuda.log" ;;
   operator)
