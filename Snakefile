@@ -1,5 +1,5 @@
 # dmacoll artifact workflow. `make artifact` runs it; see README.
-# On a machine without GPUs it renders the tables from the shipped reference results;
+# On a machine without GPUs it renders the tables from every shipped reference result set;
 # on an NVIDIA machine it runs the experiments first and renders from the fresh results.
 from snakemake.utils import min_version, validate
 
@@ -17,5 +17,5 @@ include: "workflow/rules/report.smk"
 rule all:
     input:
         f"{OUT}/check/host_w{config['host_check']['world']}.txt",
-        expand(f"{OUT}/notebooks/{{name}}.html", name=NOTEBOOK_INPUTS),
-        f"{OUT}/claims.json",
+        expand(f"{REPORT}/{{platform}}/notebooks/{{name}}.html", platform=PLATFORMS, name=NOTEBOOK_INPUTS),
+        expand(f"{REPORT}/{{platform}}/claims.json", platform=PLATFORMS),

@@ -13,7 +13,8 @@
 #
 # Latency and bus bandwidth per message size for all-gather and all-to-all, graph-replayed and eager, from the
 # sweep CSVs given as parameters (`csvs`). `dma` is the fastest correct dmacoll variant at each size (its configuration is
-# in the table); `peer_copy` is one raw copy-engine copy of the same chunk to one peer, the NVLink floor.
+# in the table); `peer_copy` is one raw copy-engine copy of one chunk to one peer: at 2 ranks the whole collective's
+# data, the NVLink floor; at n ranks one of the n-1 chunks a rank sends (its bandwidth is that chunk / time).
 # Measured on NVIDIA Hopper; the papers this reproduces (ConCCL, DMA-Latte) ran on AMD MI300X.
 
 # %% tags=["parameters"]

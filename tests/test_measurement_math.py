@@ -4,6 +4,7 @@ import builtins
 import pytest
 
 from dmacoll.bench import power
+from dmacoll.bench.bandwidth import bandwidths
 from dmacoll.errors import BackendUnavailable
 
 
@@ -84,3 +85,14 @@ def test_c3_metrics_follow_the_conccl_definitions():
     assert m["fraction_of_ideal"] == pytest.approx(40 / 50)
     assert c3_metrics(100.0, 50.0, 100.0)["fraction_of_ideal"] == 1.0   # perfect overlap
     assert c3_metrics(100.0, 50.0, 150.0)["fraction_of_ideal"] == 0.0   # none at all
+
+
+def test_bandwidths_follow_nccl_tests_and_peer_copy_is_one_chunk():
+    mb = 1 << 20
+    total, algbw, busbw = bandwidths("all_gather", "dma", 256 * mb, 4, 2000.0)
+    assert total == 1024 * mb and busbw == pytest.approx(algbw * 3 / 4)
+    assert bandwidths("all_to_all", "nccl", 256 * mb, 4, 2000.0)[0] == 256 * mb
+    # one copy of one chunk: not scaled by the collective's (n-1)/n factor at any world size
+    for op, chunk in (("all_gather", 256 * mb), ("all_to_all", 64 * mb)):
+        total, algbw, busbw = bandwidths(op, "peer_copy", 256 * mb, 4, 1000.0)
+        assert total == chunk and algbw == busbw == pytest.approx(chunk / 1e-3 / 1e9)

@@ -19,9 +19,11 @@ def dry_run(*args, config=("platform=none",)):
 def test_default_target_renders_from_reference_results(tmp_path):
     r = dry_run(config=("platform=none", f"outdir={tmp_path}"))
     assert r.returncode == 0, r.stderr[-2000:]
-    for job in ("host_check", "claims", *(f"notebooks/{n}.html" for n in ("operator", "speedup", "breakdown",
-                                                                          "resources"))):
-        assert job in r.stdout
+    assert "host_check" in r.stdout
+    for platform in ("h200x2", "h200x4"):  # every shipped result set, side by side
+        for job in ("claims.json", *(f"notebooks/{n}.html" for n in ("operator", "speedup", "breakdown",
+                                                                      "resources"))):
+            assert f"{tmp_path}/report/{platform}/{job}" in r.stdout
     for gpu_rule in ("operator_sweep", "breakdown:", "power:"):  # no GPUs: nothing is measured
         assert f"rule {gpu_rule}" not in r.stdout
 

@@ -29,7 +29,7 @@ case "$part" in
     DMACOLL_RANK_TIMEOUT_S=${DMACOLL_RANK_TIMEOUT_S:-150} timeout ${TESTS_TIMEOUT_S:-540} python3 -m pytest -q \
       --durations=0 -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$out/pytest_gpu.log" | tail -25 ;;
   check)
-    timeout 200 python3 -m dmacoll check --backend cuda --world $world --reference nccl \
+    timeout $((100 * world)) python3 -m dmacoll check --backend cuda --world $world --reference nccl \
       --dtypes float32 bfloat16 float16 int8 int32 int64 bool --counts 1 17 4096 65537 2>&1 | tail -3 \
       | tee "$out/check_cuda.log" ;;
   operator)

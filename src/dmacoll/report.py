@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .bench.bandwidth import bandwidths
+
 README_SIZES = (4 << 10, 1 << 20, 64 << 20, 256 << 20)
 BEGIN, END = "<!-- operator-table:begin -->", "<!-- operator-table:end -->"
 
@@ -33,6 +35,11 @@ def load(paths: list[str]) -> pd.DataFrame:
         df[col] = df[col].astype(str)
     df["prerecord"] = df["prerecord"].astype(str) == "True"
     df["ok"] = (df["status"] == "ok") & (df["correct"].astype(str) == "True")
+    # sweeps before 2026-11-22 gave peer_copy the collective's bus factor (wrong at world > 2): recompute
+    copies = df["impl"] == "peer_copy"
+    if copies.any():
+        df.loc[copies, ["total_bytes", "algbw_GBps", "busbw_GBps"]] = [
+            bandwidths(r.op, r.impl, r.bytes_per_rank, r.world, r.time_us) for r in df[copies].itertuples()]
     return df
 
 

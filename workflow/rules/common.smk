@@ -22,25 +22,36 @@ PLATFORM = detect_platform()
 if PLATFORM == "rocm":
     raise WorkflowError("platform rocm: the hip backend is not part of this release yet; "
                         "run with --config platform=none to render the shipped reference results")
-print(f"dmacoll workflow: platform={PLATFORM}, results rendered from "
-      f"{'fresh runs under ' + OUT if PLATFORM == 'cuda' else config['reference'] + ' (shipped reference)'}",
-      file=sys.stderr)
 
 
-def result(path):
-    """A result file: measured here on a GPU machine, the shipped reference otherwise."""
-    return f"{OUT}/{path}" if PLATFORM == "cuda" else f"{config['reference']}/{path}"
+def platforms():
+    """Result sets to render, name -> (directory, label): this machine's fresh results on a GPU
+    machine, every shipped reference (results/reference/<name>) otherwise."""
+    if PLATFORM == "cuda":
+        return {"measured": (OUT, config["label"])}
+    return {name: (ref["dir"], ref["label"]) for name, ref in config["references"].items()}
 
 
-def operator_csvs():
-    return [result(f"operator/sweep_{op}.csv") for op in config["operator"]["ops"]] + [
-        result("operator/nccl_ce.csv")]
+PLATFORMS = platforms()
+REPORT = f"{OUT}/report"  # rendered notebooks, figures and claims, one folder per platform
+print(f"dmacoll workflow: platform={PLATFORM}, rendering "
+      + ", ".join(f"{name} ({d})" for name, (d, _) in PLATFORMS.items()), file=sys.stderr)
+
+
+def result(platform, path):
+    """A result file of one platform (fresh on a GPU machine, shipped otherwise)."""
+    return f"{PLATFORMS[platform][0]}/{path}"
+
+
+def operator_csvs(platform):
+    return [result(platform, f"operator/sweep_{op}.csv") for op in config["operator"]["ops"]] + [
+        result(platform, "operator/nccl_ce.csv")]
 
 
 # what each notebook (notebooks/<name>.py) renders, passed as its `csvs` parameter
 NOTEBOOK_INPUTS = {
     "operator": operator_csvs,
     "speedup": operator_csvs,
-    "breakdown": lambda: [result("breakdown/breakdown.csv")],
-    "resources": lambda: [result(f"power/{name}.csv") for name in ("power", "sm_usage", "interference")],
+    "breakdown": lambda p: [result(p, "breakdown/breakdown.csv")],
+    "resources": lambda p: [result(p, f"power/{name}.csv") for name in ("power", "sm_usage", "interference")],
 }

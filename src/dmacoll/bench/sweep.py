@@ -12,7 +12,9 @@ every rank is.
 Sizes follow nccl-tests: ``bytes_per_rank`` is one rank's input (all-gather)
 or send buffer (all-to-all); ``total_bytes`` is what nccl-tests calls size
 (the all-gather output, the all-to-all send buffer), algbw = total_bytes /
-time and busbw = algbw x (n-1)/n for both.
+time and busbw = algbw x (n-1)/n for both. ``peer_copy`` is one copy of one
+chunk to one peer (a floor for one link pair, and at n = 2 for the whole
+collective): its algbw and busbw are that chunk / time.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import torch.distributed as dist
 
 from ..check import POISON
 from . import provenance, timing
+from .bandwidth import bandwidths
 
 OPS = ("all_gather", "all_to_all")
 IMPLS = ("nccl", "dma", "symm_mem_lc", "nccl_ce", "peer_copy")
@@ -268,7 +271,7 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
 
 def merge(per_rank: list[dict], cfg: SweepConfig, pt: Point, nbytes: int, mode: str, world: int) -> dict:
     failed = [r for r in per_rank if r["status"] != "ok"]
-    total = nbytes * world if pt.op == "all_gather" else nbytes
+    total = bandwidths(pt.op, pt.impl, nbytes, world, 1.0)[0]
     row = {"op": pt.op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction, "place": pt.place,
            "signal": pt.signal, "prerecord": pt.prerecord,
            "world": world, "bytes_per_rank": nbytes, "total_bytes": total, "dtype": cfg.dtype, "mode": mode,
@@ -278,9 +281,9 @@ def merge(per_rank: list[dict], cfg: SweepConfig, pt: Point, nbytes: int, mode: 
                                                    "busbw_GBps")},
                 "correct": False, "status": "failed", "error": failed[0]["error"]}
     slowest = max(per_rank, key=lambda r: r["time_us"])
-    algbw = total / (slowest["time_us"] * 1e-6) / 1e9
+    _, algbw, busbw = bandwidths(pt.op, pt.impl, nbytes, world, slowest["time_us"])
     return {**row, "time_us": slowest["time_us"], "time_us_p10": slowest["time_us_p10"],
-            "time_us_p90": slowest["time_us_p90"], "algbw_GBps": algbw, "busbw_GBps": algbw * (world - 1) / world,
+            "time_us_p90": slowest["time_us_p90"], "algbw_GBps": algbw, "busbw_GBps": busbw,
             "correct": all(r["correct"] for r in per_rank), "status": "ok", "error": ""}
 
 
