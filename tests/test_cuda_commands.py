@@ -157,3 +157,92 @@ def test_constant_signals_refuse_sequence_numbers():
     for signal in ("copy", "kernel"):
         with pytest.raises(ValueError, match="needs sync='reset'"):
             lower(plan, "epoch", signal)
+
+
+# -- reduce collectives: copies on the copy engines, then one torch kernel on the caller's stream ------------
+import torch  # noqa: E402
+
+from dmacoll.executor import run  # noqa: E402
+from dmacoll.plan import all_reduce_plans, reduce_scatter_plans  # noqa: E402
+
+
+@pytest.fixture
+def kernels(engine, monkeypatch):
+    """Record which stream each torch kernel goes to; rank 0's heap is a CPU tensor, so the sums run."""
+    @contextlib.contextmanager
+    def on_stream(queue):
+        engine.drv.calls.append(("kernel", queue.cuda_stream))
+        yield
+
+    monkeypatch.setattr(cuda_backend.torch.cuda, "stream", on_stream)
+    engine.heap = torch.zeros(1 << 16, dtype=torch.uint8)
+    return engine
+
+
+def _fill_recv(engine, recv, slots):
+    """What the copy engines would have left in the receive block (the fake driver moves no data)."""
+    block = torch.tensor(slots, dtype=torch.float32).view(torch.uint8).view(-1)
+    engine.heap[recv: recv + block.numel()] = block
+
+
+def test_reduce_scatter_sums_on_the_callers_stream_after_the_done_waits(kernels):
+    layout = Layout(input_sym=8192, output_sym=16384, staging=512)
+    (plan,), scratch = reduce_scatter_plans(2, 16, 0, "float32", "b2b", "push", layout)  # 4 floats per rank
+    _fill_recv(kernels, scratch.recv, [[1, 2, 3, 4], [10, 20, 30, 40]])
+    execute(plan, kernels, {}, "reset")
+    recv = scratch.recv
+    assert kernels.drv.calls == [
+        ("batch", (("write", flag(1, "reset", READY, 0), 1),
+                   ("wait", flag(0, "reset", READY, 1), 1, "eq"),
+                   ("write", flag(0, "reset", READY, 1), 0)), 7),
+        ("copy", HEAPS[1] + recv, HEAPS[0] + 8192 + 16, 16, 7),      # our chunk 1 into rank 1's slot 0
+        ("write", flag(1, "reset", DONE, 0), 1, 7),
+        ("copy", HEAPS[0] + recv, HEAPS[0] + 8192, 16, 7),           # our chunk 0 into our own slot 0
+        ("batch", (("wait", flag(0, "reset", DONE, 1), 1, "eq"),     # rank 1's chunk 0 has landed in slot 1
+                   ("write", flag(0, "reset", DONE, 1), 0)), 7),
+        ("kernel", 7),                                               # then the sum, on the same stream
+    ]
+    assert kernels.heap[16384: 16400].view(torch.float32).tolist() == [11, 22, 33, 44]
+
+
+def test_pcpy_reduce_runs_on_the_callers_stream_after_the_join(kernels):
+    side = SimpleNamespace(cuda_stream=8)
+
+    def parallel(tasks):  # the join is implicit: every task is issued before parallel returns
+        tasks[0](kernels.main_queue)
+        for task in tasks[1:]:
+            task(side)
+        kernels.drv.calls.append(("join",))
+
+    kernels.parallel = parallel
+    layout = Layout(input_sym=None, output_sym=None, staging=512)
+    (plan,), scratch = reduce_scatter_plans(2, 8, 0, "float32", "pcpy", "pull", layout)
+    _fill_recv(kernels, scratch.recv, [[1, 2], [3, 4]])
+    output = torch.full((2,), float("nan"))
+    execute(plan, kernels, {"input": 0x5000, "output": 0x6000, "tensors": {"output": output}}, "reset")
+    calls = kernels.drv.calls
+    assert calls[0] == ("copy", HEAPS[0] + scratch.staged_input, 0x5000, 16, 7)  # stage our private input
+    assert ("copy", HEAPS[0] + scratch.recv + 8, HEAPS[1] + scratch.staged_input, 8, 8) in calls  # pull slot 1
+    assert calls[-3:] == [("join",), ("batch", (("wait", flag(0, "reset", DONE, 1), 1, "eq"),
+                                                ("write", flag(0, "reset", DONE, 1), 0)), 7), ("kernel", 7)]
+    assert output.tolist() == [4, 6]  # into the caller's private output tensor
+
+
+def test_all_reduce_gathers_the_summed_chunk_after_the_kernel(kernels):
+    layout = Layout(input_sym=16384, output_sym=16384, staging=512)  # in place in the heap
+    plans, scratch = all_reduce_plans([8, 8], 0, "float32", "b2b", "push", layout)
+    _fill_recv(kernels, scratch.recv, [[1, 2], [3, 4]])
+    for i, plan in enumerate(plans):
+        run(lower(plan, "epoch"), kernels, {}, epoch=41 + i)
+    calls = kernels.drv.calls
+    kernel = calls.index(("kernel", 7))
+    waits = [(i, op) for i, c in enumerate(calls) if c[0] in ("batch", "wait")
+             for op in (c[1] if c[0] == "batch" else [c[:4]]) if op[0] == "wait"]
+    # the kernel follows the first plan's DONE wait and precedes the second plan's handshake
+    assert [op for i, op in waits if i < kernel] == [("wait", flag(0, "epoch", READY, 1), 41, "geq"),
+                                                     ("wait", flag(0, "epoch", DONE, 1), 41, "geq")]
+    assert [op for i, op in waits if i > kernel] == [("wait", flag(0, "epoch", READY, 1), 42, "geq"),
+                                                     ("wait", flag(0, "epoch", DONE, 1), 42, "geq")]
+    gather = [c for c in calls[kernel:] if c[0] == "copy"]
+    assert gather == [("copy", HEAPS[1] + 16384, HEAPS[0] + 16384, 8, 7)]  # our summed chunk 0 to rank 1
+    assert kernels.heap[16384: 16392].view(torch.float32).tolist() == [4, 6]

@@ -1,4 +1,5 @@
 """Every protocol on the host emulator: one process per rank, world sizes 2 to 8."""
+import itertools
 import random
 import time
 
@@ -91,3 +92,90 @@ def test_check_cli_prints_closing_line(capsys):
     last = out.strip().splitlines()[-1]
     n = int(last.split()[0])
     assert last == f"{n} passed, 0 failed" and n > 0
+
+
+# -- reduce collectives (sum): compared with the exact float64 / int64 sum ----------------------------
+REDUCE_OPS = ("reduce_scatter", "all_reduce")
+SUMMED = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
+
+
+def test_reduce_world2_every_summed_dtype():
+    results = _run_check(2, SUMMED + ["int8", "bool"], [1, 3, 64, 1023], ops=REDUCE_OPS)
+    assert {r["dtype"] for r in results} == set(SUMMED)  # int8 and bool are not summed: no cases
+    assert {(r["op"], r["in_place"]) for r in results} == {(op, p) for op in REDUCE_OPS for p in (True, False)}
+    assert {(r["variant"], r["direction"], r["buffers"], r["sync"]) for r in results} == set(
+        itertools.product(VARIANTS, ("push", "pull"), ("sym", "private"), ("reset", "epoch")))
+
+
+def test_reduce_world3_odd_sizes():
+    # all_reduce of 1, 7 and 4099 elements on 3 ranks: uneven chunks, some empty
+    _run_check(3, ["float32", "bfloat16", "int64"], [1, 7, 4099], ops=REDUCE_OPS)
+
+
+def test_reduce_world4():
+    _run_check(4, ["float16", "int32"], [2, 5, 1024], ops=REDUCE_OPS)
+
+
+@pytest.mark.parametrize("world", [5, 6, 7])
+def test_reduce_worlds_5_to_7(world):
+    _run_check(world, ["float32"], [1, world + 1], syncs=("reset",), ops=REDUCE_OPS)
+
+
+def test_reduce_world8():
+    _run_check(8, ["bfloat16", "int32"], [3, 256], syncs=("reset",), ops=REDUCE_OPS)
+
+
+@pytest.mark.parametrize("signal", ["copy", "kernel"])
+def test_reduce_world3_constant_signals(signal):
+    _run_check(3, ["float32"], [1, 100], ops=REDUCE_OPS, signal=signal)
+
+
+def _check_with_a_wrong_reduction(rank, world):
+    """Every rank's reductions off by one chunk (the slots from one slot later): the check must fail."""
+    import dataclasses
+
+    from dmacoll import communicator
+    from dmacoll.plan import Reduce, Ref
+
+    def shifted(build):
+        def wrong(*args):
+            plans, scratch = build(*args)
+            shift = [dataclasses.replace(p, post=tuple(
+                dataclasses.replace(c, src=Ref(c.src.space, c.src.rank, c.src.offset + c.nbytes))
+                if isinstance(c, Reduce) else c for c in p.post)) for p in plans]
+            return tuple(shift), scratch
+        return wrong
+
+    communicator.reduce_scatter_plans = shifted(communicator.reduce_scatter_plans)
+    communicator.all_reduce_plans = shifted(communicator.all_reduce_plans)
+    args = dict(backend="host", timeout_s=60, variants=["b2b"], directions=["push", "pull"],
+                dtypes=["float32", "int32"], counts=[6], ops=REDUCE_OPS, seed=3, syncs=["reset"], reference="cpu")
+    return _check_rank(rank, world, args)
+
+
+def test_an_off_by_one_chunk_is_caught():
+    results = run_ranks(_check_with_a_wrong_reduction, 3)
+    cases = [r for rank in results for r in rank]
+    assert cases and not any(r["ok"] for r in cases), [r for r in cases if r["ok"]][:3]
+    assert any("exact (float64) sum" in r["error"] for r in cases)  # floats: beyond the tolerance
+    assert any("bytes differ from the CPU reference" in r["error"] for r in cases)  # integers: exact
+
+
+def _reduce_api(rank, world):
+    from dmacoll import Communicator
+
+    comm = Communicator(backend="host", timeout_s=30)
+    t = torch.arange(10, dtype=torch.float32) + rank
+    same = comm.all_reduce(t)  # in place, returns the tensor
+    out = torch.empty(5, dtype=torch.int64)
+    comm.reduce_scatter(out, torch.arange(5 * world, dtype=torch.int64) * (rank + 1))
+    comm.close()
+    return same is t, t.tolist(), out.tolist()
+
+
+def test_reduce_api_in_place_and_reduce_scatter_chunks():
+    world = 3
+    for rank, (same, summed, scattered) in enumerate(run_ranks(_reduce_api, world)):
+        assert same
+        assert summed == [float(world * i + sum(range(world))) for i in range(10)]
+        assert scattered == [6 * i for i in range(5 * rank, 5 * rank + 5)]  # (1 + 2 + 3) x chunk `rank`

@@ -1,10 +1,11 @@
 """The plan layer alone: command shapes, protocol balance, byte coverage."""
+import dataclasses
 import itertools
 import random
 
 import pytest
 
-from dmacoll.plan import (DONE, READY, VARIANTS, Copy, Layout, Signal, Wait, all_gather_exchange,
+from dmacoll.plan import (DONE, READY, VARIANTS, Copy, Layout, Ref, Signal, Wait, all_gather_exchange,
                           all_to_all_exchange, build_plan, coalesce, split)
 
 LAYOUTS = {"sym": Layout(input_sym=1 << 20, output_sym=2 << 20, staging=512),
@@ -112,3 +113,176 @@ def test_bad_arguments_are_rejected():
         build_plan(ex, 0, "pcpy", "sideways")
     with pytest.raises(ValueError, match="rank 2"):
         build_plan(ex, 2)
+
+
+# -- reduce collectives ------------------------------------------------------------------------
+import numpy as np  # noqa: E402
+
+from dmacoll.plan import Reduce, all_reduce_plans, chunk_elements, reduce_scatter_plans  # noqa: E402
+
+ELEM = 8  # the simulated reductions sum int64
+SYM_BYTES = 1 << 18
+REDUCE_LAYOUTS = {"sym": Layout(input_sym=1 << 16, output_sym=1 << 17, staging=512),
+                  "private": Layout(None, None, 512), "sym_in": Layout(1 << 16, None, 512),
+                  "sym_out": Layout(None, 1 << 17, 512)}
+
+
+def reduce_plans(op, world, count, variant, direction, layout):
+    """Per rank (plans, scratch); ``count``: elements per chunk (reduce_scatter) or of the tensor (all_reduce)."""
+    if op == "reduce_scatter":
+        return [reduce_scatter_plans(world, count * ELEM, r, "int64", variant, direction, layout)
+                for r in range(world)]
+    chunks = [n * ELEM for n in chunk_elements(count, world)]
+    return [all_reduce_plans(chunks, r, "int64", variant, direction, layout) for r in range(world)]
+
+
+def simulate(per_rank, inputs, out_elems, layout, in_place=False):
+    """Run every rank's plans on numpy memory, plan by plan: all ranks' pre, then their queues, then
+    their post (the order the flags enforce). Returns each rank's output (int64)."""
+    world = len(per_rank)
+    sym = [np.zeros(SYM_BYTES, np.uint8) for _ in range(world)]
+    mem = []
+    for r in range(world):
+        inp = inputs[r].view(np.uint8).copy()
+        if layout.input_sym is not None:
+            sym[r][layout.input_sym: layout.input_sym + inp.size] = inp
+        out = inp if in_place else np.full(out_elems * ELEM, 0xA5, np.uint8)
+        if layout.output_sym is not None:
+            sym[r][layout.output_sym: layout.output_sym + out.size] = out
+        mem.append({"input": inp, "output": out})
+
+    def view(ref, nbytes):
+        base = sym[ref.rank] if ref.space == "sym" else mem[ref.rank][ref.space]
+        assert ref.offset + nbytes <= base.size, ref
+        return base[ref.offset: ref.offset + nbytes]
+
+    def issue(rank, commands):
+        for c in commands:
+            if isinstance(c, Copy):
+                assert c.src.rank == rank or c.dst.rank == rank
+                view(c.dst, c.nbytes)[:] = view(c.src, c.nbytes)
+            elif isinstance(c, Reduce):
+                assert c.src.rank == c.dst.rank == rank, "a reduction is local"
+                block = view(c.src, c.count * c.nbytes).view(np.int64).reshape(c.count, -1)
+                view(c.dst, c.nbytes)[:] = block.sum(0).view(np.uint8)
+
+    for k in range(len(per_rank[0][0])):
+        for part in ("pre", "queues", "post"):
+            for r in range(world):
+                plan = per_rank[r][0][k]
+                issue(r, [c for q in plan.queues for c in q] if part == "queues" else getattr(plan, part))
+    outs = []
+    for r in range(world):
+        out = mem[r]["output"] if layout.output_sym is None else \
+            sym[r][layout.output_sym: layout.output_sym + out_elems * ELEM]
+        outs.append(out.view(np.int64))
+    return outs
+
+
+def run_reduce(op, world, count, variant, direction, layout, mutate=None, in_place=False):
+    rng = np.random.default_rng(world * 1000 + count)
+    n_in = world * count if op == "reduce_scatter" else count
+    inputs = [rng.integers(-1000, 1000, n_in, dtype=np.int64) for _ in range(world)]
+    per_rank = reduce_plans(op, world, count, variant, direction, layout)
+    if mutate:
+        per_rank = [(tuple(mutate(p) for p in plans), scratch) for plans, scratch in per_rank]
+    total = np.sum(inputs, axis=0)
+    want = [total[r * count: (r + 1) * count] for r in range(world)] if op == "reduce_scatter" else [total] * world
+    got = simulate(per_rank, inputs, len(want[0]), layout, in_place)
+    return per_rank, got, want
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("variant,direction", list(itertools.product(VARIANTS, ("push", "pull"))))
+def test_reduce_plans_compute_the_sum(world, op, variant, direction):
+    for layout_name, count in itertools.product(REDUCE_LAYOUTS, (1, world - 1, 7, 3 * world + 1)):
+        _, got, want = run_reduce(op, world, count, variant, direction, REDUCE_LAYOUTS[layout_name])
+        for r in range(world):
+            assert np.array_equal(got[r], want[r]), (layout_name, count, r)
+
+
+@pytest.mark.parametrize("layout", [Layout(1 << 17, 1 << 17, 512), Layout(None, None, 512)], ids=["sym", "private"])
+@pytest.mark.parametrize("variant,direction", list(itertools.product(VARIANTS, ("push", "pull"))))
+def test_all_reduce_plans_in_place(layout, variant, direction):
+    _, got, want = run_reduce("all_reduce", 4, 11, variant, direction, layout, in_place=True)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def _shift_reduce_source(plan):
+    """Off by one chunk: sum the slots starting one slot later."""
+    post = tuple(Reduce(Ref(c.src.space, c.src.rank, c.src.offset + c.nbytes), c.dst, c.nbytes, c.count, c.dtype)
+                 if isinstance(c, Reduce) else c for c in plan.post)
+    return dataclasses.replace(plan, post=post)
+
+
+def _drop_last_rank(plan):
+    post = tuple(Reduce(c.src, c.dst, c.nbytes, c.count - 1, c.dtype) if isinstance(c, Reduce) else c
+                 for c in plan.post)
+    return dataclasses.replace(plan, post=post)
+
+
+@pytest.mark.parametrize("mutate", [_shift_reduce_source, _drop_last_rank])
+@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+def test_the_simulation_catches_a_wrong_reduction(op, mutate):
+    _, got, want = run_reduce(op, 3, 6, "b2b", "push", REDUCE_LAYOUTS["sym"], mutate=mutate)
+    assert not all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("variant,direction,layout", list(itertools.product(VARIANTS, ("push", "pull"),
+                                                                            REDUCE_LAYOUTS)))
+def test_reduce_runs_on_the_callers_queue_after_every_done_wait(world, op, variant, direction, layout):
+    for r, (plans, scratch) in enumerate(reduce_plans(op, world, 5 * world, variant, direction,
+                                                      REDUCE_LAYOUTS[layout])):
+        scatter = plans[0]
+        post = list(scatter.post)  # the caller's queue, after the join of the side queues
+        assert not any(isinstance(c, Reduce) for c in scatter.pre + tuple(c for q in scatter.queues for c in q))
+        reduces = [i for i, c in enumerate(post) if isinstance(c, Reduce)]
+        done_waits = [i for i, c in enumerate(post) if isinstance(c, Wait) and c.phase == DONE]
+        assert len(reduces) == 1 and done_waits and max(done_waits) < reduces[0]
+        reduce = post[reduces[0]]
+        assert (reduce.src, reduce.count) == (Ref("sym", r, scratch.recv), world)
+        assert len(plans) == (1 if op == "reduce_scatter" else 2)
+        if op == "all_reduce":  # the gather moves the summed chunk, never the raw input
+            assert not any(isinstance(c, Reduce) for c in plans[1].commands())
+
+
+@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("variant,direction,layout", list(itertools.product(VARIANTS, ("push", "pull"),
+                                                                            REDUCE_LAYOUTS)))
+def test_reduce_plans_balance_signals_and_stay_inside_their_scratch(op, variant, direction, layout):
+    world, lay = 4, REDUCE_LAYOUTS[layout]
+    per_rank = reduce_plans(op, world, 9, variant, direction, lay)
+    for k in range(len(per_rank[0][0])):  # each plan of the sequence balances on its own
+        sent = sorted((r, c.peer, c.phase) for r, (plans, _) in enumerate(per_rank) for c in plans[k].commands()
+                      if isinstance(c, Signal))
+        waited = sorted((c.peer, r, c.phase) for r, (plans, _) in enumerate(per_rank)
+                        for c in plans[k].commands() if isinstance(c, Wait))
+        assert sent == waited
+    scratch = per_rank[0][1]
+    assert {s for _, s in per_rank} == {scratch}, "the scratch offsets must agree across ranks"
+    in_heap = [(o, o + (1 << 16)) for o in (lay.input_sym, lay.output_sym) if o is not None]
+    data = [c for plans, _ in per_rank for p in plans for c in p.commands() if isinstance(c, (Copy, Reduce))]
+    touched = [(c.src, c.nbytes * (c.count if isinstance(c, Reduce) else 1)) for c in data] + \
+        [(c.dst, c.nbytes) for c in data]
+    for ref, n in touched:  # every symmetric byte outside the user's heap buffers is scratch
+        if ref.space == "sym" and not any(lo <= ref.offset < hi for lo, hi in in_heap):
+            assert scratch.recv <= ref.offset and ref.offset + n <= scratch.end, (ref, n, scratch)
+
+
+def test_reduce_scratch_grows_only_for_private_buffers():
+    sym = reduce_scatter_plans(4, 1000, 0, "float32", "pcpy", "pull", REDUCE_LAYOUTS["sym"])[1]
+    private = reduce_scatter_plans(4, 1000, 0, "float32", "pcpy", "pull", REDUCE_LAYOUTS["private"])[1]
+    assert sym.end - sym.recv == 4096  # 4 slots of 1000 bytes, aligned
+    assert private.end - private.recv == 4096 + 4096  # + the staged input
+    ar = all_reduce_plans([1000] * 4, 0, "float32", "pcpy", "push", REDUCE_LAYOUTS["private"])[1]
+    assert ar.end - ar.recv == 4096 + 1024  # + the summed chunk that peers read
+
+
+def test_chunk_elements_is_tensor_splits_split():
+    import torch
+
+    for numel, world in itertools.product((0, 1, 7, 8, 9, 100), (2, 3, 8)):
+        assert chunk_elements(numel, world) == [len(t) for t in torch.tensor_split(torch.arange(numel), world)]

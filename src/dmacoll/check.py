@@ -2,8 +2,14 @@
 
 Every rank derives every rank's input from the case seed, so each rank can
 build the expected output itself (the CPU reference); on GPUs the reference
-can also be NCCL run on the same inputs. Comparison is bit-exact on bytes:
-collectives move data, they do not compute.
+can also be NCCL run on the same inputs. Comparison is bit-exact on bytes for
+the collectives that only move data, and for integer sums. Floating-point sums
+(reduce_scatter, all_reduce) depend on the summation order, so they are
+compared with the exact sum (float64) within ``(world + 1) x eps x sum |x_i|``
+per element: over twice the worst-case error of adding ``world`` values one
+after the other and rounding each time (NCCL's ring does that; dmacoll's torch.sum
+adds in float32 and rounds once). Unwritten outputs cannot pass: float outputs
+are poisoned with NaN.
 """
 from __future__ import annotations
 
@@ -14,12 +20,17 @@ from typing import Iterable, Optional
 
 import torch
 
+from .validate import REDUCE_DTYPES
+
 DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
     "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
 }
-OPS = ("all_gather", "all_to_all", "all_to_all_v")
+OPS = ("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce")
+REDUCE_OPS = ("reduce_scatter", "all_reduce")
+IN_PLACE_OPS = ("all_gather", "reduce_scatter", "all_reduce")
 POISON = 0xA5
+INT_SUM_RANGE = 1 << 20  # integer inputs of sums lie in [-range, range): no overflow at any world size
 
 
 @dataclass(frozen=True)
@@ -28,7 +39,7 @@ class Case:
     variant: str
     direction: str
     dtype: str
-    count: int          # elements per chunk (per peer for all_to_all)
+    count: int          # elements per chunk (per peer for all_to_all; all_reduce: of the whole tensor)
     buffers: str        # "sym" (Communicator.empty) or "private"
     in_place: bool = False
     sync: str = "reset"
@@ -49,6 +60,10 @@ def random_tensor(numel: int, dtype: torch.dtype, gen: torch.Generator) -> torch
     return torch.randint(max(info.min, -(2**31)), min(info.max, 2**31 - 1), (numel,), generator=gen, dtype=torch.int64).to(dtype)
 
 
+def reduces(case: Case) -> bool:
+    return case.op in REDUCE_OPS
+
+
 def send_counts(case: Case, world: int) -> list[list[int]]:
     """The split matrix for a case; equal splits except for all_to_all_v (zeros included)."""
     if case.op != "all_to_all_v":
@@ -57,13 +72,38 @@ def send_counts(case: Case, world: int) -> list[list[int]]:
     return [[rng.choice((0, 1, case.count, 2 * case.count + 1)) for _ in range(world)] for _ in range(world)]
 
 
+def numels(case: Case, rank: int, world: int) -> tuple[int, int]:
+    """Elements of rank's input and output."""
+    if case.op == "all_gather":
+        return case.count, world * case.count
+    if case.op == "reduce_scatter":
+        return world * case.count, case.count
+    if case.op == "all_reduce":
+        return case.count, case.count
+    counts = send_counts(case, world)
+    return sum(counts[rank]), sum(row[rank] for row in counts)
+
+
 def rank_input(case: Case, rank: int, world: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(case.seed * 1009 + rank)
-    numel = case.count if case.op == "all_gather" else sum(send_counts(case, world)[rank])
-    return random_tensor(numel, DTYPES[case.dtype], gen)
+    numel, dtype = numels(case, rank, world)[0], DTYPES[case.dtype]
+    if reduces(case) and not dtype.is_floating_point:
+        return torch.randint(-INT_SUM_RANGE, INT_SUM_RANGE, (numel,), generator=gen, dtype=dtype)
+    return random_tensor(numel, dtype, gen)
+
+
+def exact_sum(case: Case, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank's output of a sum, exactly (float64 or int64), and the sum of the magnitudes."""
+    wide = torch.float64 if DTYPES[case.dtype].is_floating_point else torch.int64
+    inputs = torch.stack([rank_input(case, r, world).to(wide) for r in range(world)])
+    if case.op == "reduce_scatter":
+        inputs = inputs[:, rank * case.count: (rank + 1) * case.count]
+    return inputs.sum(0), inputs.abs().sum(0)
 
 
 def expected_output(case: Case, rank: int, world: int) -> torch.Tensor:
+    if reduces(case):
+        return exact_sum(case, rank, world)[0].to(DTYPES[case.dtype])
     inputs = [rank_input(case, r, world) for r in range(world)]
     if case.op == "all_gather":
         return torch.cat(inputs)
@@ -78,11 +118,15 @@ def expected_output(case: Case, rank: int, world: int) -> torch.Tensor:
 def cases(variants: Iterable[str], directions: Iterable[str], dtypes: Iterable[str], counts: Iterable[int],
           ops: Iterable[str] = OPS, buffers: Iterable[str] = ("sym", "private"), seed: int = 0,
           syncs: Iterable[str] = ("reset",)) -> list[Case]:
+    """Every combination, in place too where the op has an in-place form; sums skip the dtypes
+    that dmacoll does not sum (bool, int8, ...)."""
     out = []
     for i, (op, v, d, dt, n, b, s) in enumerate(itertools.product(ops, variants, directions, dtypes, counts,
                                                                   buffers, syncs)):
+        if op in REDUCE_OPS and DTYPES[dt] not in REDUCE_DTYPES:
+            continue
         out.append(Case(op, v, d, dt, n, b, False, s, seed + i))
-        if op == "all_gather":
+        if op in IN_PLACE_OPS:
             out.append(Case(op, v, d, dt, n, b, True, s, seed + i + 100_000))
     return out
 
@@ -104,8 +148,13 @@ class Buffers:
         else:
             out = torch.empty(out_numel, dtype=dtype, device=self.comm.device)
             inp = torch.empty(in_numel, dtype=dtype, device=self.comm.device)
-        if case.in_place:
-            inp = out[self.comm.rank * in_numel: (self.comm.rank + 1) * in_numel]
+        rank = self.comm.rank
+        if case.in_place and case.op == "all_gather":  # the input is our slot of the output
+            inp = out[rank * in_numel: (rank + 1) * in_numel]
+        elif case.in_place and case.op == "reduce_scatter":  # the output is our chunk of the input
+            out = inp[rank * out_numel: (rank + 1) * out_numel]
+        elif case.in_place:  # all_reduce(tensor)
+            inp = out
         return out, inp
 
 
@@ -115,13 +164,25 @@ def call(comm, case: Case, out: torch.Tensor, inp: torch.Tensor, counts: Optiona
         return comm.all_gather(out, inp, **opts)
     if case.op == "all_to_all":
         return comm.all_to_all(out, inp, **opts)
+    if case.op == "reduce_scatter":
+        return comm.reduce_scatter(out, inp, **opts)
+    if case.op == "all_reduce":
+        return comm.all_reduce(out, **opts) if case.in_place else comm.all_reduce(out, inp, **opts)
     return comm.all_to_all_v(out, inp, counts, **opts)
 
 
 def nccl_reference(case: Case, inp: torch.Tensor, out_numel: int, counts: list[list[int]], rank: int) -> torch.Tensor:
-    """The same collective through torch.distributed (NCCL on GPUs), on the bytes."""
+    """The same collective through torch.distributed (NCCL on GPUs): bytes, or typed for sums."""
     import torch.distributed as dist
 
+    if case.op == "reduce_scatter":
+        out = torch.empty(out_numel, dtype=inp.dtype, device=inp.device)
+        dist.reduce_scatter_tensor(out, inp.contiguous())
+        return out
+    if case.op == "all_reduce":
+        out = inp.clone()
+        dist.all_reduce(out)
+        return out
     src = inp.contiguous().view(torch.uint8)
     out = torch.empty(out_numel * inp.element_size(), dtype=torch.uint8, device=inp.device)
     if case.op == "all_gather":
@@ -142,13 +203,24 @@ def run_case(comm, bufs: Buffers, case: Case, nccl: bool = False) -> Optional[st
     host_in = rank_input(case, rank, world)
     expect = expected_output(case, rank, world)
     out, inp = bufs.make(case, host_in.numel(), expect.numel())
-    out.view(torch.uint8).fill_(POISON) if out.numel() else None
+    fuzzy = reduces(case) and out.dtype.is_floating_point  # summation order changes the low bits
+    if fuzzy:
+        out.fill_(float("nan"))
+    elif out.numel():
+        out.view(torch.uint8).fill_(POISON)
     inp.copy_(host_in.to(inp.device))
     sent = inp.clone()  # in place, the input is overwritten by the collective
     call(comm, case, out, inp, counts)
-    error = _compare(out.cpu(), expect, "CPU reference")
-    if error is None and nccl:
-        error = _compare(out.cpu(), nccl_reference(case, sent, expect.numel(), counts, rank).cpu(), "NCCL")
+    if not fuzzy:
+        error = _compare(out.cpu(), expect, "CPU reference")
+        if error is None and nccl:
+            error = _compare(out.cpu(), nccl_reference(case, sent, expect.numel(), counts, rank).cpu(), "NCCL")
+        return error
+    exact, magnitude = exact_sum(case, rank, world)
+    error = _compare_sum(out.cpu(), exact, magnitude, world, "exact (float64) sum")
+    if error is None and nccl:  # both are within the tolerance of the exact sum: within twice of each other
+        got_nccl = nccl_reference(case, sent, expect.numel(), counts, rank).cpu().to(torch.float64)
+        error = _compare_sum(out.cpu(), got_nccl, magnitude, world, "NCCL", slack=2)
     return error
 
 
@@ -160,12 +232,26 @@ def _compare(got: torch.Tensor, expect: torch.Tensor, what: str) -> Optional[str
     return f"{bad.numel()} of {expect.numel()} bytes differ from the {what}, first at byte {int(bad[0])}"
 
 
+def _compare_sum(got: torch.Tensor, exact: torch.Tensor, magnitude: torch.Tensor, world: int, what: str,
+                 slack: float = 1) -> Optional[str]:
+    """Per element: |got - exact| <= slack x (world + 1) x eps x sum |x_i| (NaN, e.g. poison, fails)."""
+    info = torch.finfo(got.dtype)
+    tol = slack * ((world + 1) * info.eps * magnitude + info.tiny)
+    err = (got.reshape(-1).to(torch.float64) - exact.reshape(-1)).abs()
+    bad = (~(err <= tol.reshape(-1))).nonzero()
+    if bad.numel() == 0:
+        return None
+    i = int(bad[0])
+    return (f"{bad.numel()} of {exact.numel()} elements differ from the {what} by more than "
+            f"{slack:g} x (world + 1) x eps x sum |x_i|, first at element {i}: {float(got.reshape(-1)[i])!r} "
+            f"vs {float(exact.reshape(-1)[i])!r}")
+
+
 def run_cases(comm, all_cases: list[Case], nccl: bool = False) -> list[dict]:
     if not all_cases:
         return []
     world = comm.world
-    max_bytes = max(max(expected_output(c, r, world).numel(), rank_input(c, r, world).numel())
-                    * DTYPES[c.dtype].itemsize for c in all_cases for r in range(world))
+    max_bytes = max(max(numels(c, r, world)) * DTYPES[c.dtype].itemsize for c in all_cases for r in range(world))
     bufs = Buffers(comm, max_bytes)
     results = []
     for case in all_cases:

@@ -22,10 +22,13 @@ from . import tuning, validate
 from .backends import make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
 from .executor import GATES, SIGNAL_MODES, SYNC_MODES, Program, flag_words, lower, run
-from .plan import DIRECTIONS, VARIANTS, Exchange, Layout, all_gather_exchange, all_to_all_exchange, build_plan, \
-    staging_bytes
+from .plan import DIRECTIONS, VARIANTS, Exchange, Layout, Plan, Scratch, all_gather_exchange, all_reduce_plans, \
+    all_to_all_exchange, build_plan, chunk_elements, reduce_scatter_plans, staging_bytes
 
 ALIGN = 512
+REDUCE_OPS = ("reduce_scatter", "all_reduce")
+# (variant, direction, layout) -> (plans run one after the other, staging bytes they need)
+PlanBuilder = Callable[[str, str, Layout], tuple[tuple[Plan, ...], int]]
 DEFAULT_TIMEOUT_S = float(os.environ.get("DMACOLL_TIMEOUT_S", "120"))
 
 
@@ -47,7 +50,10 @@ class Communicator:
     (a 4-byte copy-engine copy queued behind the data) or ``kernel`` (one-thread flag
     kernels; the only option that uses an SM, briefly); the last two need sync='reset';
     ``prerecord``: eager calls replay a CUDA graph recorded on first use per (op, size,
-    buffers, variant): one launch instead of a command per step (cuda; sync='reset').
+    buffers, variant): one launch instead of a command per step (cuda; sync='reset');
+    ``submit``: ``python`` (a driver call from Python per step) or ``native`` (the call's
+    driver commands worked out once, then issued by one call into the C library that
+    ``dmacoll build`` compiles; cuda, signal memop or copy).
     Each may be overridden per call. Calls enqueue work on the current stream and
     never block the host; they can be captured in a CUDA graph (sync='reset').
     """
@@ -55,7 +61,7 @@ class Communicator:
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *, backend: str = "auto",
                  heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "auto",
                  direction: str = "auto", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 engines: int = 2, signal: str = "memop", prerecord: bool = False,
+                 engines: int = 2, signal: str = "memop", prerecord: bool = False, submit: str = "python",
                  tuning_table: Optional[str] = None,
                  device: Optional[torch.device] = None):
         if not dist.is_initialized():
@@ -72,6 +78,7 @@ class Communicator:
         self.engines = engines
         self.prerecord = prerecord
         self.backend = resolve(backend)
+        self.submit = self._submit(submit, signal)
         self.staging = _align(flag_words(self.world) * 4)
         self.heap_start = self.staging + _align(staging_bytes)
         total = self.heap_start + _align(heap_bytes)
@@ -83,7 +90,7 @@ class Communicator:
         self._total = total
         self._epoch = 0
         self._calls = 0
-        self._programs: dict[tuple, Program] = {}
+        self._programs: dict[tuple, tuple[Program, ...]] = {}
         self.error: Optional[DmaCollError] = None  # set by a failed call; every later call raises it
         self._gate: Optional[Gate] = None  # the open or pending prelaunch gate
         self._gates_used = 0
@@ -115,14 +122,14 @@ class Communicator:
         nbytes = input.numel() * input.element_size()
         in_place = input.data_ptr() == output.data_ptr() + self.rank * nbytes and nbytes > 0
         return self._run("all_gather", ("all_gather", nbytes, in_place), in_place, output, input, options,
-                         lambda: all_gather_exchange(self.world, nbytes, in_place))
+                         self._exchange(lambda: all_gather_exchange(self.world, nbytes, in_place)))
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, **options: str) -> torch.Tensor:
         """Equal split: chunk p of ``input`` goes to rank p, chunk p of ``output`` comes from rank p."""
         validate.check_all_to_all(output, input, self.world, self.device)
         chunk = input.numel() // self.world * input.element_size()
         return self._run("all_to_all", ("all_to_all", chunk), False, output, input, options,
-                         lambda: all_to_all_exchange([[chunk] * self.world for _ in range(self.world)]))
+                         self._exchange(lambda: all_to_all_exchange([[chunk] * self.world for _ in range(self.world)])))
 
     def all_to_all_v(self, output: torch.Tensor, input: torch.Tensor, send_counts: Sequence[Sequence[int]],
                      **options: str) -> torch.Tensor:
@@ -134,7 +141,43 @@ class Communicator:
         size = input.element_size()
         matrix = tuple(tuple(c * size for c in row) for row in counts)
         return self._run("all_to_all_v", ("all_to_all_v", matrix), False, output, input, options,
-                         lambda: all_to_all_exchange([list(row) for row in matrix]))
+                         self._exchange(lambda: all_to_all_exchange([list(row) for row in matrix])))
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, **options: str) -> torch.Tensor:
+        """``output`` (n elements) = the elementwise sum over ranks of chunk ``rank`` of their ``input``
+        (world x n elements), like ``torch.distributed.reduce_scatter_tensor`` with SUM.
+
+        The chunks move on copy engines into a staging block of this rank (one slot per rank, own
+        chunk included); after the DONE waits one ``torch.sum`` on the caller's stream adds them.
+        ``output`` may be (part of) ``input``. Dtypes: float32, float64, float16, bfloat16 (summed in
+        float32, rounded once), int32, int64. Staging: world x n elements (plus the input for pull
+        from a private input)."""
+        self._check_reduce("reduce_scatter")
+        validate.check_reduce_scatter(output, input, self.world, self.device)
+        nbytes, dtype = output.numel() * output.element_size(), _dtype_name(output.dtype)
+        return self._run("reduce_scatter", ("reduce_scatter", nbytes, dtype), False, output, input, options,
+                         lambda v, d, layout: _with_scratch(reduce_scatter_plans(
+                             self.world, nbytes, self.rank, dtype, v, d, layout, self.engines), layout))
+
+    def all_reduce(self, tensor: torch.Tensor, input: Optional[torch.Tensor] = None,
+                   **options: str) -> torch.Tensor:
+        """Elementwise sum over ranks. In place by default (``tensor`` holds this rank's values and
+        receives the sum, like ``torch.distributed.all_reduce``); with ``input``, ``tensor`` is the output.
+
+        A reduce-scatter then an all-gather of the summed chunks, two exchanges run back to back.
+        Chunks are ``torch.tensor_split(tensor.view(-1), world)``'s: uneven when the size is not
+        divisible by the world (the first ``numel % world`` ranks sum one element more), no padding.
+        Dtypes as for ``reduce_scatter``. Staging: about the tensor's size (plus the input for pull
+        from a private input, plus a chunk for a private output)."""
+        self._check_reduce("all_reduce")
+        input = tensor if input is None else input
+        validate.check_all_reduce(tensor, input, self.device)
+        size, dtype = input.element_size(), _dtype_name(input.dtype)
+        chunks = tuple(n * size for n in chunk_elements(input.numel(), self.world))
+        in_place = input.data_ptr() == tensor.data_ptr() and input.numel() > 0
+        return self._run("all_reduce", ("all_reduce", sum(chunks), dtype), in_place, tensor, input, options,
+                         lambda v, d, layout: _with_scratch(all_reduce_plans(
+                             chunks, self.rank, dtype, v, d, layout, self.engines), layout))
 
     # -- machinery -------------------------------------------------------------
     def _options(self, variant: str, direction: str, sync: str, signal: str) -> tuple[str, str, str, str]:
@@ -147,16 +190,40 @@ class Communicator:
             raise InvalidArgument(f"signal={signal!r} sends a constant 1: it needs sync='reset'")
         return variant, direction, sync, signal
 
+    def _exchange(self, exchange: Callable[[], Exchange]) -> PlanBuilder:
+        """The builder for a collective that is one exchange."""
+        def plans(variant: str, direction: str, layout: Layout) -> tuple[tuple[Plan, ...], int]:
+            ex = exchange()
+            return ((build_plan(ex, self.rank, variant, direction, layout, self.engines),),
+                    staging_bytes(ex, self.rank, direction, layout))
+        return plans
+
+    def _check_reduce(self, op: str) -> None:
+        if not hasattr(self.engine, "reduce"):
+            raise InvalidArgument(f"{op} is not available on the {self.backend} backend yet (its engine has no "
+                                  "reduce step); use backend='cuda' or backend='host'")
+
+    def _submit(self, submit: str, signal: str) -> str:
+        if submit not in ("python", "native"):
+            raise InvalidArgument(f"submit={submit!r} is not one of ('python', 'native')")
+        if submit == "native" and self.backend != "cuda":
+            raise InvalidArgument(f"submit='native' issues CUDA driver calls: it needs backend='cuda', not "
+                                  f"{self.backend!r}")
+        if submit == "native" and signal == "kernel":
+            raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy'")
+        return submit
+
     def _run(self, op: str, key: tuple, in_place: bool, output: torch.Tensor, input: torch.Tensor, options: dict,
-             exchange: Callable[[], Exchange]) -> torch.Tensor:
+             plans: PlanBuilder) -> torch.Tensor:
         if options:
-            unknown = set(options) - {"variant", "direction", "sync", "signal", "prerecord"}
+            unknown = set(options) - {"variant", "direction", "sync", "signal", "prerecord", "submit"}
             if unknown:
                 raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use variant=, direction=, sync=, "
-                                      "signal=, prerecord=")
+                                      "signal=, prerecord=, submit=")
         variant, direction, sync, signal = self._options(
             options.get("variant", self.variant), options.get("direction", self.direction),
             options.get("sync", self.sync), options.get("signal", self.signal))
+        native = self._submit(options.get("submit", self.submit), signal) == "native"
         capturing = self.backend == "cuda" and torch.cuda.is_current_stream_capturing()
         if sync == "epoch" and capturing:
             raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
@@ -175,22 +242,28 @@ class Communicator:
                                         in_place, signal) if self.tuning else tuning.FALLBACK
             variant = picked[0] if variant == "auto" else variant
             direction = picked[1] if direction == "auto" else direction
-        program = self._program(op, key, exchange, variant, direction, sync, signal,
-                                self.engine.sym_offset(input), self.engine.sym_offset(output))
+        programs = self._programs_for(op, key, plans, variant, direction, sync, signal,
+                                      self.engine.sym_offset(input), self.engine.sym_offset(output))
         self._calls += 1
-        self._epoch += 1
+        # a sequence number per plan: an epoch wait of a call's second plan must not be met by its first's signals
+        first, last = self._epoch + 1, self._epoch + len(programs)
+        self._epoch = last
         label = f"{op} call #{self._calls} ({variant}/{direction}/{sync}/{signal})"
         self.last_choice = (variant, direction, sync)  # what 'auto' resolved to, for logs and tests
-        bases, epoch = self.engine.bases(input, output), self._epoch
+        bases = self.engine.bases(input, output)
 
         def work() -> None:
             self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
             try:
-                run(program, self.engine, bases, epoch)
+                for i, program in enumerate(programs):
+                    if native:
+                        self.engine.run_native(program, bases, first + i)
+                    else:
+                        run(program, self.engine, bases, first + i)
             except DmaCollError as e:
                 self.error = e
                 raise
-            self.engine.end_call(label, sync, 1 if sync == "reset" else epoch)
+            self.engine.end_call(label, sync, 1 if sync == "reset" else last)
 
         if prerecord:
             graph_key = (key, variant, direction, signal, input.data_ptr(), output.data_ptr())
@@ -213,7 +286,8 @@ class Communicator:
         process while a gate is pending can block in the driver until the GPU is idle, which
         it never is before the release: a deadlock that no timeout can break (seen on H200,
         driver 580). Launch the producer's kernels once before opening a gate, or set
-        CUDA_MODULE_LOADING=EAGER; a warning says so once per process."""
+        CUDA_MODULE_LOADING=EAGER; a warning says so once per process. reduce_scatter and
+        all_reduce launch a sum kernel themselves: call them once (same dtype) before gating."""
         if self._gate is not None:
             raise InvalidArgument("a prelaunch gate is already open or pending; call gate.wait() first")
         _warn_lazy_loading(self.backend)
@@ -227,23 +301,25 @@ class Communicator:
             self.engine.gate_close(gate.slot)
             gate.closed = True
 
-    def _program(self, op: str, key: tuple, exchange: Callable[[], Exchange], variant: str, direction: str,
-                 sync: str, signal: str, input_sym: Optional[int], output_sym: Optional[int]) -> Program:
-        """The lowered plan for a call, cached by a cheap key (eager calls pay only a dict lookup)."""
+    def _programs_for(self, op: str, key: tuple, plans: PlanBuilder, variant: str, direction: str, sync: str,
+                      signal: str, input_sym: Optional[int], output_sym: Optional[int]) -> tuple[Program, ...]:
+        """The lowered plans for a call, cached by a cheap key (eager calls pay only a dict lookup)."""
         ck = (key, variant, direction, sync, signal, input_sym, output_sym)
-        program = self._programs.get(ck)
-        if program is None:
-            ex = exchange()
+        programs = self._programs.get(ck)
+        if programs is None:
             layout = Layout(input_sym, output_sym, self.staging)
-            validate.check_capacity(f"{op} with private buffers ({direction})",
-                                    staging_bytes(ex, self.rank, direction, layout), self.heap_start - self.staging,
-                                    "allocate input/output with Communicator.empty() or create the communicator "
-                                    "with a larger staging_bytes")
+            built, need = plans(variant, direction, layout)
+            larger = f"create the communicator with a larger staging_bytes (>= {_align(need)})"
+            if op in REDUCE_OPS:  # the received chunks always go through staging, whatever the buffers
+                what, hint = f"{op} ({direction})", f"{larger}; reduce collectives receive every rank's chunk there"
+            else:
+                what, hint = f"{op} with private buffers ({direction})", \
+                    f"allocate input/output with Communicator.empty() or {larger}"
+            validate.check_capacity(what, need, self.heap_start - self.staging, hint)
             if len(self._programs) >= 4096:  # e.g. all_to_all_v with ever-new splits
                 self._programs.clear()
-            program = self._programs[ck] = lower(build_plan(ex, self.rank, variant, direction, layout, self.engines),
-                                                 sync, signal)
-        return program
+            programs = self._programs[ck] = tuple(lower(plan, sync, signal) for plan in built)
+        return programs
 
     def close(self) -> None:
         self.engine.close()
@@ -253,6 +329,15 @@ class Communicator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _with_scratch(built: tuple[tuple[Plan, ...], Scratch], layout: Layout) -> tuple[tuple[Plan, ...], int]:
+    plans, scratch = built
+    return plans, scratch.end - layout.staging
 
 
 def _warn_lazy_loading(backend: str) -> None:

@@ -1,9 +1,10 @@
 """Run a plan on an engine: the one place where flag values are chosen.
 
-An engine (``dmacoll.backends.*``) offers three primitives on a queue:
+An engine (``dmacoll.backends.*``) offers four primitives on a queue:
 ``copy``, ``memops`` (flag writes to any rank and waits on own flags, issued
-together) and ``parallel`` (run several command lists concurrently, the first
-on the caller's queue). The executor maps Signal/Wait onto memory operations
+together), ``reduce`` (a local elementwise sum, see ``plan.Reduce``) and
+``parallel`` (run several command lists concurrently, the first on the
+caller's queue). The executor maps Signal/Wait onto memory operations
 for a sync mode:
 
 * ``reset`` (graph-safe, default): signal writes 1, wait for == 1 then write 0.
@@ -28,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, Union
 
-from .plan import NUM_PHASES, Command, Copy, Plan, Ref, Signal, Wait
+from .plan import NUM_PHASES, Command, Copy, Plan, Reduce, Ref, Signal, Wait
 
 SYNC_MODES = ("reset", "epoch")
 SIGNAL_MODES = ("memop", "copy", "kernel")  # how a flag travels (see above)
@@ -82,12 +83,15 @@ class Engine(Protocol):
     def memops(self, queue: object, ops: Sequence[MemOp]) -> None:
         """Issue consecutive memory operations, in order, as one command where the backend can."""
 
+    def reduce(self, queue: object, step: Reduce, bases: Mapping[str, object]) -> None:
+        """Sum ``step.count`` slots into ``step.dst`` on ``queue``, after what is queued there."""
+
     def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None: ...
 
     main_queue: object
 
 
-Step = Union[Copy, tuple]  # a copy, or consecutive memory operations issued together
+Step = Union[Copy, Reduce, tuple]  # a copy, a reduction, or consecutive memory operations issued together
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,7 @@ def lower(plan: Plan, sync: str = "reset", signal: str = "memop") -> Program:
         out: list[Step] = []
         ops: list[MemOp] = []  # consecutive signals/waits go out together (fewer commands)
         for c in commands:
-            if isinstance(c, Copy):
+            if isinstance(c, (Copy, Reduce)):
                 if ops:
                     out.append(tuple(ops))
                     ops = []
@@ -128,7 +132,7 @@ def lower(plan: Plan, sync: str = "reset", signal: str = "memop") -> Program:
                 ops.append(MemOp(True, me, index, value, geq=sync == "epoch", via="kernel" if kernel else "memop"))
                 if sync == "reset" and not kernel:
                     ops.append(MemOp(False, me, index, 0))
-            else:  # pragma: no cover - plans only hold the three kinds
+            else:  # pragma: no cover - plans only hold the four kinds
                 raise TypeError(f"not a command: {c!r}")
         if ops:
             out.append(tuple(ops))
@@ -145,6 +149,8 @@ def run(program: Program, engine: Engine, bases: Mapping[str, object], epoch: in
         for step in steps:
             if type(step) is Copy:
                 engine.copy(queue, step.src, step.dst, step.nbytes, bases)
+            elif type(step) is Reduce:
+                engine.reduce(queue, step, bases)
             else:
                 engine.memops(queue, tuple(op._replace(value=epoch) for op in step) if program.epoch else step)
 

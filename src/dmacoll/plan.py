@@ -18,13 +18,20 @@ Protocol, for every peer pair, two flags per call:
 
 A plan has three phases: ``pre`` and ``post`` run on the caller's queue,
 ``queues`` run concurrently between them (the first on the caller's queue).
+
 Whether a signal carries a sequence number or a reset-able 1 is the
 executor's business (see ``dmacoll.executor``), so plans can be cached.
+
+Reduce collectives (sum) are exchanges too: reduce-scatter is an all-to-all
+into a symmetric scratch block (one slot per sender) followed by a ``Reduce``
+command in ``post``, after the DONE waits; all-reduce is that plan followed by
+a second plan, an all-gather of the reduced chunks (see ``reduce_scatter_plans``
+and ``all_reduce_plans``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
 
 VARIANTS = ("pcpy", "b2b", "multi")
 SPLIT_MIN_BYTES = 1 << 20  # `multi` splits copies at least this large over its queues
@@ -69,7 +76,20 @@ class Wait:
     phase: int
 
 
-Command = Copy | Signal | Wait
+@dataclass(frozen=True)
+class Reduce:
+    """Elementwise sum of ``count`` slots of ``nbytes`` bytes, back to back from ``src``
+    (a [count, n] block of ``dtype``), into ``dst``. Local: both refs are on the calling
+    rank; backends run it on the caller's queue (a small kernel on GPUs)."""
+
+    src: Ref
+    dst: Ref
+    nbytes: int
+    count: int
+    dtype: str  # a torch dtype name, e.g. "bfloat16" (plans stay torch-free)
+
+
+Command = Copy | Signal | Wait | Reduce
 
 
 @dataclass(frozen=True)
@@ -94,9 +114,15 @@ class Exchange:
 
 
 def all_gather_exchange(world: int, nbytes: int, in_place: bool = False) -> Exchange:
-    n = tuple(tuple(nbytes for _ in range(world)) for _ in range(world))
+    return all_gather_v_exchange([nbytes] * world, in_place)
+
+
+def all_gather_v_exchange(sizes: Sequence[int], in_place: bool = False) -> Exchange:
+    """Rank r's ``sizes[r]`` bytes go to every rank's output at offset ``sum(sizes[:r])``."""
+    world = len(sizes)
+    n = tuple(tuple(sizes[r] for _ in range(world)) for r in range(world))
     src = tuple(tuple(0 for _ in range(world)) for _ in range(world))
-    dst = tuple(tuple(r * nbytes for _ in range(world)) for r in range(world))
+    dst = tuple(tuple(sum(sizes[:r]) for _ in range(world)) for r in range(world))
     return Exchange(n, src, dst, in_place_self=in_place)
 
 
@@ -254,3 +280,81 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
                                Ref("output", rank, ex.dst[p][rank]), ex.nbytes[p][rank])
                           for p in talk if ex.nbytes[p][rank] > 0])
     return Plan(rank, world, tuple(pre), tuple(q for q in queues if q), tuple(post))
+
+
+# -- reduce collectives (sum) --------------------------------------------------------------
+SCRATCH_ALIGN = 512  # scratch regions start as aligned as Communicator.empty() tensors
+
+
+def chunk_elements(numel: int, world: int) -> list[int]:
+    """All-reduce's split of ``numel`` elements: ``numel // world`` per rank, one more for the
+    first ``numel % world`` ranks (``torch.tensor_split``'s split; chunks may be empty)."""
+    base, extra = divmod(numel, world)
+    return [base + (p < extra) for p in range(world)]
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A reduce collective's symmetric scratch inside the staging area (same offsets on every rank)."""
+
+    recv: int  # [world x chunk] block, slot q = rank q's chunk for us; reused as the all-gather's staging
+    staged_input: int  # pull from a private input: a copy of it that peers can read
+    reduced: int  # all_reduce into a private output: our summed chunk, readable by peers
+    end: int  # first byte after the scratch
+
+
+def reduce_scratch(chunks: Sequence[int], input_bytes: int, direction: str, layout: Layout,
+                   all_reduce: bool) -> Scratch:
+    """Scratch for chunks of ``chunks[p]`` bytes. Regions are reserved only when the buffers need
+    them; that depends only on the kind of buffers, which every rank must share."""
+    def aligned(n: int) -> int:
+        return -(-n // SCRATCH_ALIGN) * SCRATCH_ALIGN
+
+    recv = layout.staging
+    staged_input = recv + aligned(len(chunks) * max(chunks, default=0))
+    reduced = staged_input + (aligned(input_bytes) if direction == "pull" and layout.input_sym is None else 0)
+    end = reduced + (aligned(max(chunks, default=0)) if all_reduce and layout.output_sym is None else 0)
+    return Scratch(recv, staged_input, reduced, end)
+
+
+def _scatter_plan(chunks: Sequence[int], rank: int, dtype: str, variant: str, direction: str, layout: Layout,
+                  engines: int, scratch: Scratch, out: Ref) -> Plan:
+    """Chunk p of every rank's input into slot (sender) of rank p's recv block, an all-to-all;
+    after the DONE waits, sum our block into ``out``."""
+    world = len(chunks)
+    ex = all_to_all_exchange([list(chunks)] * world)  # dst[q][p] = q * chunks[p]: slot q of p's block
+    plan = build_plan(ex, rank, variant, direction, Layout(layout.input_sym, scratch.recv, scratch.staged_input),
+                      engines)
+    if chunks[rank] == 0:
+        return plan
+    return replace(plan, post=(*plan.post, Reduce(Ref("sym", rank, scratch.recv), out, chunks[rank], world, dtype)))
+
+
+def reduce_scatter_plans(world: int, nbytes: int, rank: int, dtype: str, variant: str = "pcpy",
+                         direction: str = "push", layout: Layout = Layout(),
+                         engines: int = 2) -> tuple[tuple[Plan, ...], Scratch]:
+    """Rank r's output (``nbytes``) = the sum over ranks of chunk r of their input (``world x nbytes``)."""
+    chunks = [nbytes] * world
+    scratch = reduce_scratch(chunks, world * nbytes, direction, layout, all_reduce=False)
+    out = Ref("sym", rank, layout.output_sym) if layout.output_sym is not None else Ref("output", rank, 0)
+    return (_scatter_plan(chunks, rank, dtype, variant, direction, layout, engines, scratch, out),), scratch
+
+
+def all_reduce_plans(chunks: Sequence[int], rank: int, dtype: str, variant: str = "pcpy", direction: str = "push",
+                     layout: Layout = Layout(), engines: int = 2) -> tuple[tuple[Plan, ...], Scratch]:
+    """Two plans, run one after the other: a reduce-scatter that leaves rank p's summed chunk
+    (``chunks[p]`` bytes at offset ``sum(chunks[:p])``) on rank p, then an all-gather of those chunks.
+    The second plan's READY signals go out after the first plan's reduction (caller's queue order),
+    so its writes cannot overtake the first plan's reads."""
+    mine = sum(chunks[:rank])
+    scratch = reduce_scratch(chunks, sum(chunks), direction, layout, all_reduce=True)
+    if layout.output_sym is not None:  # sum straight into our chunk of the output, then gather in place
+        reduced = layout.output_sym + mine
+        gather = all_gather_v_exchange(chunks, in_place=True)
+    else:  # sum into scratch that peers can read; the gather's local copy moves it into the output
+        reduced = scratch.reduced
+        gather = all_gather_v_exchange(chunks)
+    scatter = _scatter_plan(chunks, rank, dtype, variant, direction, layout, engines, scratch,
+                            Ref("sym", rank, reduced))
+    return (scatter, build_plan(gather, rank, variant, direction, Layout(reduced, layout.output_sym, scratch.recv),
+                                engines)), scratch

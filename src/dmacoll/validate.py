@@ -50,6 +50,33 @@ def check_all_to_all(output: torch.Tensor, input: torch.Tensor, world: int, devi
                               f"{input.numel()}; equal-split all_to_all needs the same number")
 
 
+# Summed by torch.sum (CPU or GPU kernel): float16/bfloat16 accumulate in float32 and round once.
+REDUCE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+
+
+def check_reduce_dtype(op: str, dtype: torch.dtype) -> None:
+    if dtype not in REDUCE_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in REDUCE_DTYPES)
+        raise InvalidArgument(f"{op} does not sum {dtype}; supported dtypes: {names}; cast the tensors first "
+                              "(e.g. bool/int8/uint8 to torch.int32)")
+
+
+def check_reduce_scatter(output: torch.Tensor, input: torch.Tensor, world: int, device: torch.device) -> None:
+    check_pair(output, input, device)
+    check_reduce_dtype("reduce_scatter", input.dtype)
+    if input.numel() != world * output.numel():
+        raise InvalidArgument(f"reduce_scatter input has {input.numel()} elements but needs world x output = "
+                              f"{world} x {output.numel()} = {world * output.numel()}")
+
+
+def check_all_reduce(output: torch.Tensor, input: torch.Tensor, device: torch.device) -> None:
+    check_pair(output, input, device)
+    check_reduce_dtype("all_reduce", input.dtype)
+    if output.numel() != input.numel():
+        raise InvalidArgument(f"all_reduce output has {output.numel()} elements but input has {input.numel()}; "
+                              "pass tensors of the same size, or one tensor to reduce in place")
+
+
 def split_matrix(counts: object, world: int) -> list[list[int]]:
     """Normalise a world x world matrix of element counts (list or tensor)."""
     if isinstance(counts, torch.Tensor):

@@ -10,6 +10,8 @@
   ``cuStreamWaitValue32`` on the own flag word. Neither launches a kernel.
   ``signal="copy"`` sends a flag as a 4-byte copy; ``signal="kernel"`` uses
   PyTorch's one-block signal-pad kernels (``put_signal`` / ``wait_signal``).
+* Reductions (reduce-scatter, all-reduce): ``torch.sum`` over the received
+  chunks, one kernel on the caller's stream after the DONE waits.
 * Queues: the caller's current stream plus side streams, forked and joined
   with events; everything is capturable in a CUDA graph.
 * Timeouts: a GPU wait cannot time out by itself, so a watchdog thread tracks
@@ -30,8 +32,9 @@ import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError
 from ..executor import MemOp, gate_index, gate_ops, one_index
-from ..plan import Ref
+from ..plan import Reduce, Ref
 from . import sym_offset
+from .reduce import sum_slots
 
 try:  # cuda-bindings >= 12.8 layout; older releases exposed `cuda.cuda`
     from cuda.bindings import driver as _drv
@@ -156,10 +159,12 @@ class CudaEngine:
         self._gate_streams: dict[int, torch.cuda.Stream] = {}
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # prerecord=True
         self._gate_done: dict[int, torch.cuda.Event] = {}
+        self._native = None  # submit='native': a NativeSubmitter, made on first use
 
     # -- addresses ---------------------------------------------------------
-    def bases(self, input: torch.Tensor, output: torch.Tensor) -> dict[str, int]:
-        return {"input": input.data_ptr(), "output": output.data_ptr()}
+    def bases(self, input: torch.Tensor, output: torch.Tensor) -> dict[str, object]:
+        # the tensors too, for reductions (torch kernels need tensors, not addresses)
+        return {"input": input.data_ptr(), "output": output.data_ptr(), "tensors": {"input": input, "output": output}}
 
     def _addr(self, ref: Ref, bases: Mapping[str, int]) -> int:
         return (self.ptrs[ref.rank] if ref.space == "sym" else bases[ref.space]) + ref.offset
@@ -174,6 +179,22 @@ class CudaEngine:
     def copy(self, queue: torch.cuda.Stream, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, int]) -> None:
         check_driver(_drv.cuMemcpyAsync(self._addr(dst, bases), self._addr(src, bases), nbytes, queue.cuda_stream),
                "cuMemcpyAsync")
+
+    def reduce(self, queue: torch.cuda.Stream, step: Reduce, bases: Mapping[str, object]) -> None:
+        """A torch kernel on ``queue`` (the caller's stream in every plan): it runs after the DONE
+        waits queued there before it, never syncs the host and can be captured in a graph."""
+        with torch.cuda.stream(queue):
+            sum_slots(self._local(step.src, step.count * step.nbytes, bases),
+                      self._local(step.dst, step.nbytes, bases), step.count, step.dtype)
+
+    def _local(self, ref: Ref, nbytes: int, bases: Mapping[str, object]) -> torch.Tensor:
+        """Bytes of this rank's memory as a tensor (the heap, or the caller's input/output)."""
+        if ref.space == "sym":
+            assert ref.rank == self.rank, f"a reduction reads and writes local memory only, not {ref}"
+            base = self.heap
+        else:
+            base = bases["tensors"][ref.space].view(-1).view(torch.uint8)
+        return base[ref.offset: ref.offset + nbytes]
 
     def memops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
         if any(op.via != "memop" for op in ops):
@@ -241,9 +262,21 @@ class CudaEngine:
         fields.value = op.value
         return p
 
-    def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None:
-        while len(self.side_streams) < len(tasks) - 1:
+    def run_native(self, program, bases: Mapping[str, object], epoch: int) -> None:
+        """Issue ``program`` through the native library (submit='native'; see native.py)."""
+        if self._native is None:
+            from .native import NativeSubmitter
+
+            self._native = NativeSubmitter(self)
+        self._native.run(program, bases, epoch)
+
+    def side_streams_for(self, n: int) -> list[torch.cuda.Stream]:
+        while len(self.side_streams) < n:
             self.side_streams.append(torch.cuda.Stream(self.device))
+        return self.side_streams[:n]
+
+    def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None:
+        self.side_streams_for(len(tasks) - 1)
         main = self.main_queue
         fork = torch.cuda.Event()
         fork.record(main)

@@ -4,9 +4,9 @@ Device memory is a shared-memory file per rank that every rank maps (the
 symmetric heap); flags are 32-bit words at its start; engines (queues) are
 worker threads. A signal is a store to the peer's flag word; a wait polls the
 own word, with the same value semantics as the CUDA stream memory operations.
-Copies are ``torch`` copies between shared mappings. Ordering relies on x86's
-total store order: the data stores of a copy become visible before the later
-flag store (the CUDA backend gets the same from the memory barrier that
+Copies are ``torch`` copies between shared mappings; reductions a ``torch.sum``
+on the CPU. Ordering relies on x86's total store order: the data stores of a
+copy become visible before the later flag store (the CUDA backend gets the same from the memory barrier that
 ``cuStreamWriteValue32`` issues by default).
 """
 from __future__ import annotations
@@ -24,8 +24,9 @@ import torch.distributed as dist
 
 from ..errors import DmaCollTimeoutError
 from ..executor import MemOp, gate_index, gate_ops, one_index
-from ..plan import NUM_PHASES, Ref
+from ..plan import NUM_PHASES, Reduce, Ref
 from . import sym_offset
+from .reduce import sum_slots
 
 PHASE_NAMES = ("READY", "DONE")
 
@@ -79,6 +80,10 @@ class HostEngine:
     # -- primitives ----------------------------------------------------------
     def copy(self, queue: object, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, torch.Tensor]) -> None:
         self._view(dst, nbytes, bases).copy_(self._view(src, nbytes, bases))
+
+    def reduce(self, queue: object, step: Reduce, bases: Mapping[str, torch.Tensor]) -> None:
+        sum_slots(self._view(step.src, step.count * step.nbytes, bases), self._view(step.dst, step.nbytes, bases),
+                  step.count, step.dtype)
 
     def memops(self, queue: object, ops: Sequence[MemOp]) -> None:
         for op in ops:
