@@ -26,6 +26,16 @@ def _bad_calls(rank, world):
         "variant": lambda: comm.all_gather(out, x, variant="bcst"),
         "option": lambda: comm.all_gather(out, x, engine=3),
         "heap": lambda: comm.empty(1 << 20),
+        "rs_int8": lambda: comm.reduce_scatter(x.to(torch.int8), out.to(torch.int8)),
+        "ar_bool": lambda: comm.all_reduce(x.bool()),
+        "rs_size": lambda: comm.reduce_scatter(x, torch.zeros(8 * world + 1)),
+        "rs_dtype": lambda: comm.reduce_scatter(x, out.double()),
+        "ar_size": lambda: comm.all_reduce(x, torch.zeros(9)),
+        "rs_capacity": lambda: comm.reduce_scatter(torch.zeros(1024), torch.zeros(1024 * world)),
+        "ar_capacity": lambda: comm.all_reduce(torch.zeros(2048)),
+        "ar_option": lambda: comm.all_reduce(x, direction="sideways"),
+        "submit": lambda: comm.all_gather(out, x, submit="c++"),
+        "submit_host": lambda: comm.all_gather(out, x, submit="native"),
     }
     messages = {}
     for name, fn in calls.items():
@@ -36,6 +46,7 @@ def _bad_calls(rank, world):
             messages[name] = str(e)
     ok = comm.all_gather(out, x + rank)  # the communicator still works afterwards
     messages["still_works"] = ok.tolist() == [float(r) for r in range(world) for _ in range(8)]
+    messages["reduce_still_works"] = comm.all_reduce(x + rank).tolist() == [float(sum(range(world)))] * 8
     comm.close()
     return messages
 
@@ -60,6 +71,17 @@ def messages():
     ("variant", "variant='bcst' is not one of"),
     ("option", "unknown option(s) ['engine']"),
     ("heap", "larger heap_bytes"),
+    ("rs_int8", "reduce_scatter does not sum torch.int8; supported dtypes: float32, float64, float16, bfloat16"),
+    ("ar_bool", "cast the tensors first (e.g. bool/int8/uint8 to torch.int32)"),
+    ("rs_size", "reduce_scatter input has 17 elements but needs world x output = 2 x 8 = 16"),
+    ("rs_dtype", "use the same dtype"),
+    ("ar_size", "all_reduce output has 8 elements but input has 9"),
+    ("rs_capacity", "reduce_scatter (push) needs 8192 bytes but only 4096 are available"),
+    ("rs_capacity", "larger staging_bytes (>= 8192)"),
+    ("ar_capacity", "reduce collectives receive every rank's chunk there"),
+    ("ar_option", "direction='sideways' is not one of"),
+    ("submit", "submit='c++' is not one of ('python', 'native')"),
+    ("submit_host", "submit='native' issues CUDA driver calls: it needs backend='cuda', not 'host'"),
 ])
 def test_message_says_what_to_change(messages, name, fragment):
     assert messages[name] is not None, f"{name} was accepted"
@@ -68,6 +90,7 @@ def test_message_says_what_to_change(messages, name, fragment):
 
 def test_communicator_survives_rejected_calls(messages):
     assert messages["still_works"] is True
+    assert messages["reduce_still_works"] is True
 
 
 def _single_rank(rank, world):
@@ -89,6 +112,6 @@ def test_unknown_backend_is_rejected():
 
     with pytest.raises(BackendUnavailable, match="unknown backend"):
         resolve("tpu")
-    with pytest.raises(BackendUnavailable, match="not implemented"):
+    with pytest.raises(BackendUnavailable, match="hip backend unavailable"):  # no hip-python / ROCm torch here
         resolve("hip")
-    assert resolve("auto") in ("cuda", "host")
+    assert resolve("auto") in ("cuda", "hip", "host")

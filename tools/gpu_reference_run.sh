@@ -8,6 +8,10 @@
 #         power    energy per collective (NVML), idle baseline subtracted; kernels vs copies per collective
 #         interference  slowdowns of a GEMM / memory-bound kernel and a collective running together
 #         smoke    a short sweep
+#         build    compile + self-test the native submission library (build/native; a carried copy stays if no cc)
+#         native   eager sweep, driver calls from Python vs the native library, 1 KB - 4 MB
+#         batchprobe  which cuMemcpyBatchAsync calls the driver accepts (tools/probe_memcpy_batch.py)
+#         c3       compute next to each collective per overlap strategy, then the strategy heuristic
 # Everything (CSV + JSON provenance + logs) is packed into OUTDIR/results.tgz: few files come back.
 set -u
 dest=${1:?output dir}; shift; out=$dest/run; [ $# -gt 0 ] || { echo "name at least one part"; exit 2; }
@@ -35,7 +39,7 @@ case "$part" in
   operator)
     for op in all_gather all_to_all; do  # one CSV per op: a run cut short keeps the other
       timeout 300 python3 -m dmacoll sweep --ops $op --signals memop copy kernel --prerecord no yes --repeats 15 \
-        --out "$out/sweep_$op.csv" > "$log/sweep_$op.log" 2>&1; tail -3 "$log/sweep_$op.log"
+        --submit python native --out "$out/sweep_$op.csv" > "$log/sweep_$op.log" 2>&1; tail -3 "$log/sweep_$op.log"
     done
     timeout 150 python3 -m dmacoll sweep --impls nccl_ce --out "$out/nccl_ce.csv" > "$log/nccl_ce.log" 2>&1
     tail -3 "$log/nccl_ce.log" ;;
@@ -49,6 +53,19 @@ case "$part" in
   breakdown)
     timeout 60 python3 -m dmacoll breakdown --sizes 1K 4K 16K 64K 256K 1M 4M 16M 64M 256M \
       --out "$out/breakdown.csv" 2>&1 | tee "$log/breakdown.log" | tail -14 ;;
+  build)
+    python3 -m dmacoll build --out build/native 2>&1 | tee "$log/build.log" | tail -2
+    cp build/native/toolchain.json "$out/" 2>/dev/null ;;
+  native)
+    timeout 300 python3 -m dmacoll sweep --ops all_gather all_to_all --impls nccl dma --variants pcpy b2b \
+      --directions push --places out --signals memop copy --submit python native --modes eager --max-bytes 4M \
+      --repeats 15 --out "$out/native.csv" > "$log/native.log" 2>&1; tail -3 "$log/native.log" ;;
+  batchprobe)
+    timeout 240 python3 tools/probe_memcpy_batch.py "$out/memcpy_batch.csv" 2>&1 | tee "$log/memcpy_batch.log" \
+      | tail -40 ;;
+  c3)
+    timeout ${C3_TIMEOUT_S:-540} python3 -m dmacoll c3 --out "$out/c3.csv" > "$log/c3.log" 2>&1; tail -12 "$log/c3.log"
+    python3 -m dmacoll.c3_heuristics "$out/c3.csv" > "$log/c3_heuristics.log" 2>&1; tail -30 "$log/c3_heuristics.log" ;;
   smoke)
     timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$out/sweep.csv" 2>&1 | tail -30 ;;
   *) echo "unknown part $part"; exit 2 ;;

@@ -1,4 +1,4 @@
-"""`dmacoll <subcommand>`: check, sweep, tune, breakdown, power, sm-usage, interference, report."""
+"""`dmacoll <subcommand>`: check, sweep, tune, build, breakdown, power, sm-usage, interference, c3, report."""
 from __future__ import annotations
 
 import argparse
@@ -28,7 +28,8 @@ def _check_rank(rank: int, world: int, args: dict) -> list[dict]:
     from .communicator import Communicator
 
     signal = args.get("signal", "memop")
-    comm = Communicator(backend=args["backend"], timeout_s=args["timeout_s"], signal=signal)
+    comm = Communicator(backend=args["backend"], timeout_s=args["timeout_s"], signal=signal,
+                        submit=args.get("submit", "python"))
     syncs = [s for s in args["syncs"] if signal == "memop" or s == "reset"]  # copy signals carry a constant 1
     all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
                       seed=args["seed"], syncs=syncs)
@@ -48,7 +49,7 @@ def cmd_check(a: argparse.Namespace) -> int:
     t0 = time.monotonic()
     args = dict(backend=a.backend, timeout_s=a.timeout_s, variants=a.variants, directions=a.directions,
                 dtypes=a.dtypes, counts=a.counts, ops=a.ops, seed=seed, syncs=a.syncs, reference=a.reference,
-                signal=a.signal)
+                signal=a.signal, submit=a.submit)
     per_rank = run_ranks(_check_rank, a.world, args, device=device)
     passed = failed = 0
     for i, first in enumerate(per_rank[0]):
@@ -78,7 +79,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         return 2
     cfg = SweepConfig(ops=tuple(a.ops), impls=tuple(a.impls), variants=tuple(a.variants),
                       directions=tuple(a.directions), places=tuple(a.places), signals=tuple(a.signals),
-                      prerecord=tuple(p == "yes" for p in a.prerecord), min_bytes=a.min_bytes,
+                      prerecord=tuple(p == "yes" for p in a.prerecord), submit=tuple(a.submit),
+                      min_bytes=a.min_bytes,
                       max_bytes=a.max_bytes, modes=tuple(a.modes), dtype=a.dtype, calls=a.calls, repeats=a.repeats,
                       warmup=a.warmup, seed=a.seed, out=a.out)
     run_ranks(run_sweep, world, cfg, device="cuda", timeout_s=a.timeout_s)
@@ -174,6 +176,33 @@ def cmd_interference(a: argparse.Namespace) -> int:
     return _gpu_tool(a, "interference", run_interference, INTERFERENCE_COLUMNS, cfg, 1800)
 
 
+def cmd_c3(a: argparse.Namespace) -> int:
+    """C3: a GEMM / memory-bound kernel next to a collective, per strategy (ConCCL); --dry-run: the plan only."""
+    from .bench.c3_grid import estimate_seconds
+
+    cfg = dict(shapes=a.shapes, ops=a.ops, strategies=a.strategies, targets=a.targets, sm_fractions=a.sm_fractions,
+               repeats=a.repeats, min_comp_us=a.min_comp_us, max_calls=a.max_calls, hold_us=a.hold_us,
+               ladder=a.ladder)
+    est = estimate_seconds(cfg)
+    print(f"dmacoll c3: {est['shapes']} shapes, {est['scenarios']} scenarios x options {', '.join(est['options'])}; "
+          f"estimated {est['seconds'] / 60:.1f} min", flush=True)
+    if a.dry_run:
+        return 0
+    from .bench.c3 import C3_COLUMNS, run_c3
+
+    return _gpu_tool(a, "c3", run_c3, C3_COLUMNS, cfg, 3600)
+
+
+def cmd_build(a: argparse.Namespace) -> int:
+    """Compile the native submission library, check it, and record the toolchain."""
+    from .backends import native
+
+    record = native.build(a.out, a.cc)
+    print(f"built {record['library']} with {record['compiler_version']}; self-test passed "
+          f"({record['self_test_commands']} commands); toolchain in {a.out}/toolchain.json")
+    return 0
+
+
 def cmd_report(a: argparse.Namespace) -> int:
     from . import report
 
@@ -192,20 +221,23 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="run every op x variant on a backend and compare with a reference")
     c.add_argument("--backend", choices=("host", "cuda"), default="host")
     c.add_argument("--world", type=int, default=2)
-    c.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    c.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS),
+                   help="reduce_scatter/all_reduce (sum) skip the dtypes they do not sum (bool, int8, uint8)")
     c.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     c.add_argument("--directions", nargs="+", choices=DIRECTIONS, default=list(DIRECTIONS))
     c.add_argument("--syncs", nargs="+", choices=SYNC_MODES, default=list(SYNC_MODES))
     c.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32", "bfloat16", "int8", "int64",
                                                                         "bool"])
     c.add_argument("--counts", nargs="+", type=int, default=[1, 17, 4096, 65537],
-                   help="elements per chunk (odd and power-of-two sizes)")
+                   help="elements per chunk, all_reduce: per tensor (odd and power-of-two sizes)")
     c.add_argument("--seed", type=int, default=None, help="default: random, printed")
     c.add_argument("--timeout-s", type=float, default=60.0)
     c.add_argument("--signal", choices=SIGNAL_MODES, default="memop",
                    help="how flags reach peers: stream memory op or a 4-byte copy (reset sync only)")
     c.add_argument("--reference", choices=("cpu", "nccl"), default="cpu",
                    help="also compare with NCCL on the same inputs (cuda backend)")
+    c.add_argument("--submit", choices=("python", "native"), default="python",
+                   help="cuda: issue driver calls from Python or the native library (dmacoll build)")
     c.set_defaults(func=cmd_check)
 
     s = sub.add_parser("sweep", help="time collectives over message sizes (GPUs)")
@@ -220,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dma: how flags reach peers (copy: reset sync only)")
     s.add_argument("--prerecord", nargs="+", choices=("no", "yes"), default=["no"],
                    help="dma, eager mode: also replay a graph recorded on first use")
+    s.add_argument("--submit", nargs="+", choices=("python", "native"), default=["python"],
+                   help="dma, eager mode: issue driver calls from Python and/or the native library (dmacoll build)")
     s.add_argument("--min-bytes", type=parse_size, default=parse_size("1K"))
     s.add_argument("--max-bytes", type=parse_size, default=parse_size("256M"))
     s.add_argument("--modes", nargs="+", choices=("graph", "eager"), default=["graph", "eager"])
@@ -272,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--out", default="results/local/interference.csv")
     f.set_defaults(func=cmd_interference)
 
+    add_c3_parser(sub)
+
     b = sub.add_parser("breakdown", help="control/schedule/copy/sync phases of one copy-engine transfer (CUPTI)")
     b.add_argument("--sizes", nargs="+", type=parse_size,
                    default=[parse_size(x) for x in ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")])
@@ -282,12 +318,55 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="results/local/breakdown.csv")
     b.set_defaults(func=cmd_breakdown)
 
+    n = sub.add_parser("build", help="compile and self-test the native submission library (submit='native')")
+    n.add_argument("--out", default="build/native", help="output folder (the library, toolchain.json)")
+    n.add_argument("--cc", default=None, help="C compiler (default: $CC, else cc / gcc / clang)")
+    n.set_defaults(func=cmd_build)
+
     r = sub.add_parser("report", help="render tables from sweep CSVs")
     from .report import add_arguments
 
     add_arguments(r)
     r.set_defaults(func=cmd_report)
     return p
+
+
+def add_c3_parser(sub) -> None:
+    from .bench import c3_grid as g
+
+    def shape(text: str) -> str:
+        try:
+            g.Shape.parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+
+    def fraction(text: str) -> float:
+        v = float(text)
+        if not 0 < v < 1:
+            raise argparse.ArgumentTypeError(f"an SM fraction is between 0 and 1: {text!r}")
+        return v
+
+    d = g.DEFAULTS
+    p = sub.add_parser("c3", help="compute next to a collective per strategy (baseline, priority, SM partition, "
+                                  "dma, dma+partition): ConCCL's C3 metrics")
+    p.add_argument("--world", type=int, default=0, help="ranks (default: every visible GPU)")
+    p.add_argument("--shapes", nargs="+", type=shape, default=d["shapes"],
+                   help="gemm:MxNxK (bf16 (MxK)@(KxN)) or membound:MxN (bf16 add)")
+    p.add_argument("--ops", nargs="+", choices=g.OPS, default=d["ops"])
+    p.add_argument("--strategies", nargs="+", choices=g.STRATEGIES, default=d["strategies"])
+    p.add_argument("--targets", nargs="+", type=float, default=d["targets"], help="T_comm / T_comp to aim at")
+    p.add_argument("--sm-fractions", nargs="+", type=fraction, default=d["sm_fractions"],
+                   help="partition: share of the SMs given to the compute")
+    p.add_argument("--repeats", type=int, default=d["repeats"])
+    p.add_argument("--min-comp-us", type=float, default=d["min_comp_us"], help="repeat the operator up to this")
+    p.add_argument("--max-calls", type=int, default=d["max_calls"], help="most collective calls in one graph")
+    p.add_argument("--hold-us", type=float, default=d["hold_us"], help="GPU sleep before each timed start")
+    p.add_argument("--ladder", nargs="+", type=parse_size, default=d["ladder"],
+                   help="collective sizes (bytes per rank) to choose from")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration; no GPU")
+    p.add_argument("--out", default="results/local/c3/c3.csv")
+    p.set_defaults(func=cmd_c3)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -31,6 +31,9 @@ def load(paths: list[str]) -> pd.DataFrame:
         df["signal"] = df["impl"].map(lambda i: "memop" if i == "dma" else "")
     if "prerecord" not in df:
         df["prerecord"] = False
+    if "submit" not in df:
+        df["submit"] = "python"
+    df["submit"] = df["submit"].replace("", "python").astype(str)
     for col in ("variant", "direction", "place", "signal", "error"):
         df[col] = df[col].astype(str)
     df["prerecord"] = df["prerecord"].astype(str) == "True"
@@ -48,14 +51,14 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
     sub = df[(df["impl"] == impl) & df["ok"]]
     idx = sub.groupby(["op", "mode", "bytes_per_rank"])["time_us"].idxmin()
     out = sub.loc[idx, ["op", "mode", "bytes_per_rank", "time_us", "busbw_GBps", "variant", "direction", "place",
-                        "signal", "prerecord"]]
+                        "signal", "prerecord", "submit"]]
     return out.set_index(["op", "mode", "bytes_per_rank"])
 
 
 def config_label(r) -> str:
-    """variant/direction/place, plus the non-default signal and prerecord choices."""
+    """variant/direction/place, plus the non-default signal, prerecord and submit choices."""
     extra = (f"/{r['signal']}-signal" if r["signal"] in ("copy", "kernel") else "") + (
-        "/prerecorded" if r["prerecord"] else "")
+        "/prerecorded" if r["prerecord"] else "") + ("/native" if r.get("submit", "python") == "native" else "")
     return f"{r['variant']}/{r['direction']}/{r['place']}{extra}"
 
 
@@ -80,10 +83,11 @@ def ratio_table(df: pd.DataFrame, sizes=README_SIZES) -> pd.DataFrame:
 
 
 # DMA-Latte's plain baseline, and each feature as one change to it (PERFORMANCE.md style)
-BASELINE = {"variant": "pcpy", "direction": "push", "place": "out", "signal": "memop", "prerecord": False}
+BASELINE = {"variant": "pcpy", "direction": "push", "place": "out", "signal": "memop", "prerecord": False,
+            "submit": "python"}
 FEATURES = {"b2b": {"variant": "b2b"}, "multi": {"variant": "multi"}, "pull": {"direction": "pull"},
             "in_place": {"place": "in"}, "copy_signal": {"signal": "copy"}, "kernel_signal": {"signal": "kernel"},
-            "prerecord": {"prerecord": True}}
+            "prerecord": {"prerecord": True}, "native_submit": {"submit": "native"}}
 
 
 def matching(df: pd.DataFrame, config: dict) -> pd.DataFrame:

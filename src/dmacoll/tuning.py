@@ -72,7 +72,7 @@ def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
 
     df = report.load(sweep_csvs)
     # 'auto' chooses variant and direction; signal and prerecord stay the caller's choice
-    dma = df[(df["impl"] == "dma") & df["ok"] & ~df["prerecord"]]
+    dma = df[(df["impl"] == "dma") & df["ok"] & ~df["prerecord"] & (df["submit"] == "python")]
     if dma.empty:
         raise ValueError(f"{sweep_csvs}: no correct dma rows to tune from")
     idx = dma.groupby(["op", "mode", "place", "signal", "bytes_per_rank"])["time_us"].idxmin()

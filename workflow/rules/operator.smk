@@ -4,6 +4,8 @@ GPUS = config["gpus"]
 
 rule operator_sweep:
     """nccl-tests-style sweep of every implementation for one op (GPUs); one CSV per op."""
+    input:
+        native=lambda wc: ["build/native/libdmacoll_submit.so"] if "native" in OP["submit"] else [],
     output:
         csv=f"{OUT}/operator/sweep_{{op}}.csv",
         json=f"{OUT}/operator/sweep_{{op}}.json",
@@ -20,9 +22,10 @@ rule operator_sweep:
         modes=" ".join(OP["modes"]),
         signals=" ".join(OP["signals"]),
         prerecord=" ".join(OP["prerecord"]),
+        submit=" ".join(OP["submit"]),
     shell:
         "{PY} -m dmacoll sweep --ops {wildcards.op} --impls {params.impls} --modes {params.modes} "
-        "--signals {params.signals} --prerecord {params.prerecord} "
+        "--signals {params.signals} --prerecord {params.prerecord} --submit {params.submit} "
         "--min-bytes {OP[min_bytes]} --max-bytes {OP[max_bytes]} --repeats {OP[repeats]} --calls {OP[calls]} "
         "--out {output.csv} 2>&1 | tee {log}"
 

@@ -33,7 +33,7 @@ from .bandwidth import bandwidths
 
 OPS = ("all_gather", "all_to_all")
 IMPLS = ("nccl", "dma", "symm_mem_lc", "nccl_ce", "peer_copy")
-COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "prerecord", "world", "bytes_per_rank",
+COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "prerecord", "submit", "world", "bytes_per_rank",
            "total_bytes", "dtype", "mode",
            "time_us", "time_us_p10", "time_us_p90", "algbw_GBps", "busbw_GBps", "correct", "status", "error",
            "calls", "repeats"]
@@ -48,6 +48,7 @@ class SweepConfig:
     places: tuple[str, ...] = ("out", "in")
     signals: tuple[str, ...] = ("memop",)
     prerecord: tuple[bool, ...] = (False,)  # True: eager calls replay a graph recorded on first use
+    submit: tuple[str, ...] = ("python",)  # native: driver commands issued by the C library (eager only)
     min_bytes: int = 1 << 10
     max_bytes: int = 256 << 20
     modes: tuple[str, ...] = ("graph", "eager")
@@ -75,15 +76,17 @@ class Point:
     place: str = "out"
     signal: str = ""
     prerecord: bool = False
+    submit: str = "python"
 
 
 def points(cfg: SweepConfig, op: str, world: int) -> list[Point]:
     out = []
     for impl in cfg.impls:
         if impl == "dma":
-            out += [Point(op, "dma", v, d, p, sig, pre) for v in cfg.variants for d in cfg.directions
-                    for p in cfg.places for sig in cfg.signals for pre in cfg.prerecord
-                    if p == "out" or op == "all_gather"]
+            out += [Point(op, "dma", v, d, p, sig, pre, sub) for v in cfg.variants for d in cfg.directions
+                    for p in cfg.places for sig in cfg.signals for pre in cfg.prerecord for sub in cfg.submit
+                    if (p == "out" or op == "all_gather") and not (pre and sub == "native")
+                    and not (sig == "kernel" and sub == "native")]  # native issues driver calls only
         elif impl == "symm_mem_lc" and op != "all_gather":
             continue  # torch's low-contention op exists for all-gather only
         else:
@@ -146,8 +149,9 @@ class Runner:
     def call(self, pt: Point, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], Optional[torch.Tensor]]:
         if pt.impl == "dma":
             method = self.comm.all_gather if pt.op == "all_gather" else self.comm.all_to_all
+            native = {"submit": "native"} if pt.submit == "native" else {}
             return lambda: method(out, inp, variant=pt.variant, direction=pt.direction, signal=pt.signal,
-                                  prerecord=pt.prerecord)
+                                  prerecord=pt.prerecord, **native)
         return self.baselines().call(pt.impl, pt.op, out, inp)
 
 
@@ -237,7 +241,8 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
     rows: list[dict] = []
     plan = [(nbytes, op, pt, mode) for nbytes in cfg.sizes() for op in cfg.ops
             for pt in points(cfg, op, world) for mode in cfg.modes
-            if not (pt.prerecord and mode == "graph")]  # inside a graph there is nothing to prerecord
+            # inside a graph there is nothing to prerecord, and replays do not submit anything
+            if not ((pt.prerecord or pt.submit == "native") and mode == "graph")]
     started = time.monotonic()
     data = None
     for i, (nbytes, op, pt, mode) in enumerate(plan, 1):
@@ -258,7 +263,7 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
         rows.append(row)
         if rank == 0:
             print(f"[{i:4d}/{len(plan)} {time.monotonic() - started:6.0f}s] {op:10s} {pt.impl:11s} "
-                  f"{pt.variant:5s} {pt.direction:4s} {pt.place:3s} {pt.signal:5s} {'pre' if pt.prerecord else '   '} "
+                  f"{pt.variant:5s} {pt.direction:4s} {pt.place:3s} {pt.signal:5s} {'pre' if pt.prerecord else 'nat' if pt.submit == 'native' else '   '} "
                   f"{nbytes:>10d} B {mode:5s} "
                   f"{row['time_us']:10.2f} us  {row['status']}{'' if row['correct'] else ' WRONG'}", flush=True)
     if comm is not None:
@@ -273,7 +278,7 @@ def merge(per_rank: list[dict], cfg: SweepConfig, pt: Point, nbytes: int, mode: 
     failed = [r for r in per_rank if r["status"] != "ok"]
     total = bandwidths(pt.op, pt.impl, nbytes, world, 1.0)[0]
     row = {"op": pt.op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction, "place": pt.place,
-           "signal": pt.signal, "prerecord": pt.prerecord,
+           "signal": pt.signal, "prerecord": pt.prerecord, "submit": pt.submit,
            "world": world, "bytes_per_rank": nbytes, "total_bytes": total, "dtype": cfg.dtype, "mode": mode,
            "calls": cfg.calls, "repeats": cfg.repeats}
     if failed:
