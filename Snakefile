@@ -9,13 +9,16 @@ configfile: "config/config.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/build.smk"
 include: "workflow/rules/check.smk"
 include: "workflow/rules/operator.smk"
+include: "workflow/rules/c3.smk"
 include: "workflow/rules/report.smk"
 
 
 rule all:
     input:
+        "build/native/toolchain.json",
         f"{OUT}/check/host_w{config['host_check']['world']}.txt",
-        expand(f"{REPORT}/{{platform}}/notebooks/{{name}}.html", platform=PLATFORMS, name=NOTEBOOK_INPUTS),
+        [f"{REPORT}/{platform}/notebooks/{name}.html" for platform, name in renders()],
         expand(f"{REPORT}/{{platform}}/claims.json", platform=PLATFORMS),

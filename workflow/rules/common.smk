@@ -1,4 +1,5 @@
 import shutil
+from pathlib import Path
 import subprocess
 import sys
 
@@ -54,4 +55,20 @@ NOTEBOOK_INPUTS = {
     "speedup": operator_csvs,
     "breakdown": lambda p: [result(p, "breakdown/breakdown.csv")],
     "resources": lambda p: [result(p, f"power/{name}.csv") for name in ("power", "sm_usage", "interference")],
+    "c3": lambda p: [result(p, "c3/c3.csv")],
 }
+
+
+def renders():
+    """(platform, notebook) pairs to render: all on a GPU machine (the rules make the inputs);
+    for a shipped set, the notebooks whose inputs it holds (not every set has every experiment)."""
+    pairs = []
+    for platform in PLATFORMS:
+        for name, inputs in NOTEBOOK_INPUTS.items():
+            missing = [f for f in inputs(platform) if not Path(f).exists()]
+            if PLATFORM == "cuda" or not missing:
+                pairs.append((platform, name))
+            else:
+                print(f"dmacoll workflow: {platform} has no {name} results ({missing[0]}): not rendered",
+                      file=sys.stderr)
+    return pairs

@@ -1,0 +1,148 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # C3: computation next to communication, per strategy
+#
+# A bf16 GEMM (or a memory-bound add) and a collective launched together on separate streams
+# (`dmacoll c3`, method in `src/dmacoll/bench/c3.py`). The collective's size and call count are chosen per
+# shape so that T_comm / T_comp is near 0.25, 1 or 4; every strategy moves the same bytes.
+#
+# * **baseline**: NCCL, both streams at default priority; **priority**: NCCL on the highest-priority stream,
+#   launched first; **partition k/n**: the compute confined to k of n SMs (green context), NCCL gets the rest;
+#   **dma**: dmacoll's copy-engine collective; **dma_partition**: dma with the compute on all SMs but a few.
+# * Fraction of ideal (ConCCL) = (serial - T_c3) / (serial - max(T_comp, T_comm)), serial = T_comp + T_comm,
+#   all alone-times from the same run; 1 = perfect overlap, 0 = no gain over running one after the other.
+#   Times are the slowest rank's (a step ends when every rank is done).
+# * The ConCCL paper's averages on AMD MI300X are shown next to ours as the paper's values (not measured
+#   here): 21% baseline, 42% with schedule prioritization and CU partitioning, 72% with DMA collectives.
+
+# %% tags=["parameters"]
+csvs = ["results/reference/h200x2/c3/c3.csv"]
+platform_label = "2x H200 (NVLink)"
+outdir = "results/local/figures/c3"
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from dmacoll import c3_heuristics as h  # noqa: E402
+from dmacoll import report  # noqa: E402
+
+out = Path(outdir)
+out.mkdir(parents=True, exist_ok=True)
+raw = h.load(csvs)
+for p in csvs:
+    side = Path(p).with_suffix(".json")
+    if side.exists():
+        prov = json.loads(side.read_text())
+        print(f"{p}: git {str(prov.get('git_sha'))[:10]}, GPUs {prov.get('hardware', {}).get('gpus')}")
+coll = h.collapse(raw)
+coll["shape"] = [h.shape_label(r.compute, r.M, r.N, r.K) for r in coll.itertuples()]
+# ConCCL (ISPASS 2025), Fig. averages on MI300X; prioritization and partitioning are one combined number there
+PAPER = {"baseline": 0.21, "priority": 0.42, "partition": 0.42, "dma": 0.72}
+ORDER = {s: i for i, s in enumerate(["baseline", "priority", "partition", "dma", "dma_partition"])}
+
+
+def save(fig, name: str) -> None:
+    report.save_figure(fig, out, name)
+    plt.show()
+
+
+def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
+    df.to_csv(out / f"{name}.csv", index=False)
+    (out / f"{name}.md").write_text(report.markdown(df) + "\n")
+    return df
+
+
+skipped = raw[h.skipped(raw)]
+wrong = raw[~h.skipped(raw) & (raw["correct"].astype(str) != "True")]
+print(f"{len(raw)} rows, {len(coll)} (scenario, option) points; {len(skipped)} rows skipped, {len(wrong)} wrong")
+table(skipped.groupby(["option", "op", "skipped"]).size().reset_index(name="rows"), "skipped")
+
+# %% [markdown]
+# ## Fraction of ideal per strategy (mean over shapes, ops and ratios)
+
+# %%
+summary = (coll.groupby(["option", "strategy"])
+           .agg(scenarios=("fraction_of_ideal", "size"), fraction_mean=("fraction_of_ideal", "mean"),
+                fraction_median=("fraction_of_ideal", "median"),
+                speedup_vs_nccl_serial=("speedup_vs_nccl_serial", "mean"),
+                best_speedup=("speedup_vs_nccl_serial", "max"))
+           .reset_index())
+summary = summary.sort_values(["strategy", "option"], key=lambda c: c.map(ORDER) if c.name == "strategy" else c)
+summary["conccl_paper_mi300x"] = summary["strategy"].map(PAPER)
+summary = table(summary.round(3), "fraction_of_ideal")
+fig, ax = plt.subplots(figsize=(9, 4))
+sns.barplot(data=coll, x="option", y="fraction_of_ideal", order=list(summary["option"]), errorbar=("pi", 50),
+            ax=ax, color="tab:blue", label=f"measured, {platform_label} (mean, 25-75%)")
+paper = summary["conccl_paper_mi300x"]
+ax.scatter(range(len(summary)), paper, marker="D", color="tab:red", zorder=3,
+           label="ConCCL paper, MI300X (21% / 42% / 72%)")
+ax.axhline(0, color="grey", lw=0.8)
+ax.set_ylabel("fraction of ideal speedup")
+ax.set_xlabel("")
+ax.tick_params(axis="x", rotation=30)
+ax.legend(fontsize=8)
+ax.set_title("C3: share of the ideal overlap realized")
+save(fig, "fraction_of_ideal")
+summary
+
+# %% [markdown]
+# ## Per shape and per T_comm / T_comp
+
+# %%
+per_shape = coll.pivot_table(index="shape", columns="option", values="fraction_of_ideal", aggfunc="mean")
+per_shape = per_shape[[o for o in summary["option"] if o in per_shape]]
+table(per_shape.round(3).reset_index(), "fraction_per_shape")
+fig, ax = plt.subplots(figsize=(1.3 * len(per_shape.columns) + 3, 0.45 * len(per_shape) + 1.5))
+sns.heatmap(per_shape, annot=True, fmt=".2f", cmap="RdYlGn", vmin=-0.5, vmax=1, ax=ax)
+ax.set_title(f"fraction of ideal, mean over ops and ratios, {platform_label}")
+save(fig, "fraction_per_shape")
+
+ops = [o for o in ["all_gather", "all_to_all", "reduce_scatter", "all_reduce"] if o in set(coll["op"])]
+g = sns.catplot(data=coll, x="target_ratio", y="speedup_vs_nccl_serial", hue="option", col="op", kind="point",
+                hue_order=list(summary["option"]), col_order=ops, height=3, aspect=1.2, errorbar=None,
+                col_wrap=min(4, len(ops)))
+g.set_axis_labels("target T_comm / T_comp", "speedup over serial NCCL")
+g.figure.suptitle(f"C3 speedup over compute-then-NCCL, mean over shapes, {platform_label}", y=1.03)
+save(g.figure, "speedup_per_ratio")
+
+# %% [markdown]
+# ## Picking a strategy at run time
+#
+# A depth-2 decision table learned on some shapes, tested on held-out ones (`dmacoll.c3_heuristics`
+# states the features, the loss and the split). Accuracy: the pick is the best strategy; within 5%: its
+# T_c3 is within 5% of the best's.
+
+# %%
+try:
+    res = h.fit_and_evaluate(coll)
+except ValueError as e:  # one shape only: nothing to hold out
+    res = None
+    print(f"no heuristic: {e}")
+if res is not None:
+    print("held out:", ", ".join(h.shape_label(*s) for s in res["held_out"]))
+    print(res["text"])
+    (out / "heuristic_rule.txt").write_text(res["text"] + "\n")
+    scores = table(res["scores"].round(3), "heuristic_accuracy")
+    best = pd.Series(res["best_counts"], name="scenarios where best").rename_axis("option").reset_index()
+    table(best, "best_option_counts")
+    display_scores = scores
+else:
+    display_scores = pd.DataFrame()
+display_scores

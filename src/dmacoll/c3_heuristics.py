@@ -1,0 +1,210 @@
+"""Which C3 strategy should a runtime use? Rules learned from a `dmacoll c3` table, tested on unseen shapes.
+
+A scenario is (compute, M, N, K, op, target ratio); an option is a strategy with its SM split (``option``
+column). Ranks are merged first: a C3 step ends when the slowest rank ends, so every time is the maximum over
+ranks and the ConCCL metrics are recomputed from those. Only measured, correct rows count.
+
+Inputs a runtime has before it runs: ``op``; ``bound`` (memory- or compute-bound: arithmetic intensity against
+the ridge point); ``gflop`` of one compute operator; ``ratio``, its T_comm / T_comp estimate (here the
+scenario's measured NCCL-alone ratio, else the target ratio).
+
+Loss: regret of a pick = T_c3(pick) / T_c3(best option) - 1. An option that did not run in a scenario counts
+as the baseline's time there (a runtime that cannot run its pick runs the default).
+
+Rules: a binary decision tree of depth <= ``depth`` (2 by default) whose tests are ``op == x``,
+``bound == memory``, ``ratio <= t`` (t in RATIO_CUTS) and ``gflop <= g`` (g in GFLOP_CUTS); each leaf names
+one option. Learning is an exhaustive search for the tree with the least total training regret (exact for
+this family: below a test each side's best subtree is independent); a test is kept only if it lowers the mean
+training regret by at least ``min_gain``; a leaf holds at least ``min_leaf`` scenarios. Ties keep the simpler
+tree, then the earlier test / option in a fixed order, so the result is deterministic.
+
+Split: by shape. The distinct shapes (compute, M, N, K) sorted; every third from the second is held out (all
+its ops and ratios); the rest train. Scores on a set: accuracy = the pick is the best option (within 0.1%);
+within_5pct = the pick's T_c3 is within 5% of the best; mean regret.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+SHAPE = ["compute", "M", "N", "K"]
+KEYS = SHAPE + ["op", "target_ratio"]
+RATIO_CUTS = (0.35, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
+GFLOP_CUTS = (10.0, 100.0, 300.0, 1000.0, 3000.0)
+BEST_TOL, NEAR_TOL = 1e-3, 0.05
+
+
+def shape_label(compute: str, m: int, n: int, k: int) -> str:
+    return f"{compute}:{m}x{n}" + (f"x{k}" if compute == "gemm" else "")
+
+
+# -- the table -------------------------------------------------------------------------------------------------
+def load(paths: Sequence[str]) -> pd.DataFrame:
+    return pd.concat([pd.read_csv(p, keep_default_na=False, na_values=["nan", "NaN", ""]) for p in paths],
+                     ignore_index=True)
+
+
+def skipped(df: pd.DataFrame) -> pd.Series:
+    """Rows that record a reason instead of a measurement."""
+    return df["skipped"].notna() & (df["skipped"].astype(str).str.len() > 0)
+
+
+def collapse(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (scenario, option): measured, correct rows; times the slowest rank's; metrics recomputed."""
+    ok = df[~skipped(df) & (df["correct"].astype(str) == "True")]
+    times = ["t_comp_us", "t_comm_us", "t_comm_nccl_us", "t_c3_us", "t_comp_together_us", "t_comm_together_us"]
+    first = ["strategy", "sm_split", "bound", "gflop", "intensity", "bytes_per_rank", "comm_calls", "impl"]
+    out = ok.groupby(KEYS + ["option"], dropna=False).agg(
+        {**{c: "max" for c in times}, **{c: "first" for c in first if c in ok}}).reset_index()
+    serial = out["t_comp_us"] + out["t_comm_us"]
+    longest = np.maximum(out["t_comp_us"], out["t_comm_us"])
+    out["ratio"] = out["t_comm_us"] / out["t_comp_us"]
+    out["ratio_nccl"] = out["t_comm_nccl_us"] / out["t_comp_us"]
+    out["ideal_speedup"] = serial / longest
+    out["realized_speedup"] = serial / out["t_c3_us"]
+    out["fraction_of_ideal"] = (serial - out["t_c3_us"]) / (serial - longest)
+    out["speedup_vs_nccl_serial"] = (out["t_comp_us"] + out["t_comm_nccl_us"]) / out["t_c3_us"]
+    return out
+
+
+def scenarios(coll: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(features, T_c3 per option) indexed by scenario; missing options filled with the baseline's time."""
+    times = coll.pivot_table(index=KEYS, columns="option", values="t_c3_us", aggfunc="first")
+    fallback = times["baseline"] if "baseline" in times else times.max(axis=1)
+    times = times.apply(lambda col: col.fillna(fallback)).dropna()
+    feats = coll.groupby(KEYS).agg(bound=("bound", "first"), gflop=("gflop", "first"),
+                                   ratio_nccl=("ratio_nccl", "median")).reindex(times.index)
+    target = feats.index.get_level_values("target_ratio").to_series(index=feats.index).astype(float)
+    feats["ratio"] = feats["ratio_nccl"].where(feats["ratio_nccl"].notna(), target)
+    feats["op"] = feats.index.get_level_values("op")
+    return feats[["op", "bound", "gflop", "ratio"]], times[sorted(times.columns)]
+
+
+def held_out(feats: pd.DataFrame) -> np.ndarray:
+    """Test mask: every third distinct shape (sorted), starting from the second."""
+    shapes = feats.index.droplevel(["op", "target_ratio"])
+    test = set(sorted(set(shapes))[1::3])
+    return np.array([s in test for s in shapes])
+
+
+# -- rules -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Test:
+    feature: str
+    value: object
+    numeric: bool
+
+    def mask(self, feats: pd.DataFrame) -> np.ndarray:
+        col = feats[self.feature]
+        return (col.to_numpy(dtype=float) <= self.value) if self.numeric else (col == self.value).to_numpy()
+
+    def __str__(self) -> str:
+        return f"{self.feature} <= {self.value:g}" if self.numeric else f"{self.feature} == {self.value}"
+
+
+def candidate_tests(feats: pd.DataFrame) -> list[Test]:
+    tests = [Test("op", op, False) for op in sorted(feats["op"].unique())]
+    tests += [Test("bound", "memory", False)] if feats["bound"].nunique() > 1 else []
+    tests += [Test("ratio", t, True) for t in RATIO_CUTS]
+    tests += [Test("gflop", g, True) for g in GFLOP_CUTS]
+    return tests
+
+
+@dataclass
+class Node:
+    pick: Optional[str] = None
+    test: Optional[Test] = None
+    yes: Optional["Node"] = None
+    no: Optional["Node"] = None
+
+    def predict(self, feats: pd.DataFrame) -> np.ndarray:
+        if self.test is None:
+            return np.full(len(feats), self.pick, dtype=object)
+        m = self.test.mask(feats)
+        return np.where(m, self.yes.predict(feats), self.no.predict(feats))
+
+    def leaves(self) -> int:
+        return 1 if self.test is None else self.yes.leaves() + self.no.leaves()
+
+    def text(self, indent: str = "") -> str:
+        if self.test is None:
+            return f"{indent}use {self.pick}"
+        return (f"{indent}if {self.test}:\n{self.yes.text(indent + '    ')}\n{indent}else:\n"
+                f"{self.no.text(indent + '    ')}")
+
+
+def learn(feats: pd.DataFrame, times: pd.DataFrame, depth: int = 2, min_leaf: int = 3,
+          min_gain: float = 0.005) -> Node:
+    regret = (times.to_numpy() / times.min(axis=1).to_numpy()[:, None]) - 1.0
+    names = list(times.columns)
+    tests = [(t, t.mask(feats)) for t in candidate_tests(feats)]
+    gain = min_gain * len(feats)
+
+    def best(mask: np.ndarray, d: int) -> tuple[Node, float]:
+        costs = regret[mask].sum(axis=0)
+        tree, cost = Node(pick=names[int(np.argmin(costs))]), float(costs.min())
+        if d == 0:
+            return tree, cost
+        for t, m in tests:
+            yes, no = mask & m, mask & ~m
+            if yes.sum() < min_leaf or no.sum() < min_leaf:
+                continue
+            (ty, cy), (tn, cn) = best(yes, d - 1), best(no, d - 1)
+            if cy + cn < cost - gain:
+                tree, cost = Node(test=t, yes=ty, no=tn), cy + cn
+        return tree, cost
+
+    return best(np.ones(len(feats), dtype=bool), depth)[0]
+
+
+def score(picks: np.ndarray, times: pd.DataFrame) -> dict:
+    t = times.to_numpy()
+    col = {name: i for i, name in enumerate(times.columns)}
+    chosen = t[np.arange(len(t)), [col[p] for p in picks]]
+    best = t.min(axis=1)
+    return {"scenarios": len(t), "accuracy": float(np.mean(chosen <= best * (1 + BEST_TOL))),
+            "within_5pct": float(np.mean(chosen <= best * (1 + NEAR_TOL))),
+            "mean_regret": float(np.mean(chosen / best - 1))}
+
+
+def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 3, min_gain: float = 0.005) -> dict:
+    """The learned rule, its scores on train and held-out shapes, and two references (always the baseline,
+    always the single best option on train)."""
+    feats, times = scenarios(coll)
+    test = held_out(feats)
+    if test.all() or not test.any():
+        raise ValueError("need at least two shapes to hold one out")
+    rule = learn(feats[~test], times[~test], depth, min_leaf, min_gain)
+    single = learn(feats[~test], times[~test], 0)
+    rows = []
+    for name, model in (("rule", rule), ("always " + str(single.pick), single)) + (
+            (("always baseline", Node(pick="baseline")),) if "baseline" in times else ()):
+        for part, m in (("train", ~test), ("test", test)):
+            rows.append({"model": name, "set": part, **score(model.predict(feats[m]), times[m])})
+    best = times.idxmin(axis=1)
+    return {"rule": rule, "text": rule.text(), "scores": pd.DataFrame(rows),
+            "held_out": sorted(set(feats.index[test].droplevel(["op", "target_ratio"]))),
+            "best_counts": best.value_counts().to_dict(), "features": feats, "times": times, "test_mask": test}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dmacoll.c3_heuristics", description=__doc__.split("\n")[0])
+    p.add_argument("csv", nargs="+", help="C3 tables from `dmacoll c3`")
+    p.add_argument("--depth", type=int, default=2)
+    p.add_argument("--min-leaf", type=int, default=3)
+    p.add_argument("--min-gain", type=float, default=0.005)
+    a = p.parse_args(argv)
+    res = fit_and_evaluate(collapse(load(a.csv)), a.depth, a.min_leaf, a.min_gain)
+    print("held-out shapes:", ", ".join(shape_label(*s) for s in res["held_out"]))
+    print("best option counts:", res["best_counts"])
+    print(res["text"])
+    print(res["scores"].round(3).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
