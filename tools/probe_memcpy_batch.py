@@ -25,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 def _batch(drv, dsts, srcs, sizes, attrs, stream):
     """cuMemcpyBatchAsync with one attribute set for all copies; CUDA 12.8/12.9 bindings also
     return a failure index (CUDA 13 dropped it)."""
-    out = drv.cuMemcpyBatchAsync(dsts, srcs, sizes, len(dsts), [attrs], [0], 1, stream)
+    ptr = drv.CUdeviceptr
+    out = drv.cuMemcpyBatchAsync([ptr(d) for d in dsts], [ptr(s) for s in srcs], sizes, len(dsts), [attrs], [0], 1,
+                                 stream)
     return out[0]
 
 
