@@ -26,13 +26,14 @@ def human(nbytes: int) -> str:
 
 
 def load(paths: list[str]) -> pd.DataFrame:
-    df = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=["nan"]) for p in paths], ignore_index=True)
-    if "signal" not in df:  # sweeps from before these options existed used their defaults
-        df["signal"] = df["impl"].map(lambda i: "memop" if i == "dma" else "")
-    if "prerecord" not in df:
-        df["prerecord"] = False
-    if "submit" not in df:
-        df["submit"] = "python"
+    """Sweep CSVs as one table; ``source`` names the file (the run) each row came from."""
+    df = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=["nan"]).assign(source=str(p)) for p in paths],
+                   ignore_index=True)
+    # sweeps from before an option existed ran with its default (a column missing in some files is NaN there)
+    defaults = {"signal": df["impl"].map(lambda i: "memop" if i == "dma" else ""), "prerecord": False,
+                "submit": "python"}
+    for col, default in defaults.items():
+        df[col] = df[col].where(df[col].notna(), default) if col in df else default
     df["submit"] = df["submit"].replace("", "python").astype(str)
     for col in ("variant", "direction", "place", "signal", "error"):
         df[col] = df[col].astype(str)
@@ -99,7 +100,21 @@ def matching(df: pd.DataFrame, config: dict) -> pd.DataFrame:
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (op, mode, size): time of the plain pcpy baseline over the time with one feature
-    switched (> 1: the feature helps), and over the best dma configuration of all."""
+    switched (> 1: the feature helps), and over the best dma configuration of all. Each ratio
+    comes from one run (``source``): where several runs measured a cell, the largest run's
+    (the full sweep) is kept; a smaller run fills in only the features it alone measured."""
+    runs = sorted(df.groupby("source") if "source" in df else [("", df)], key=lambda sp: -len(sp[1]))
+    tables = [_speedup_one_run(part) for _, part in runs]
+    out = tables[0]
+    for t in tables[1:]:
+        out = out.combine_first(t)
+    out = out.reset_index().sort_values(["op", "mode", "bytes_per_rank"])
+    out.insert(2, "size", out["bytes_per_rank"].map(lambda b: human(int(b))))
+    out = out.dropna(axis=1, how="all").round(2)
+    return out[["op", "mode", "size", "bytes_per_rank", "pcpy_us", *[c for c in [*FEATURES, "best"] if c in out]]]
+
+
+def _speedup_one_run(df: pd.DataFrame) -> pd.DataFrame:
     dma = df[(df["impl"] == "dma") & df["ok"]]
 
     def times(change: dict) -> pd.Series:
@@ -110,9 +125,7 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     for name, change in FEATURES.items():
         out[name] = base / times(change)
     out["best"] = base / dma.groupby(["op", "mode", "bytes_per_rank"])["time_us"].min()
-    out = out.reset_index().sort_values(["op", "mode", "bytes_per_rank"])
-    out.insert(2, "size", out["bytes_per_rank"].map(lambda b: human(int(b))))
-    return out.dropna(axis=1, how="all").round(2)
+    return out
 
 
 def targets(df: pd.DataFrame) -> list[dict]:

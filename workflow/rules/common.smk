@@ -49,10 +49,16 @@ def operator_csvs(platform):
         result(platform, "operator/nccl_ce.csv")]
 
 
+def shipped_extra(platform, path):
+    """A side experiment some shipped sets hold (a fresh run measures it inside the main sweep)."""
+    f = result(platform, path)
+    return [f] if PLATFORM != "cuda" and Path(f).exists() else []
+
+
 # what each notebook (notebooks/<name>.py) renders, passed as its `csvs` parameter
 NOTEBOOK_INPUTS = {
     "operator": operator_csvs,
-    "speedup": operator_csvs,
+    "speedup": lambda p: operator_csvs(p) + shipped_extra(p, "native/native.csv"),
     "breakdown": lambda p: [result(p, "breakdown/breakdown.csv")],
     "resources": lambda p: [result(p, f"power/{name}.csv") for name in ("power", "sm_usage", "interference")],
     "c3": lambda p: [result(p, "c3/c3.csv")],
