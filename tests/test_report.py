@@ -105,3 +105,24 @@ def test_summarize_and_parse_size():
     assert parse_size("256M") == 256 << 20 and parse_size("1K") == 1024 and parse_size("4096") == 4096
     with pytest.raises(Exception):
         parse_size("big")
+
+
+def test_claims_cover_c3_when_given_and_say_not_run_otherwise(tmp_path):
+    from dmacoll import claims
+
+    c3 = str(ROOT / "results/reference/h200x2/c3/c3.csv")
+    rows = {r["id"]: r for r in claims.evaluate(SWEEPS, c3_csv=c3)}
+    assert rows["conccl-c3-dma"]["status"] in ("pass", "fail") and 0 < rows["conccl-c3-dma"]["reproduced"] <= 1.2
+    assert rows["dmalatte-power-large"]["status"] == "not run"  # no power CSV given
+    assert {r["id"]: r for r in claims.evaluate(SWEEPS)}["conccl-c3-dma"]["status"] == "not run"
+
+
+def test_index_page_links_every_rendered_notebook(tmp_path):
+    from dmacoll import index_page
+
+    (tmp_path / "h200x2" / "notebooks").mkdir(parents=True)
+    (tmp_path / "h200x2" / "notebooks" / "operator.html").write_text("<html></html>")
+    (tmp_path / "h200x2" / "claims.json").write_text('{"claims": [{"id": "x", "status": "pass"}]}')
+    page = index_page.render(tmp_path, [("h200x2", "2x H200"), ("h200x4", "4x H200")])
+    assert 'href="h200x2/notebooks/operator.html"' in page and "<td>pass</td>" in page
+    assert "NVIDIA Hopper" in page and "nothing rendered" in page  # h200x4 has no pages here

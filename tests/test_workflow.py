@@ -38,3 +38,20 @@ def test_bad_config_value_is_rejected_clearly():
     r = dry_run(config=("platform=tpu",))
     assert r.returncode != 0
     assert "tpu" in (r.stdout + r.stderr)
+
+
+def test_lint_is_clean():
+    for platform in ("none", "cuda"):
+        r = subprocess.run([SNAKEMAKE, "--lint", "--config", f"platform={platform}"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+        assert "Congratulations, your workflow is in a good condition!" in r.stdout + r.stderr, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("platform_file", ["h200x2", "h200x4"])
+def test_gpu_platform_configs_plan_every_experiment(platform_file, tmp_path):
+    r = dry_run("--configfile", "config/config.yaml", f"config/{platform_file}.yaml",
+                config=(f"outdir={tmp_path}",))
+    assert r.returncode == 0, r.stderr[-2000:]
+    for rule in ("operator_sweep", "operator_sweep_nccl_ce", "breakdown", "power", "c3", "index"):
+        assert f"rule {rule}:" in r.stdout
+    assert f"{tmp_path}/report/measured/notebooks/c3.html" in r.stdout

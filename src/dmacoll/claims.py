@@ -93,21 +93,42 @@ POWER_CLAIMS = [
 ]
 
 
-def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None) -> list[dict]:
-    df = report.load(sweep_csvs)
+def _c3_fraction(c3: pd.DataFrame, option: str) -> Optional[float]:
+    """Mean fraction of the ideal C3 speedup over every scenario of one strategy option."""
+    runs = c3[c3["option"] == option]["fraction_of_ideal"]
+    return None if runs.empty else round(float(runs.mean()), 3)
+
+
+C3_CLAIMS = [
+    Claim("conccl-c3-dma", "ConCCL", "C3 with DMA offload realizes most of the ideal overlap",
+          "72% of ideal on average", "mean fraction of ideal, dma strategy, every C3 scenario",
+          lambda c: _c3_fraction(c, "dma"), lambda v: v >= 0.72, ">= 0.72"),
+    Claim("conccl-c3-baseline", "ConCCL", "Plain concurrent C3 realizes a small part of the ideal overlap",
+          "21% of ideal on average", "mean fraction of ideal, baseline strategy, every C3 scenario",
+          lambda c: _c3_fraction(c, "baseline"), lambda v: v <= 0.42, "<= 0.42 (twice the paper's)"),
+]
+
+
+def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None, c3_csv: Optional[str] = None) -> list[dict]:
+    """Every claim against its data: the sweeps, and where given the power and C3 results ('not run' without)."""
+    from . import c3_heuristics
+
     power = pd.read_csv(power_csv, keep_default_na=False, na_values=["nan", ""]) if power_csv else None
+    c3 = c3_heuristics.collapse(c3_heuristics.load([c3_csv])) if c3_csv else None
     rows = []
-    for c in OPERATOR_CLAIMS + POWER_CLAIMS:
-        value = c.compute(df) if c in OPERATOR_CLAIMS else (c.compute(power) if power is not None else None)
-        rows.append({"id": c.id, "source": c.source, "claim": c.statement, "paper (MI300X)": c.paper,
-                     "metric": c.metric, "reproduced": value, "tolerance": c.tolerance,
-                     "status": "not run" if value is None else ("pass" if c.passes(value) else "fail")})
+    for group, data in ((OPERATOR_CLAIMS, report.load(sweep_csvs)), (POWER_CLAIMS, power), (C3_CLAIMS, c3)):
+        for c in group:
+            value = c.compute(data) if data is not None else None
+            rows.append({"id": c.id, "source": c.source, "claim": c.statement, "paper (MI300X)": c.paper,
+                         "metric": c.metric, "reproduced": value, "tolerance": c.tolerance,
+                         "status": "not run" if value is None else ("pass" if c.passes(value) else "fail")})
     return rows
 
 
-def write(sweep_csvs: list[str], out_json: Path, out_md: Path, power_csv: Optional[str] = None) -> list[dict]:
-    rows = evaluate(sweep_csvs, power_csv)
-    sources = sweep_csvs + ([power_csv] if power_csv else [])
+def write(sweep_csvs: list[str], out_json: Path, out_md: Path, power_csv: Optional[str] = None,
+          c3_csv: Optional[str] = None) -> list[dict]:
+    rows = evaluate(sweep_csvs, power_csv, c3_csv)
+    sources = sweep_csvs + [f for f in (power_csv, c3_csv) if f]
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps({"sources": sources, "claims": rows}, indent=2) + "\n")
     header = ("Claims of the papers (measured there on AMD MI300X) against results measured here on NVIDIA "

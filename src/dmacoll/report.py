@@ -197,6 +197,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write the Markdown here (table)")
     p.add_argument("--readme", default="README.md")
     p.add_argument("--power", help="claims: the power CSV of `dmacoll power` (its claims are 'not run' without)")
+    p.add_argument("--c3", help="claims: the CSV of `dmacoll c3` (its claims are 'not run' without)")
 
 
 def main(a: argparse.Namespace) -> int:
@@ -204,7 +205,7 @@ def main(a: argparse.Namespace) -> int:
         from . import claims
 
         out = Path(a.out or "results/local/claims.json")
-        rows = claims.write(a.csv, out, out.with_suffix(".md"), a.power)
+        rows = claims.write(a.csv, out, out.with_suffix(".md"), a.power, a.c3)
         for r in rows:
             print(f"{r['status']:7s} {r['id']}: {r['reproduced']} (tolerance {r['tolerance']})")
         return 0

@@ -10,5 +10,9 @@ rule build:
         "logs/build.log",
     benchmark:
         "benchmarks/build.tsv"
+    params:
+        py=PY,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
-        "{PY} -m dmacoll build --out build/native > {log} 2>&1; rc=$?; cat {log}; exit $rc"
+        "{params.py} -m dmacoll build --out build/native > {log} 2>&1; rc=$?; cat {log}; exit $rc"

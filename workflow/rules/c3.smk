@@ -1,17 +1,3 @@
-import shlex
-
-C3_CONFIG = config.get("c3", {})
-
-
-def c3_args():
-    """`dmacoll c3` flags from the config's c3 section; the CLI's defaults for what it leaves out."""
-    flags = []
-    for key, value in C3_CONFIG.items():
-        values = value if isinstance(value, list) else [value]
-        flags += [f"--{key.replace('_', '-')}", *map(str, values)]
-    return " ".join(shlex.quote(f) for f in flags)
-
-
 rule c3:
     """C3 (ConCCL): a GEMM / memory-bound kernel next to each collective, per overlap strategy (GPUs)."""
     output:
@@ -24,6 +10,9 @@ rule c3:
     resources:
         gpu=config["gpus"],
     params:
+        py=PY,
         args=c3_args(),
+    conda:
+        "../../envs/cuda.yaml"
     shell:
-        "{PY} -m dmacoll c3 {params.args} --out {output.csv} 2>&1 | tee {log}"
+        "{params.py} -m dmacoll c3 {params.args} --out {output.csv} 2>&1 | tee {log}"

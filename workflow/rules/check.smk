@@ -6,6 +6,10 @@ rule host_check:
         "logs/host_check_w{world}.log",
     benchmark:
         "benchmarks/host_check_w{world}.tsv"
+    params:
+        py=PY,
+    conda:
+        "../../envs/cpu.yaml"
     shell:
-        "{PY} -m dmacoll check --backend host --world {wildcards.world} > {output} 2> {log}; "
+        "{params.py} -m dmacoll check --backend host --world {wildcards.world} > {output} 2> {log}; "
         "tail -n 1 {output}"

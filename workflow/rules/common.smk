@@ -1,3 +1,4 @@
+import shlex
 import shutil
 from pathlib import Path
 import subprocess
@@ -78,3 +79,18 @@ def renders():
                 print(f"dmacoll workflow: {platform} has no {name} results ({missing[0]}): not rendered",
                       file=sys.stderr)
     return pairs
+
+
+RENDERS = renders()
+
+
+C3_CONFIG = config.get("c3", {})
+
+
+def c3_args():
+    """`dmacoll c3` flags from the config's c3 section; the CLI's defaults for what it leaves out."""
+    flags = []
+    for key, value in C3_CONFIG.items():
+        values = value if isinstance(value, list) else [value]
+        flags += [f"--{key.replace('_', '-')}", *map(str, values)]
+    return " ".join(shlex.quote(f) for f in flags)

@@ -18,15 +18,19 @@ rule operator_sweep:
     resources:
         gpu=GPUS,
     params:
+        py=PY,
+        **{k: OP[k] for k in ("min_bytes", "max_bytes", "repeats", "calls")},
         impls=" ".join(i for i in OP["impls"] if i != "nccl_ce"),
         modes=" ".join(OP["modes"]),
         signals=" ".join(OP["signals"]),
         prerecord=" ".join(OP["prerecord"]),
         submit=" ".join(OP["submit"]),
+    conda:
+        "../../envs/cuda.yaml"
     shell:
-        "{PY} -m dmacoll sweep --ops {wildcards.op} --impls {params.impls} --modes {params.modes} "
+        "{params.py} -m dmacoll sweep --ops {wildcards.op} --impls {params.impls} --modes {params.modes} "
         "--signals {params.signals} --prerecord {params.prerecord} --submit {params.submit} "
-        "--min-bytes {OP[min_bytes]} --max-bytes {OP[max_bytes]} --repeats {OP[repeats]} --calls {OP[calls]} "
+        "--min-bytes {params.min_bytes} --max-bytes {params.max_bytes} --repeats {params.repeats} --calls {params.calls} "
         "--out {output.csv} 2>&1 | tee {log}"
 
 
@@ -42,11 +46,15 @@ rule operator_sweep_nccl_ce:
     resources:
         gpu=GPUS,
     params:
+        py=PY,
+        **{k: OP[k] for k in ("min_bytes", "max_bytes", "repeats", "calls")},
         ops=" ".join(OP["ops"]),
         modes=" ".join(OP["modes"]),
+    conda:
+        "../../envs/cuda.yaml"
     shell:
-        "{PY} -m dmacoll sweep --ops {params.ops} --impls nccl_ce --modes {params.modes} "
-        "--min-bytes {OP[min_bytes]} --max-bytes {OP[max_bytes]} --repeats {OP[repeats]} --calls {OP[calls]} "
+        "{params.py} -m dmacoll sweep --ops {params.ops} --impls nccl_ce --modes {params.modes} "
+        "--min-bytes {params.min_bytes} --max-bytes {params.max_bytes} --repeats {params.repeats} --calls {params.calls} "
         "--out {output.csv} 2>&1 | tee {log}"
 
 
@@ -62,9 +70,12 @@ rule breakdown:
     resources:
         gpu=GPUS,
     params:
+        py=PY,
         sizes=" ".join(config["breakdown"]["sizes"]),
+    conda:
+        "../../envs/cuda.yaml"
     shell:
-        "{PY} -m dmacoll breakdown --sizes {params.sizes} --out {output.csv} 2>&1 | tee {log}"
+        "{params.py} -m dmacoll breakdown --sizes {params.sizes} --out {output.csv} 2>&1 | tee {log}"
 
 
 rule power:
@@ -80,8 +91,11 @@ rule power:
     resources:
         gpu=GPUS,
     params:
+        py=PY,
         sizes=" ".join(config["resources"]["power_sizes"]),
+    conda:
+        "../../envs/cuda.yaml"
     shell:
-        "({PY} -m dmacoll power --sizes {params.sizes} --out {output.power} && "
-        "{PY} -m dmacoll sm-usage --out {output.sm_usage} && "
-        "{PY} -m dmacoll interference --out {output.interference}) 2>&1 | tee {log}"
+        "({params.py} -m dmacoll power --sizes {params.sizes} --out {output.power} && "
+        "{params.py} -m dmacoll sm-usage --out {output.sm_usage} && "
+        "{params.py} -m dmacoll interference --out {output.interference}) 2>&1 | tee {log}"

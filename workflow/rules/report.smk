@@ -14,16 +14,19 @@ rule notebook:
         name="|".join(NOTEBOOK_INPUTS),
         platform="|".join(PLATFORMS),
     params:
+        py=PY,
         parameters=lambda wc, input, output: json.dumps(
             {"csvs": list(input.csvs), "platform_label": PLATFORMS[wc.platform][1], "outdir": output.figures}),
         stem=lambda wc: f"{REPORT}/{wc.platform}/notebooks/{wc.name}",
         html_dir=lambda wc: f"{REPORT}/{wc.platform}/notebooks",
     log:
         "logs/notebook_{platform}_{name}.log",
+    conda:
+        "../../envs/cpu.yaml"
     shell:
-        "({PY} -m jupytext --to ipynb {input.nb} -o {params.stem}.src.ipynb && "
-        "{PY} -m papermill {params.stem}.src.ipynb {output.ipynb} -y '{params.parameters}' --cwd . && "
-        "{PY} -m jupyter nbconvert --to html --no-input {output.ipynb} --output-dir {params.html_dir} && "
+        "({params.py} -m jupytext --to ipynb {input.nb} -o {params.stem}.src.ipynb && "
+        "{params.py} -m papermill {params.stem}.src.ipynb {output.ipynb} -y '{params.parameters}' --cwd . && "
+        "{params.py} -m jupyter nbconvert --to html --no-input {output.ipynb} --output-dir {params.html_dir} && "
         "rm {params.stem}.src.ipynb) > {log} 2>&1"
 
 
@@ -32,6 +35,7 @@ rule claims:
     input:
         sweeps=lambda wc: operator_csvs(wc.platform),
         power=lambda wc: result(wc.platform, "power/power.csv"),
+        c3=lambda wc: NOTEBOOK_INPUTS["c3"](wc.platform) if (wc.platform, "c3") in RENDERS else [],
     output:
         json=f"{REPORT}/{{platform}}/claims.json",
         md=f"{REPORT}/{{platform}}/claims.md",
@@ -39,6 +43,29 @@ rule claims:
         platform="|".join(PLATFORMS),
     log:
         "logs/claims_{platform}.log",
+    params:
+        py=PY,
+        c3=lambda wc, input: f"--c3 {input.c3}" if input.c3 else "",
+    conda:
+        "../../envs/cpu.yaml"
     shell:
-        "{PY} -m dmacoll report claims --csv {input.sweeps} --power {input.power} --out {output.json} > {log} 2>&1; "
+        "{params.py} -m dmacoll report claims --csv {input.sweeps} --power {input.power} {params.c3} --out {output.json} > {log} 2>&1; "
         "cat {log}"
+
+
+rule index:
+    """The report's front page: every rendered notebook and each platform's claims."""
+    input:
+        pages=[f"{REPORT}/{platform}/notebooks/{name}.html" for platform, name in RENDERS],
+        claims=expand(f"{REPORT}/{{platform}}/claims.json", platform=PLATFORMS),
+    output:
+        f"{REPORT}/index.html",
+    params:
+        py=PY,
+        platforms=" ".join(f"--platform {shlex.quote(n)} {shlex.quote(label)}" for n, (_, label) in PLATFORMS.items()),
+    log:
+        "logs/index.log",
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{params.py} -m dmacoll.index_page --report-dir $(dirname {output}) {params.platforms} --out {output} > {log} 2>&1"
