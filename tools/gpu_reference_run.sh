@@ -12,6 +12,7 @@
 #         native   eager sweep, driver calls from Python vs the native library, 1 KB - 4 MB
 #         batchprobe  which cuMemcpyBatchAsync calls the driver accepts (tools/probe_memcpy_batch.py)
 #         c3       compute next to each collective per overlap strategy, then the strategy heuristic
+#         contention  copy-engine copies (device-local vs to the peer) alone and next to a GEMM
 # Everything (CSV + JSON provenance + logs) is packed into OUTDIR/results.tgz: few files come back.
 set -u
 dest=${1:?output dir}; shift; out=$dest/run; [ $# -gt 0 ] || { echo "name at least one part"; exit 2; }
@@ -66,6 +67,9 @@ case "$part" in
   c3)
     timeout ${C3_TIMEOUT_S:-540} python3 -m dmacoll c3 --out "$out/c3.csv" > "$log/c3.log" 2>&1; tail -12 "$log/c3.log"
     python3 -m dmacoll.c3_heuristics "$out/c3.csv" > "$log/c3_heuristics.log" 2>&1; tail -30 "$log/c3_heuristics.log" ;;
+  contention)
+    timeout 120 python3 tools/probe_copy_contention.py "$out/copy_contention.csv" 2>&1 | tee "$log/copy_contention.log" \
+      | tail -10 ;;
   smoke)
     timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$out/sweep.csv" 2>&1 | tail -30 ;;
   *) echo "unknown part $part"; exit 2 ;;

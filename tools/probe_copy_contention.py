@@ -1,0 +1,84 @@
+"""Does a GEMM slow down a copy-engine copy, and does it matter where the copy goes?
+
+C3 (results/reference/h200x2/c3) found the dma all-gather unaffected by a concurrent GEMM but the dma
+all-to-all / reduce collectives slowed ~1.6-1.9x, although none of their data movement launches a kernel
+here. Their difference: a device-local copy (own chunk -> own output or staging slot). This times, on
+each GPU, 64 MB copies (torch copy_, i.e. cudaMemcpyAsync) alone and next to a bf16 GEMM (8192^3) on another stream: device-local (D2D on one
+GPU) vs to the peer over NVLink, 1 and 4 back to back; medians of 7.
+
+Usage (2 GPUs, one process): python3 tools/probe_copy_contention.py OUT.csv
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def main() -> int:
+    import torch
+
+    from dmacoll.bench import provenance
+
+    out = Path(sys.argv[1])
+    n = 64 << 20
+    rows = []
+    for dev in (0, 1):
+        peer = 1 - dev
+        torch.cuda.set_device(dev)
+        torch.cuda.synchronize()
+        if not torch.cuda.can_device_access_peer(dev, peer):
+            print(f"GPU {dev} cannot access GPU {peer}")
+            return 1
+        src = torch.randint(0, 255, (n,), dtype=torch.uint8, device=dev)
+        local = torch.empty(n, dtype=torch.uint8, device=dev)
+        remote = torch.empty(n, dtype=torch.uint8, device=peer)
+        a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        c = torch.empty_like(a)
+        comp, comm = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+        for _ in range(3):
+            torch.mm(a, b, out=c)
+        torch.cuda.synchronize(dev)
+
+        def copies(dst, k):  # torch issues cudaMemcpyAsync for these (peer access enabled by torch)
+            with torch.cuda.stream(comm):
+                for _ in range(k):
+                    dst.copy_(src, non_blocking=True)
+
+        for where, dst in (("local", local), ("peer", remote)):
+            for k in (1, 4):
+                for together in (False, True):
+                    times = []
+                    for _ in range(7):
+                        torch.cuda.synchronize(dev)
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record(comm)
+                        comp.wait_stream(comm)
+                        if together:
+                            with torch.cuda.stream(comp):
+                                for _ in range(3):
+                                    torch.mm(a, b, out=c)
+                        copies(dst, k)
+                        end.record(comm)
+                        torch.cuda.synchronize(dev)
+                        times.append(start.elapsed_time(end) * 1e3)
+                    rows.append({"gpu": dev, "copy": where, "bytes": n, "copies": k, "next_to_gemm": together,
+                                 "time_us": statistics.median(times)})
+                    print(f"GPU {dev} {where:5s} x{k} {'with GEMM' if together else 'alone    '}: "
+                          f"{rows[-1]['time_us']:9.1f} us", flush=True)
+        ok = bool(torch.equal(local.cpu()[:1024], src.cpu()[:1024])) and bool(
+            torch.equal(remote.cpu()[:1024], src.cpu()[:1024]))
+        for r in rows:
+            if r["gpu"] == dev:
+                r["correct"] = ok
+    provenance.write_table(out, rows, ["gpu", "copy", "bytes", "copies", "next_to_gemm", "time_us", "correct"],
+                           {"probe": "copy next to a GEMM", "gemm": "8192^3 bf16 x3"})
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
