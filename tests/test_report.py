@@ -126,3 +126,15 @@ def test_index_page_links_every_rendered_notebook(tmp_path):
     page = index_page.render(tmp_path, [("h200x2", "2x H200"), ("h200x4", "4x H200")])
     assert 'href="h200x2/notebooks/operator.html"' in page and "<td>pass</td>" in page
     assert "NVIDIA Hopper" in page and "nothing rendered" in page  # h200x4 has no pages here
+
+
+def test_band_targets_report_the_worst_ratio_per_band():
+    rows = []
+    for size, nccl, dma in ((1 << 10, 10.0, 20.0), (64 << 10, 10.0, 12.0), (4 << 20, 100.0, 60.0)):
+        for impl, t in (("nccl", nccl), ("dma", dma)):
+            rows.append({"op": "all_gather", "impl": impl, "variant": "pcpy", "direction": "push", "place": "out",
+                         "signal": "memop", "prerecord": False, "submit": "python", "mode": "graph",
+                         "bytes_per_rank": size, "time_us": t, "busbw_GBps": 1.0, "ok": True})
+    got = {r["size"]: r for r in report.band_targets(pd.DataFrame(rows))}
+    assert got["1 KB - 64 KB"]["value"] == 2.0 and not got["1 KB - 64 KB"]["pass"]  # the worst, not the 1.2
+    assert got["2 MB - 16 MB"]["value"] == 0.6 and got["2 MB - 16 MB"]["pass"]

@@ -128,6 +128,26 @@ def _speedup_one_run(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+# issue 3's latency targets: the worst best-dma / NCCL ratio in each size band, per op and mode
+BANDS = ((1 << 10, 64 << 10), (128 << 10, 1 << 20), (2 << 20, 16 << 20), (32 << 20, 256 << 20))
+
+
+def band_targets(df: pd.DataFrame) -> list[dict]:
+    dma, nccl = best(df, "dma"), best(df, "nccl")
+    ratio = (dma["time_us"] / nccl["time_us"]).dropna()
+    out = []
+    for op in sorted(set(ratio.index.get_level_values("op"))):
+        for mode, limit, bands in (("graph", 1.00, BANDS), ("eager", 0.50, ((1 << 10, 256 << 10),))):
+            for lo, hi in bands:
+                part = ratio[[k for k in ratio.index if k[0] == op and k[1] == mode and lo <= k[2] <= hi]]
+                if part.empty:
+                    continue
+                v = float(part.max())
+                out.append({"target": f"{op} {mode}: best dma <= {limit:.2f} x NCCL",
+                            "size": f"{human(lo)} - {human(hi)}", "value": round(v, 3), "pass": bool(v <= limit)})
+    return out
+
+
 def targets(df: pd.DataFrame) -> list[dict]:
     """Issue 2's done-when checks on the all-gather, graph mode."""
     dma, nccl, floor = best(df, "dma"), best(df, "nccl"), best(df, "peer_copy")
@@ -164,6 +184,7 @@ def readme_block(paths: list[str]) -> str:
     df = load(paths)
     table = ratio_table(df).drop(columns=["bytes"])
     tg = pd.DataFrame(targets(df))
+    bands = pd.DataFrame(band_targets(df))
     fails = int((df["status"] != "ok").sum())
     wrong = int(((df["status"] == "ok") & ~df["ok"]).sum())
     prov = json.loads(Path(paths[0]).with_suffix(".json").read_text())
@@ -175,6 +196,9 @@ def readme_block(paths: list[str]) -> str:
     parts = [BEGIN, head, "", markdown(table)]
     if not tg.empty:
         parts += ["", "Targets (all-gather, graph mode):", "", markdown(tg)]
+    if not bands.empty:
+        parts += ["", "Latency targets (worst ratio in each size band; eager counts prerecorded calls):", "",
+                  markdown(bands)]
     parts.append(END)
     return "\n".join(parts)
 
