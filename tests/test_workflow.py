@@ -55,3 +55,12 @@ def test_gpu_platform_configs_plan_every_experiment(platform_file, tmp_path):
     for rule in ("operator_sweep", "operator_sweep_nccl_ce", "breakdown", "power", "c3", "index"):
         assert f"rule {rule}:" in r.stdout
     assert f"{tmp_path}/report/measured/notebooks/c3.html" in r.stdout
+
+
+def test_mi300x_config_dry_runs_the_full_dag(tmp_path):
+    r = dry_run("-p", "--configfile", "config/config.yaml", "config/mi300x.yaml", config=(f"outdir={tmp_path}",))
+    assert r.returncode == 0, r.stderr[-2000:]
+    for rule in ("operator_sweep", "breakdown", "power", "c3", "claims", "index"):
+        assert f"rule {rule}:" in r.stdout
+    assert "nccl_ce" not in r.stdout  # RCCL has no copy-engine mode
+    assert "--submit python --min-bytes" in r.stdout  # native submission drives the CUDA driver: not here

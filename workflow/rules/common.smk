@@ -21,15 +21,13 @@ def detect_platform():
 
 
 PLATFORM = detect_platform()
-if PLATFORM == "rocm":
-    raise WorkflowError("platform rocm: the hip backend is not part of this release yet; "
-                        "run with --config platform=none to render the shipped reference results")
+GPU = PLATFORM in ("cuda", "rocm")  # measure here (cuda backend on NVIDIA, hip backend on AMD)
 
 
 def platforms():
     """Result sets to render, name -> (directory, label): this machine's fresh results on a GPU
     machine, every shipped reference (results/reference/<name>) otherwise."""
-    if PLATFORM == "cuda":
+    if GPU:
         return {"measured": (OUT, config["label"])}
     return {name: (ref["dir"], ref["label"]) for name, ref in config["references"].items()}
 
@@ -46,14 +44,15 @@ def result(platform, path):
 
 
 def operator_csvs(platform):
-    return [result(platform, f"operator/sweep_{op}.csv") for op in config["operator"]["ops"]] + [
-        result(platform, "operator/nccl_ce.csv")]
+    """The sweeps, and NCCL's copy-engine path where there is one (not on ROCm: RCCL has no such mode)."""
+    ce = [] if PLATFORM == "rocm" else [result(platform, "operator/nccl_ce.csv")]
+    return [result(platform, f"operator/sweep_{op}.csv") for op in config["operator"]["ops"]] + ce
 
 
 def shipped_extra(platform, path):
     """A side experiment some shipped sets hold (a fresh run measures it inside the main sweep)."""
     f = result(platform, path)
-    return [f] if PLATFORM != "cuda" and Path(f).exists() else []
+    return [f] if not GPU and Path(f).exists() else []
 
 
 # what each notebook (notebooks/<name>.py) renders, passed as its `csvs` parameter
@@ -73,7 +72,7 @@ def renders():
     for platform in PLATFORMS:
         for name, inputs in NOTEBOOK_INPUTS.items():
             missing = [f for f in inputs(platform) if not Path(f).exists()]
-            if PLATFORM == "cuda" or not missing:
+            if GPU or not missing:
                 pairs.append((platform, name))
             else:
                 print(f"dmacoll workflow: {platform} has no {name} results ({missing[0]}): not rendered",

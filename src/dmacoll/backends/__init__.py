@@ -1,28 +1,29 @@
-"""Backends that execute plans: ``cuda`` (copy engines), ``host`` (CPU emulator).
-
-The ``hip`` backend (MI300X SDMA engines through hip-python) is tracked separately
-and not part of this release.
-"""
+"""Backends that execute plans: ``cuda`` (copy engines), ``hip`` (MI300X SDMA engines through
+hip-python), ``host`` (CPU emulator)."""
 from __future__ import annotations
 
 import torch
 
 from ..errors import BackendUnavailable
 
-BACKENDS = ("cuda", "host")
+BACKENDS = ("cuda", "hip", "host")
 
 
 def resolve(name: str) -> str:
-    """Map ``auto`` to the backend this machine runs; reject unknown names."""
+    """Map ``auto`` to the backend this machine runs; reject unknown names, and ``hip`` where it
+    cannot run (before anything is allocated, with the reason)."""
     if name == "auto":
-        if torch.cuda.is_available() and not torch.version.hip:
-            return "cuda"
+        if torch.cuda.is_available():
+            return "hip" if torch.version.hip else "cuda"
         return "host"
-    if name == "hip":
-        raise BackendUnavailable("the hip backend is not implemented in this release; use backend='host' to "
-                                 "emulate the protocols on the CPU")
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of {('auto',) + BACKENDS}")
+    if name == "hip":
+        from . import hip, hip_api
+
+        reason = hip.available()
+        if reason:
+            raise hip_api.unavailable(reason)
     return name
 
 
@@ -31,6 +32,10 @@ def make_engine(name: str, group, nbytes: int, flag_words: int, timeout_s: float
         from .cuda import CudaEngine
 
         return CudaEngine(group, nbytes, flag_words, timeout_s, device)
+    if name == "hip":
+        from .hip import HipEngine
+
+        return HipEngine(group, nbytes, flag_words, timeout_s, device)
     from .host import HostEngine
 
     return HostEngine(group, nbytes, flag_words, timeout_s)

@@ -50,25 +50,56 @@ class NvmlMeter:
 
 
 class AmdSmiMeter:
-    """One AMD GPU through amdsmi (ROCm): the accumulated energy counter times its resolution."""
+    """One AMD GPU through amdsmi (ROCm): the accumulated energy counter times its resolution.
 
-    def __init__(self, device_index: int):
-        try:
-            import amdsmi
-        except ImportError:
-            raise BackendUnavailable("power needs the amdsmi Python package on AMD GPUs (it ships with ROCm)") \
-                from None
-        amdsmi.amdsmi_init()
-        self._smi = amdsmi
-        self._handle = amdsmi.amdsmi_get_processor_handles()[device_index]
-        self.name = f"hip:{device_index}"
+    The board is found by PCI address (amdsmi lists every GPU of the node, HIP only the visible
+    ones, renumbered), falling back to the index when torch does not report PCI ids. amdsmi's
+    Python API names the counter ``power`` in older releases and ``energy_accumulator`` in newer
+    ones; MI300-class boards report ``average_socket_power`` as "N/A" and the power in
+    ``current_socket_power`` (ROCm >= 7: ``socket_power``)."""
+
+    POWER_KEYS = ("socket_power", "current_socket_power", "average_socket_power")
+
+    def __init__(self, device_index: int, smi=None, bdf: Optional[str] = None):
+        if smi is None:
+            try:
+                import amdsmi as smi
+            except ImportError:
+                raise BackendUnavailable("power needs the amdsmi Python package on AMD GPUs (it ships with "
+                                         "ROCm; see envs/rocm.yaml)") from None
+        smi.amdsmi_init()
+        self._smi = smi
+        handles = smi.amdsmi_get_processor_handles()
+        bdf = bdf if bdf is not None else _pci_address(device_index)
+        match = [h for h in handles if bdf and str(smi.amdsmi_get_gpu_device_bdf(h)).lower() == bdf]
+        if bdf and not match:
+            raise BackendUnavailable(f"amdsmi lists no GPU at PCI address {bdf} (hip:{device_index})")
+        self._handle = match[0] if match else handles[device_index]
+        self.name = f"hip:{device_index}" + (f" ({bdf})" if bdf else "")
 
     def energy_j(self) -> float:
         e = self._smi.amdsmi_get_energy_count(self._handle)
-        return e["energy_accumulator"] * e["counter_resolution"] / 1e6  # microjoules
+        ticks = e["energy_accumulator"] if "energy_accumulator" in e else e["power"]
+        return ticks * e["counter_resolution"] / 1e6  # resolution: microjoules per tick
 
     def power_w(self) -> float:
-        return float(self._smi.amdsmi_get_power_info(self._handle)["average_socket_power"])
+        info = self._smi.amdsmi_get_power_info(self._handle)
+        for key in self.POWER_KEYS:
+            value = info.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        return float("nan")  # no reading: the energy counter stays the primary source
+
+
+def _pci_address(device_index: int) -> Optional[str]:
+    """'0000:0c:00.0' for a HIP device from torch's properties, None when torch does not say."""
+    try:
+        import torch
+
+        props = torch.cuda.get_device_properties(device_index)
+        return f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    except (AttributeError, RuntimeError, AssertionError):
+        return None
 
 
 def meter_for(device_index: int) -> Meter:

@@ -1,0 +1,335 @@
+"""HIP backend (AMD MI300X): the cuda backend's Programs on SDMA engines through hip-python.
+
+* Memory (``hip_memory``): the symmetric heap and the flag words shared by HIP IPC.
+* Copies: ``hipMemcpyAsync`` with ``hipMemcpyDeviceToDeviceNoCU``, which ROCm's runtime routes
+  to an SDMA engine whatever the size (plain DeviceToDevice falls back to a blit kernel, i.e.
+  compute units, below a size threshold and for same-device copies). SDMA must stay enabled
+  (HSA_ENABLE_SDMA unset or 1). Optionally (``DMACOLL_HIP_BATCH_COPIES=1``, where the binding
+  has it) consecutive copies of one queue go out as one ``hipMemcpyBatchAsync``.
+* Flags: ``hipStreamWriteValue32`` / ``hipStreamWaitValue32``, one call per operation. Not
+  ``hipStreamBatchMemOp``: ROCm runs a batch as one work-item per operation of a single kernel,
+  so a wait and the re-arm behind it would not be ordered.
+* Queues, prelaunch gates, ``prerecord`` graphs and the watchdog mirror the cuda backend (torch's
+  ``torch.cuda`` streams, events and graphs are HIP ones on a ROCm build). Unverified: whether a
+  HIP graph captures the stream memory operations (the CLR sources read enqueue them without a
+  capture hook); graph mode and prerecord must be checked on an MI300X first.
+
+Every HIP call goes through ``self.api`` (``hip_api.HipApi``), so tests can record them.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections import deque
+from typing import Callable, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import DmaCollTimeoutError, InvalidArgument
+from ..executor import MemOp, gate_index, gate_ops, one_index
+from ..plan import Reduce, Ref
+from . import hip_api, hip_memory, sym_offset
+from .hip_api import HipApi, HipError
+from .reduce import sum_slots
+
+MASK32 = 0xFFFFFFFF
+
+
+def available() -> Optional[str]:
+    """None if the backend can run here, else every reason it cannot."""
+    reasons = []
+    missing = hip_api.probe()
+    if missing:
+        reasons.append(missing)
+    if not torch.version.hip:
+        reasons.append("this torch is not a ROCm build (torch.version.hip is None)")
+    elif not torch.cuda.is_available():
+        reasons.append("no AMD GPU is visible to torch")
+    return "; ".join(reasons) or None
+
+
+def batch_copies_requested(env: Mapping[str, str] = os.environ) -> bool:
+    return env.get("DMACOLL_HIP_BATCH_COPIES", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+class Watchdog:
+    """Tracks eager calls; on a timeout releases this rank's stuck waits and records the error
+    (see the cuda backend's Watchdog, which this mirrors)."""
+
+    def __init__(self, engine: "HipEngine", poll_s: float = 0.005, start: bool = True):
+        self.engine = engine
+        self.pending: deque = deque()
+        self.error: Optional[DmaCollTimeoutError] = None
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dmacoll-hip-watchdog", daemon=True)
+        if start:
+            self._thread.start()
+
+    def track(self, event, label: str, sync: str, value: int) -> None:
+        self.pending.append((event, time.monotonic() + self.engine.timeout_s, label, sync, value))
+
+    def _loop(self) -> None:
+        api = self.engine.api
+        mode = ctypes.c_int(api.const("hipStreamCaptureModeRelaxed"))  # in/out: the call swaps modes
+        try:  # relaxed capture mode: polling events must not break an application's graph capture
+            api.hipThreadExchangeStreamCaptureMode(ctypes.addressof(mode))
+        except (HipError, TypeError, AttributeError):
+            pass  # a binding without the call, or another argument shape: keep the global mode
+        torch.cuda.set_device(self.engine.device)
+        while not self._stop.wait(self.poll_s):
+            while self.pending:
+                event, deadline, label, sync, value = self.pending[0]
+                if event.query():
+                    self.pending.popleft()
+                elif time.monotonic() > deadline:
+                    self.expire(label, value)
+                else:
+                    break
+
+    def expire(self, label: str, value: int) -> None:
+        eng = self.engine
+        words = eng.read_own_flags()
+        eng.release_waits(value)  # every wait of this rank is satisfied: the stuck streams drain
+        self.error = DmaCollTimeoutError(
+            f"rank {eng.rank}: {label} did not complete within {eng.timeout_s:g} s; flag words were {words}. "
+            "A peer died, hangs, or the ranks called collectives in a different order. The stuck GPU waits "
+            "were released; this communicator is unusable, create a new one.")
+        print(f"[dmacoll] {self.error}", flush=True)
+        self.pending.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=1.0)
+
+
+class HipEngine:
+    """Symmetric heap, flag words, side streams and HIP calls for one rank."""
+
+    def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
+                 device: Optional[torch.device] = None):
+        reason = available()
+        if reason:
+            raise hip_api.unavailable(reason)
+        module, self.layout = hip_api.load()
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        self.group, self.timeout_s = group, timeout_s
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        torch.cuda.set_device(self.device)
+        api = HipApi(module)
+        mode = hip_memory.resolve_flag_mode()
+        self.heap = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        self.heap[: flag_words * 4].zero_()  # unused on hip (flags live apart) but zeroed like on cuda
+        torch.cuda.synchronize(self.device)
+        self.memory = hip_memory.setup(api, group, rank, world, self.heap.data_ptr(), flag_words, mode)
+        dist.barrier(group=group)
+        self._init_issuing(api, rank, world, self.memory.heap_ptrs, self.memory.flag_addrs,
+                           torch.cuda.current_stream(self.device), batch_copies_requested())
+        self.release_stream = torch.cuda.Stream(self.device)
+        self.watchdog = Watchdog(self)
+
+    def _init_issuing(self, api: HipApi, rank: int, world: int, heap_ptrs: Sequence[int],
+                      flag_addrs: Sequence[Sequence[int]], main_queue, batch: bool = False) -> None:
+        """The state that issuing commands needs (all that the command tests build)."""
+        self.api, self.rank, self.world = api, rank, world
+        self.ptrs = [int(p) for p in heap_ptrs]
+        self.flag_addrs = [[int(a) for a in row] for row in flag_addrs]
+        self._one = one_index(world)
+        self.main_queue = main_queue
+        self._kind = api.const("hipMemcpyDeviceToDeviceNoCU")
+        self._eq, self._geq = api.const("hipStreamWaitValueEq"), api.const("hipStreamWaitValueGte")
+        self.batch = batch and api.has("hipMemcpyBatchAsync")
+        self._pending: dict[int, tuple[object, list]] = {}  # queued copies per stream (batching)
+        self.side_streams: list = []
+        self._gate_streams: dict[int, object] = {}
+        self._gate_done: dict[int, object] = {}
+        self._graphs: dict[tuple, object] = {}
+
+    @classmethod
+    def for_commands(cls, api: HipApi, rank: int, world: int, heap_ptrs: Sequence[int],
+                     flag_addrs: Sequence[Sequence[int]], main_queue, batch: bool = False,
+                     heap: Optional[torch.Tensor] = None, device: object = None) -> "HipEngine":
+        """An engine that only issues commands (no memory setup, no watchdog thread): for tests.
+        ``heap`` (any tensor standing for this rank's heap) is needed by reductions only."""
+        eng = cls.__new__(cls)
+        eng._init_issuing(api, rank, world, heap_ptrs, flag_addrs, main_queue, batch)
+        eng.heap, eng.device, eng.timeout_s = heap, device, 1.0
+        eng.watchdog = Watchdog(eng, start=False)
+        return eng
+
+    # -- addresses ---------------------------------------------------------
+    def bases(self, input: torch.Tensor, output: torch.Tensor) -> dict[str, object]:
+        # the tensors too, for reductions (torch kernels need tensors, not addresses)
+        return {"input": input.data_ptr(), "output": output.data_ptr(), "tensors": {"input": input, "output": output}}
+
+    def _addr(self, ref: Ref, bases: Mapping[str, int]) -> int:
+        return (self.ptrs[ref.rank] if ref.space == "sym" else bases[ref.space]) + ref.offset
+
+    def sym_offset(self, t: torch.Tensor) -> int | None:
+        return sym_offset(self.heap, t)
+
+    # -- primitives ----------------------------------------------------------
+    def copy(self, queue, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, int]) -> None:
+        dst_addr, src_addr = self._addr(dst, bases), self._addr(src, bases)
+        if self.batch:
+            self._pending.setdefault(queue.cuda_stream, (queue, []))[1].append((dst_addr, src_addr, nbytes))
+            return
+        self.api.hipMemcpyAsync(dst_addr, src_addr, nbytes, self._kind, queue.cuda_stream)
+
+    def reduce(self, queue, step: Reduce, bases: Mapping[str, object]) -> None:
+        """A torch kernel on ``queue`` after what is queued there (as on cuda)."""
+        self.flush(queue)
+        with torch.cuda.stream(queue):
+            sum_slots(self._local(step.src, step.count * step.nbytes, bases),
+                      self._local(step.dst, step.nbytes, bases), step.count, step.dtype)
+
+    def _local(self, ref: Ref, nbytes: int, bases: Mapping[str, object]) -> torch.Tensor:
+        if ref.space == "sym":
+            assert ref.rank == self.rank, f"a reduction reads and writes local memory only, not {ref}"
+            base = self.heap
+        else:
+            base = bases["tensors"][ref.space].view(-1).view(torch.uint8)
+        return base[ref.offset: ref.offset + nbytes]
+
+    def flush(self, queue) -> None:
+        """Issue the copies batched on ``queue`` (one hipMemcpyBatchAsync; a single copy as is)."""
+        entry = self._pending.pop(queue.cuda_stream, None)
+        if not entry or not entry[1]:
+            return
+        copies, stream = entry[1], queue.cuda_stream
+        if len(copies) == 1:
+            self.api.hipMemcpyAsync(*copies[0], self._kind, stream)
+            return
+        dsts, srcs, sizes = (list(x) for x in zip(*copies))
+        fail = ctypes.c_size_t(0)
+        try:  # attributes: none (HIP documents them as unsupported); ordering inside a batch is free,
+            # which is fine: copies of one plan step never overlap
+            self.api.hipMemcpyBatchAsync(dsts, srcs, sizes, len(copies), None, None, 0,
+                                         ctypes.addressof(fail), stream)
+        except TypeError:  # this binding spells the call differently: stop batching, copy one by one
+            self.batch = False
+            for c in copies:
+                self.api.hipMemcpyAsync(*c, self._kind, stream)
+
+    def _flush_all(self) -> None:
+        for queue, _ in list(self._pending.values()):
+            self.flush(queue)
+
+    def memops(self, queue, ops: Sequence[MemOp]) -> None:
+        self.flush(queue)  # flags go behind the data queued before them
+        stream = queue.cuda_stream
+        for op in ops:
+            addr = self.flag_addrs[op.rank][op.index]
+            if op.via == "kernel":
+                raise InvalidArgument("signal='kernel' uses torch symmetric memory's signal pads, which the hip "
+                                      "backend does not use; use signal='memop' or 'copy'")
+            if op.via == "copy":  # a 4-byte SDMA copy of the ONE word, queued behind the data
+                self.api.hipMemcpyAsync(addr, self.flag_addrs[self.rank][self._one], 4, self._kind, stream)
+            elif op.wait:
+                self.api.hipStreamWaitValue32(stream, addr, op.value, self._geq if op.geq else self._eq, MASK32)
+            else:
+                self.api.hipStreamWriteValue32(stream, addr, op.value, 0)
+
+    def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None:
+        while len(self.side_streams) < len(tasks) - 1:
+            self.side_streams.append(torch.cuda.Stream(self.device))
+        main = self.main_queue
+        self.flush(main)  # the fork event must come after the main queue's copies
+        fork = torch.cuda.Event()
+        fork.record(main)
+        joins = []
+        for task, stream in zip(tasks[1:], self.side_streams):
+            stream.wait_event(fork)
+            task(stream)
+            self.flush(stream)
+            done = torch.cuda.Event()
+            done.record(stream)
+            joins.append(done)
+        tasks[0](main)
+        self.flush(main)
+        for done in joins:
+            main.wait_event(done)
+
+    # -- watchdog helpers --------------------------------------------------
+    def read_own_flags(self) -> list[int]:
+        out = []
+        word = ctypes.c_uint32(0)
+        for addr in self.flag_addrs[self.rank]:
+            self.api.hipMemcpy(ctypes.addressof(word), addr, 4, self.api.const("hipMemcpyDeviceToHost"))
+            out.append(int(word.value))
+        return out
+
+    def release_waits(self, value: int) -> None:
+        """Write ``value`` to every word this rank waits on, from the non-blocking release stream."""
+        stream = self.release_stream
+        for addr in self.flag_addrs[self.rank][: self._one]:
+            self.api.hipStreamWriteValue32(stream.cuda_stream, addr, value, 0)
+        stream.synchronize()
+
+    # -- prelaunch gates (as on cuda) ---------------------------------------
+    def submit(self, work: Callable[[], None]) -> None:
+        work()
+
+    def gate_open(self, slot: int) -> None:
+        if slot not in self._gate_streams:
+            self._gate_streams[slot] = torch.cuda.Stream(self.device)
+        stream = self._gate_streams[slot]
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        self.memops(stream, gate_ops(self.world, self.rank, slot))
+        self._gate_context = torch.cuda.stream(stream)
+        self._gate_context.__enter__()
+
+    def gate_close(self, slot: int) -> None:
+        self._flush_all()
+        self._gate_context.__exit__(None, None, None)
+        done = torch.cuda.Event()
+        done.record(self._gate_streams[slot])
+        self._gate_done[slot] = done
+
+    def gate_release(self, slot: int, stream=None) -> None:
+        self.memops(stream or torch.cuda.current_stream(self.device),
+                    (MemOp(False, self.rank, gate_index(self.world, slot), 1),))
+
+    def gate_wait(self, slot: int, stream=None) -> None:
+        (stream or torch.cuda.current_stream(self.device)).wait_event(self._gate_done.pop(slot))
+
+    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
+        """prerecord=True: replay the HIP graph recorded for ``key`` (recorded on first use)."""
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.graph(graph, stream=side):
+                work()
+            self._graphs[key] = graph
+        graph.replay()
+        self.main_queue = torch.cuda.current_stream(self.device)
+        self.end_call(label, sync, 1)
+
+    # -- call bracketing -----------------------------------------------------
+    def begin_call(self, label: str) -> None:
+        if self.watchdog.error is not None:
+            raise self.watchdog.error
+        self._pending.clear()  # copies left by a call that raised midway must not run later
+        self.main_queue = torch.cuda.current_stream(self.device)
+
+    def end_call(self, label: str, sync: str, value: int) -> None:
+        self._flush_all()
+        if torch.cuda.is_current_stream_capturing():
+            return  # replays are not tracked; see Communicator.watch
+        done = torch.cuda.Event()
+        done.record(self.main_queue)
+        self.watchdog.track(done, label, sync, value)
+
+    def close(self) -> None:
+        self.watchdog.close()
+        memory = getattr(self, "memory", None)
+        if memory is not None:
+            torch.cuda.synchronize(self.device)
+            hip_memory.release(self.api, memory)
+
