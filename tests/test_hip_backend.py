@@ -758,3 +758,10 @@ def test_flag_mode_follows_gpu_streamops_cp_wait():
 
 def test_plans_still_have_the_shape_this_file_assumes():
     assert isinstance(build_plan(all_gather_exchange(2, 8), 0), Plan)
+
+
+def test_check_command_says_why_hip_cannot_run_before_starting_ranks(capsys):
+    from dmacoll import cli
+
+    rc = cli.main(["check", "--backend", "hip", "--world", "2"])
+    assert rc == 2 and "hip backend unavailable" in capsys.readouterr().err

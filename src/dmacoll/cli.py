@@ -42,8 +42,16 @@ def _check_rank(rank: int, world: int, args: dict) -> list[dict]:
 def cmd_check(a: argparse.Namespace) -> int:
     from .launch import run_ranks
 
+    from .backends import resolve
+    from .errors import BackendUnavailable
+
+    try:
+        resolve(a.backend)  # before any rank starts: says why a backend cannot run here
+    except BackendUnavailable as e:
+        print(f"dmacoll check: {e}", file=sys.stderr)
+        return 2
     seed = a.seed if a.seed is not None else random.randrange(1 << 30)
-    device = "cuda" if a.backend == "cuda" else "cpu"
+    device = "cpu" if a.backend == "host" else "cuda"  # hip: torch.cuda is HIP on ROCm builds
     print(f"dmacoll check: backend={a.backend} world={a.world} seed={seed} (pass --seed {seed} to repeat)",
           flush=True)
     t0 = time.monotonic()
@@ -219,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     c = sub.add_parser("check", help="run every op x variant on a backend and compare with a reference")
-    c.add_argument("--backend", choices=("host", "cuda"), default="host")
+    c.add_argument("--backend", choices=("host", "cuda", "hip"), default="host")
     c.add_argument("--world", type=int, default=2)
     c.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS),
                    help="reduce_scatter/all_reduce (sum) skip the dtypes they do not sum (bool, int8, uint8)")

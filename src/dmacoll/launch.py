@@ -28,6 +28,8 @@ def init_rank(rank: int, world: int, init_method: str, device: str) -> None:
     import torch.distributed as dist
 
     if device == "cuda":
+        if torch.cuda.device_count() == 0:
+            raise RuntimeError(f"rank {rank} was started for {device} but this machine shows no GPU")
         torch.cuda.set_device(rank % torch.cuda.device_count())
         backend = "cpu:gloo,cuda:nccl"
     else:
