@@ -13,6 +13,8 @@ include: "workflow/rules/build.smk"
 include: "workflow/rules/check.smk"
 include: "workflow/rules/operator.smk"
 include: "workflow/rules/c3.smk"
+if DMALATTE_ON:
+    include: "workflow/rules/amd_dmalatte.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -72,3 +72,9 @@ def test_text_without_banner_needs_the_op():
     with pytest.raises(FormatError, match="the table has no rows"):
         amd_dmalatte.parse(text.splitlines()[0], world=8, op="aa")
     assert amd_dmalatte.parse(text, world=8, op="ag")[0]["variant"] == "pcpy"
+
+
+def test_command_line_converts_one_run(tmp_path, capsys):
+    assert amd_dmalatte.main([str(DATA / "ag_pcpy_8gpu.txt"), str(tmp_path / "run.csv"), "--world", "8",
+                              "--op", "ag", "--variant", "pcpy"]) == 0
+    assert (tmp_path / "run.csv").exists() and "wrote" in capsys.readouterr().out

@@ -64,3 +64,14 @@ def test_mi300x_config_dry_runs_the_full_dag(tmp_path):
         assert f"rule {rule}:" in r.stdout
     assert "nccl_ce" not in r.stdout  # RCCL has no copy-engine mode
     assert "--submit python --min-bytes" in r.stdout  # native submission drives the CUDA driver: not here
+
+
+def test_amd_dmalatte_baseline_is_built_swept_and_parsed_when_configured(tmp_path):
+    cfg = tmp_path / "dmalatte.yaml"
+    cfg.write_text("amd_dmalatte:\n  checkout: /opt/AMD-DMA-Latte\n  runs:\n"
+                   "    ag_pcpy: {op: ag, variant: pcpy, command: './build/sdma_collective --ag'}\n")
+    r = dry_run("-p", "--configfile", "config/config.yaml", "config/mi300x.yaml", str(cfg),
+                config=(f"outdir={tmp_path}",))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "rule amd_dmalatte_build:" in r.stdout and "rule amd_dmalatte_sweep:" in r.stdout
+    assert "dmacoll.bench.amd_dmalatte" in r.stdout and "--world 8 --op ag --variant 'pcpy'" in r.stdout

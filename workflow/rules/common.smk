@@ -43,10 +43,17 @@ def result(platform, path):
     return f"{PLATFORMS[platform][0]}/{path}"
 
 
+# the authors' AMD-DMA-Latte as an external baseline on ROCm, when the config names a checkout
+DMALATTE = config.get("amd_dmalatte", {})
+DMALATTE_ON = PLATFORM == "rocm" and bool(DMALATTE.get("checkout"))
+
+
 def operator_csvs(platform):
-    """The sweeps, and NCCL's copy-engine path where there is one (not on ROCm: RCCL has no such mode)."""
+    """The sweeps, NCCL's copy-engine path where there is one (not on ROCm: RCCL has no such mode), and the
+    AMD-DMA-Latte runs where configured."""
     ce = [] if PLATFORM == "rocm" else [result(platform, "operator/nccl_ce.csv")]
-    return [result(platform, f"operator/sweep_{op}.csv") for op in config["operator"]["ops"]] + ce
+    amd = [f"{OUT}/amd_dmalatte/{run}.csv" for run in DMALATTE.get("runs", {})] if DMALATTE_ON else []
+    return [result(platform, f"operator/sweep_{op}.csv") for op in config["operator"]["ops"]] + ce + amd
 
 
 def shipped_extra(platform, path):

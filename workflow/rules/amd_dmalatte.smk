@@ -1,0 +1,42 @@
+rule amd_dmalatte_build:
+    """Build the authors' AMD-DMA-Latte checkout named in the config (ROCm) and record its commit."""
+    output:
+        f"{OUT}/amd_dmalatte/build.txt",
+    params:
+        checkout=DMALATTE["checkout"],
+        make=DMALATTE["make"],
+    log:
+        "logs/amd_dmalatte_build.log",
+    conda:
+        "../../envs/rocm.yaml"
+    shell:
+        "(cd {params.checkout} && {params.make}) > {log} 2>&1 && "
+        "git -C {params.checkout} rev-parse HEAD > {output} && echo '{params.make}' >> {output}"
+
+
+rule amd_dmalatte_sweep:
+    """One configured sdma_collective run (a variant), its stdout parsed into the sweep's tidy CSV."""
+    input:
+        f"{OUT}/amd_dmalatte/build.txt",
+    output:
+        stdout=f"{OUT}/amd_dmalatte/{{run}}.txt",
+        csv=f"{OUT}/amd_dmalatte/{{run}}.csv",
+    wildcard_constraints:
+        run="|".join(DMALATTE["runs"]) or "none",
+    params:
+        py=PY,
+        checkout=DMALATTE["checkout"],
+        command=lambda wc: DMALATTE["runs"][wc.run]["command"],
+        op=lambda wc: DMALATTE["runs"][wc.run]["op"],
+        variant=lambda wc: DMALATTE["runs"][wc.run]["variant"],
+        world=config["gpus"],
+    resources:
+        gpu=config["gpus"],
+    log:
+        "logs/amd_dmalatte_{run}.log",
+    conda:
+        "../../envs/rocm.yaml"
+    shell:
+        "(cd {params.checkout} && {params.command}) > {output.stdout} 2> {log} && "
+        "{params.py} -m dmacoll.bench.amd_dmalatte {output.stdout} {output.csv} --world {params.world} "
+        "--op {params.op} --variant '{params.variant}' >> {log} 2>&1"
