@@ -7,6 +7,8 @@ PY        := $(VENV)/bin/python
 TORCH     ?= torch==2.13.0
 EXTRAS    ?= workflow,test
 CORES     ?= 2
+# GPU rules ask for every GPU (resources: gpu=N); declaring what the machine has keeps them from overlapping
+GPUS      ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)
 STAMP     := $(VENV)/.installed
 
 .PHONY: setup artifact test test-gpu dryrun clean
@@ -20,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 artifact: $(STAMP)
-	$(VENV)/bin/snakemake --cores $(CORES) --printshellcmds
+	$(VENV)/bin/snakemake --cores $(CORES) --resources gpu=$(GPUS) --printshellcmds
 
 dryrun: $(STAMP)
 	$(VENV)/bin/snakemake --cores $(CORES) --dry-run

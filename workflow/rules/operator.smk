@@ -98,4 +98,4 @@ rule power:
     shell:
         "({params.py} -m dmacoll power --sizes {params.sizes} --out {output.power} && "
         "{params.py} -m dmacoll sm-usage --out {output.sm_usage} && "
-        "{params.py} -m dmacoll interference --out {output.interference}) 2>&1 | tee {log}"
+        "{params.py} -m dmacoll interference --sizes {params.sizes} --out {output.interference}) 2>&1 | tee {log}"
