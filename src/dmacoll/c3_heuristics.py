@@ -138,10 +138,11 @@ class Node:
 
 
 def learn(feats: pd.DataFrame, times: pd.DataFrame, depth: int = 2, min_leaf: int = 3,
-          min_gain: float = 0.005) -> Node:
+          min_gain: float = 0.005, candidates: Optional[Sequence[Test]] = None) -> Node:
+    """``candidates``: the tests a node may use (default: ``candidate_tests``, C3's features)."""
     regret = (times.to_numpy() / times.min(axis=1).to_numpy()[:, None]) - 1.0
     names = list(times.columns)
-    tests = [(t, t.mask(feats)) for t in candidate_tests(feats)]
+    tests = [(t, t.mask(feats)) for t in (candidate_tests(feats) if candidates is None else candidates)]
     gain = min_gain * len(feats)
 
     def best(mask: np.ndarray, d: int) -> tuple[Node, float]:

@@ -1,4 +1,4 @@
-"""`dmacoll <subcommand>`: check, sweep, tune, build, breakdown, power, sm-usage, interference, c3, report."""
+"""`dmacoll <subcommand>`: check, sweep, tune, build, breakdown, power, sm-usage, interference, c3, ficco, report."""
 from __future__ import annotations
 
 import argparse
@@ -315,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_interference)
 
     add_c3_parser(sub)
+    add_ficco_parser(sub)
 
     b = sub.add_parser("breakdown", help="control/schedule/copy/sync phases of one copy-engine transfer (CUPTI)")
     b.add_argument("--sizes", nargs="+", type=parse_size,
@@ -375,6 +376,45 @@ def add_c3_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration; no GPU")
     p.add_argument("--out", default="results/local/c3/c3.csv")
     p.set_defaults(func=cmd_c3)
+
+
+def cmd_ficco(a: argparse.Namespace) -> int:
+    """FiCCO: a collective and its dependent GEMM, serial vs decomposed into overlapped pieces; --dry-run: plan."""
+    from .bench.ficco_grid import PEAK_TFLOPS, estimate_seconds
+
+    cfg = dict(models=a.models, tokens=a.tokens, patterns=a.patterns, impls=a.impls, factors=a.factors,
+               repeats=a.repeats, hold_us=a.hold_us)
+    world = a.world or (2 if a.dry_run else 0)
+    if not world:
+        world = _gpu_world(a, "ficco")
+    est = estimate_seconds(cfg, world)
+    print(f"dmacoll ficco: world {world}, {est['scenarios']} scenarios ({', '.join(est['labels'])}) x schedules "
+          f"{', '.join(est['schedules'])}; estimated {est['seconds'] / 60:.1f} min (GEMMs at {PEAK_TFLOPS:g} "
+          f"TFLOP/s)", flush=True)
+    if a.dry_run:
+        return 0
+    from .bench.ficco import FICCO_COLUMNS, run_ficco
+
+    return _gpu_tool(a, "ficco", run_ficco, FICCO_COLUMNS, cfg, 1800)
+
+
+def add_ficco_parser(sub) -> None:
+    from .bench import ficco_grid as g
+
+    d = g.DEFAULTS
+    p = sub.add_parser("ficco", help="FiCCO: all-gather->GEMM, GEMM->reduce-scatter, all-to-all->GEMM, serial vs "
+                                     "decomposed pieces overlapped, on NCCL or dma")
+    p.add_argument("--world", type=int, default=0, help="ranks (default: every visible GPU; --dry-run: 2)")
+    p.add_argument("--models", nargs="+", choices=list(g.MODELS), default=d["models"])
+    p.add_argument("--tokens", nargs="+", type=int, default=d["tokens"], help="global token counts")
+    p.add_argument("--patterns", nargs="+", choices=list(g.PATTERNS), default=d["patterns"])
+    p.add_argument("--impls", nargs="+", choices=g.IMPLS, default=d["impls"])
+    p.add_argument("--factors", nargs="+", type=int, default=d["factors"], help="pieces d = factor x world")
+    p.add_argument("--repeats", type=int, default=d["repeats"])
+    p.add_argument("--hold-us", type=float, default=d["hold_us"], help="GPU sleep before each timed start")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration; no GPU")
+    p.add_argument("--out", default="results/local/ficco/ficco.csv")
+    p.set_defaults(func=cmd_ficco)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,0 +1,122 @@
+"""Which FiCCO schedule should a runtime use? Rules learned from a `dmacoll ficco` table, tested on a held-out model.
+
+A scenario is (model, pattern, tokens, world); an option is a schedule (``option``: "nccl serial", "dma d=4",
+...). Ranks are merged first (a step ends when the slowest rank ends: every time is the maximum over ranks);
+only measured, correct rows count; an option missing in a scenario counts as NCCL serial's time there.
+
+Features, all static sizes a runtime knows before it runs: ``op`` (the pattern), ``gflop`` of the rank's whole
+GEMM, ``tokens``, and ``ratio``, the static T_comm / T_gemm estimate (``ficco_grid.Scenario.est_ratio``).
+Rules: ``c3_heuristics``' exhaustive depth-limited decision tree (least total training regret, regret =
+T(pick) / T(best) - 1), with this module's candidate tests.
+
+Split: by model. The distinct models sorted by name; the first is held out (all its patterns and token
+counts; "llama3-70b" in the default grid), the rest train. Scores: accuracy = the pick is the best option
+(within 0.1%); within_5pct = the pick's time is within 5% of the best; mean regret.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import c3_heuristics as h
+
+KEYS = ["model", "pattern", "tokens", "world"]
+DEFAULT = "nccl serial"
+GFLOP_CUTS = (50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+RATIO_CUTS = (0.05, 0.1, 0.2, 0.4, 0.8)
+TOKEN_CUTS = (4096,)
+load, skipped, score, Node, Test = h.load, h.skipped, h.score, h.Node, h.Test
+
+
+def collapse(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (scenario, option) measured and correct on every rank: the slowest rank's times, speedups and losses recomputed from them."""
+    from .bench.ficco_grid import pipeline_time
+
+    good = ~skipped(df) & (df["correct"].astype(str) == "True")
+    # a schedule wrong or missing on any rank does not count for its scenario
+    whole = good.groupby([df[k] for k in KEYS + ["option"]]).transform("all")
+    ok = df[whole]
+    times = ["t_us", "t_serial_us", "t_serial_nccl_us", "t_gemm_us", "t_gemm_pieces_us", "t_coll_us",
+             "t_coll_pieces_us"]
+    first = ["op", "impl", "pieces", "gflop", "est_ratio", "coll_bytes", "M", "N", "K"]
+    out = ok.groupby(KEYS + ["option"], dropna=False).agg(
+        {**{c: "max" for c in times}, **{c: "first" for c in first}}).reset_index()
+    out["decomposition_loss"] = out["t_gemm_pieces_us"] / out["t_gemm_us"]
+    out["overlap_vs_isolated_sum"] = out["t_us"] / (out["t_gemm_pieces_us"] + out["t_coll_pieces_us"])
+    rs = out["pattern"] == "gemm_rs"
+    first_t = np.where(rs, out["t_gemm_pieces_us"], out["t_coll_pieces_us"])
+    second_t = np.where(rs, out["t_coll_pieces_us"], out["t_gemm_pieces_us"])
+    out["t_pipeline_ideal_us"] = [pipeline_time(a, b, int(d)) for a, b, d in zip(first_t, second_t, out["pieces"])]
+    out["contention_loss"] = out["t_us"] / out["t_pipeline_ideal_us"]
+    out["speedup_vs_serial"] = out["t_serial_us"] / out["t_us"]
+    out["speedup_vs_nccl_serial"] = out["t_serial_nccl_us"] / out["t_us"]
+    return out
+
+
+def scenarios(coll: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(features, time per option) indexed by scenario."""
+    times = coll.pivot_table(index=KEYS, columns="option", values="t_us", aggfunc="first")
+    fallback = times[DEFAULT] if DEFAULT in times else times.max(axis=1)
+    times = times.apply(lambda col: col.fillna(fallback)).dropna()
+    feats = coll.groupby(KEYS).agg(gflop=("gflop", "first"), ratio=("est_ratio", "first")).reindex(times.index)
+    feats["op"] = feats.index.get_level_values("pattern")
+    feats["tokens"] = feats.index.get_level_values("tokens").astype(float)
+    feats["model"] = feats.index.get_level_values("model")
+    return feats, times[sorted(times.columns)]
+
+
+def candidate_tests(feats: pd.DataFrame) -> list:
+    tests = [Test("op", p, False) for p in sorted(feats["op"].unique())]
+    tests += [Test("gflop", g, True) for g in GFLOP_CUTS]
+    tests += [Test("ratio", r, True) for r in RATIO_CUTS]
+    return tests + [Test("tokens", float(t), True) for t in TOKEN_CUTS]
+
+
+def holdout_model(models) -> str:
+    return sorted(set(models))[0]
+
+
+def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 2, min_gain: float = 0.005,
+                     holdout: Optional[str] = None) -> dict:
+    """The learned rule; its scores on train and held-out scenarios next to 'always the single best option on
+    train' and 'always NCCL serial'."""
+    feats, times = scenarios(coll)
+    models = sorted(set(feats["model"]))
+    if len(models) < 2:
+        raise ValueError(f"need at least two models to hold one out, have {models}")
+    held = holdout or holdout_model(models)
+    test = (feats["model"] == held).to_numpy()
+    cands = candidate_tests(feats[~test])
+    rule = h.learn(feats[~test], times[~test], depth, min_leaf, min_gain, candidates=cands)
+    single = h.learn(feats[~test], times[~test], 0, candidates=cands)
+    refs = [("rule", rule), ("always " + str(single.pick), single)]
+    refs += [("always " + DEFAULT, Node(pick=DEFAULT))] if DEFAULT in times else []
+    rows = []
+    for name, model in refs:
+        for part, m in (("train", ~test), ("test", test)):
+            if m.any():
+                rows.append({"model": name, "set": part, **score(model.predict(feats[m]), times[m])})
+    return {"rule": rule, "text": rule.text(), "scores": pd.DataFrame(rows), "held_out": held,
+            "train_models": [m for m in models if m != held], "best": times.idxmin(axis=1),
+            "features": feats, "times": times, "test_mask": test}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dmacoll.ficco_heuristics", description=__doc__.split("\n")[0])
+    p.add_argument("csv", nargs="+", help="tables from `dmacoll ficco`")
+    p.add_argument("--depth", type=int, default=2)
+    p.add_argument("--min-leaf", type=int, default=2)
+    p.add_argument("--holdout", default=None, help="model to hold out (default: the first by name)")
+    a = p.parse_args(argv)
+    res = fit_and_evaluate(collapse(load(a.csv)), a.depth, a.min_leaf, holdout=a.holdout)
+    print(f"held out: {res['held_out']}; trained on {', '.join(res['train_models'])}")
+    print(res["text"])
+    print(res["scores"].round(3).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,17 @@
+rule ficco:
+    """FiCCO: all-gather->GEMM, GEMM->reduce-scatter, all-to-all->GEMM, serial vs overlapped pieces (GPUs)."""
+    output:
+        csv=f"{OUT}/ficco/ficco.csv",
+        json=f"{OUT}/ficco/ficco.json",
+    log:
+        "logs/ficco.log",
+    benchmark:
+        "benchmarks/ficco.tsv"
+    resources:
+        gpu=config["gpus"],
+    params:
+        py=PY,
+    conda:
+        "../../envs/cuda.yaml"
+    shell:
+        "{params.py} -m dmacoll ficco --out {output.csv} 2>&1 | tee {log}"
