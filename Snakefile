@@ -13,6 +13,7 @@ include: "workflow/rules/build.smk"
 include: "workflow/rules/check.smk"
 include: "workflow/rules/operator.smk"
 include: "workflow/rules/c3.smk"
+include: "workflow/rules/ficco.smk"
 if DMALATTE_ON:
     include: "workflow/rules/amd_dmalatte.smk"
 include: "workflow/rules/report.smk"

@@ -55,6 +55,7 @@ def test_gpu_platform_configs_plan_every_experiment(platform_file, tmp_path):
     for rule in ("operator_sweep", "operator_sweep_nccl_ce", "breakdown", "power", "c3", "index"):
         assert f"rule {rule}:" in r.stdout
     assert f"{tmp_path}/report/measured/notebooks/c3.html" in r.stdout
+    assert f"{tmp_path}/report/measured/notebooks/ficco.html" in r.stdout
 
 
 def test_mi300x_config_dry_runs_the_full_dag(tmp_path):

@@ -69,6 +69,7 @@ NOTEBOOK_INPUTS = {
     "breakdown": lambda p: [result(p, "breakdown/breakdown.csv")],
     "resources": lambda p: [result(p, f"power/{name}.csv") for name in ("power", "sm_usage", "interference")],
     "c3": lambda p: [result(p, "c3/c3.csv")],
+    "ficco": lambda p: [result(p, "ficco/ficco.csv")],
 }
 
 
