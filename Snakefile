@@ -14,6 +14,8 @@ include: "workflow/rules/check.smk"
 include: "workflow/rules/operator.smk"
 include: "workflow/rules/c3.smk"
 include: "workflow/rules/ficco.smk"
+include: "workflow/rules/e2e_functions.smk"
+include: "workflow/rules/e2e.smk"
 if DMALATTE_ON:
     include: "workflow/rules/amd_dmalatte.smk"
 include: "workflow/rules/report.smk"

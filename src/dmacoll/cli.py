@@ -201,6 +201,35 @@ def cmd_c3(a: argparse.Namespace) -> int:
     return _gpu_tool(a, "c3", run_c3, C3_COLUMNS, cfg, 3600)
 
 
+def cmd_e2e(a: argparse.Namespace) -> int:
+    """LLM inference (prefill + CUDA-graph decode) with NCCL vs dmacoll collectives; --dry-run: the plan only."""
+    import json
+    from pathlib import Path
+
+    from .e2e import config as e2e
+
+    cfg = dict(models=a.models, layers=a.layers, batches=a.batches, prompts=a.prompts, impls=a.impls,
+               decode_steps=a.decode_steps, repeats=a.repeats, output_len=a.output_len, chunk_tokens=a.chunk_tokens,
+               dtype=a.dtype, seed=a.seed, rtol=a.rtol, atol=a.atol)
+    if a.hf_config_dir:  # shapes for `vllm bench ... --load-format dummy`
+        for name in a.models:
+            d = Path(a.hf_config_dir) / name
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "config.json").write_text(json.dumps(e2e.hf_config(e2e.spec(name, a.layers)), indent=1) + "\n")
+            print(f"wrote {d / 'config.json'}")
+        return 0
+    try:
+        print(e2e.plan_text(cfg, a.world or 2), flush=True)
+    except ValueError as e:
+        print(f"dmacoll e2e: {e}", file=sys.stderr)
+        return 2
+    if a.dry_run:
+        return 0
+    from .e2e.bench import E2E_COLUMNS, run_e2e
+
+    return _gpu_tool(a, "e2e", run_e2e, E2E_COLUMNS, cfg, 1800)
+
+
 def cmd_build(a: argparse.Namespace) -> int:
     """Compile the native submission library, check it, and record the toolchain."""
     from .backends import native
@@ -316,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_c3_parser(sub)
     add_ficco_parser(sub)
+    add_e2e_parser(sub)
 
     b = sub.add_parser("breakdown", help="control/schedule/copy/sync phases of one copy-engine transfer (CUPTI)")
     b.add_argument("--sizes", nargs="+", type=parse_size,
@@ -376,6 +406,41 @@ def add_c3_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration; no GPU")
     p.add_argument("--out", default="results/local/c3/c3.csv")
     p.set_defaults(func=cmd_c3)
+
+
+def add_e2e_parser(sub) -> None:
+    from .e2e.config import DEFAULTS as d, MODELS
+
+    def positive(text: str) -> int:
+        v = int(text)
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+        return v
+
+    p = sub.add_parser("e2e", help="LLM inference (Llama / Mixtral layers, random weights): TTFT, decode step, "
+                                   "tokens/s with NCCL vs dmacoll collectives; logits compared")
+    p.add_argument("--world", type=int, default=0, help="ranks (default: every visible GPU)")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=d["models"])
+    p.add_argument("--layers", type=positive, default=d["layers"], help="the first N layers of each model")
+    p.add_argument("--batches", nargs="+", type=positive, default=d["batches"])
+    p.add_argument("--prompts", nargs="+", type=positive, default=d["prompts"], help="prompt lengths (tokens)")
+    p.add_argument("--impls", nargs="+", choices=("nccl", "dma"), default=d["impls"],
+                   help="collectives; the first is the logits reference")
+    p.add_argument("--decode-steps", type=positive, default=d["decode_steps"], help="graph replays per timing")
+    p.add_argument("--repeats", type=positive, default=d["repeats"])
+    p.add_argument("--output-len", type=positive, default=d["output_len"],
+                   help="tokens per request for the derived e2e tokens/s")
+    p.add_argument("--chunk-tokens", type=positive, default=d["chunk_tokens"],
+                   help="most tokens per prefill forward (whole prompts)")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=d["dtype"])
+    p.add_argument("--seed", type=int, default=d["seed"])
+    p.add_argument("--rtol", type=float, default=d["rtol"], help="logits check: relative tolerance")
+    p.add_argument("--atol", type=float, default=d["atol"], help="logits check: absolute, times rms(ref)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration; no GPU")
+    p.add_argument("--hf-config-dir", help="write a Hugging Face config.json per model (the --layers slice) "
+                                          "here for vLLM dummy-weight runs, then exit")
+    p.add_argument("--out", default="results/local/e2e/e2e.csv")
+    p.set_defaults(func=cmd_e2e)
 
 
 def cmd_ficco(a: argparse.Namespace) -> int:

@@ -70,6 +70,8 @@ NOTEBOOK_INPUTS = {
     "resources": lambda p: [result(p, f"power/{name}.csv") for name in ("power", "sm_usage", "interference")],
     "c3": lambda p: [result(p, "c3/c3.csv")],
     "ficco": lambda p: [result(p, "ficco/ficco.csv")],
+    "e2e": lambda p: [result(p, "e2e/e2e.csv")]
+    + ([f"{OUT}/e2e/vllm.csv"] if GPU and config.get("vllm", {}).get("enabled") else []),
 }
 
 

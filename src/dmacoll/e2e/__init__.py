@@ -1,0 +1,1 @@
+"""End-to-end LLM inference with NCCL or dmacoll collectives (`dmacoll e2e`); config.py states the design."""

@@ -1,0 +1,217 @@
+"""`dmacoll e2e`: LLM inference (prefill + decode) with NCCL or dmacoll collectives, one process per GPU.
+
+Per (model, batch, prompt length) and per implementation, on the same weights and inputs:
+
+* TTFT: the whole batch's prefill (``chunk_tokens`` tokens per forward, whole prompts) up to the logits of every
+  prompt's last token, eager, CUDA events, median of ``repeats`` after one warm-up; the slowest rank's time;
+* decode: one step (one token per sequence) captured in a CUDA graph; ``decode_steps`` replays back to back
+  between two events, per-step time, median of ``repeats``; the slowest rank's;
+* throughput: prefill tokens/s = batch x prompt / TTFT, decode tokens/s = batch / step time, and
+  e2e tokens/s = batch x output_len / (TTFT + (output_len - 1) x step) (derived from the two, not run);
+* outputs: the first implementation in ``impls`` (NCCL by default) is the reference; every other one must
+  give the same logits (prefill and first decode step) within ``|a - b| <= atol x rms(ref) + rtol x |ref|`` per
+  element. Max abs diff and the share of equal argmax (greedy) tokens are recorded.
+
+Prompts and decode tokens are seeded random ids, the same on every rank and for every implementation; decode
+feeds fixed tokens (not greedy ones) so that both implementations see the same inputs at every step.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+from .config import E2E_COLUMNS, MEASURED_COLUMNS, ModelSpec, max_tokens, merged_buffers, prefill_chunks, spec
+
+__all__ = ["E2E_COLUMNS", "run_e2e"]
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def compare(ref, got, rtol: float, atol: float) -> dict:
+    """Logits agreement (float tensors of the same shape)."""
+    import torch
+
+    diff = (got - ref).abs()
+    bound = atol * ref.pow(2).mean().sqrt() + rtol * ref.abs()
+    return {"logits_max_abs_diff": float(diff.max()), "logits_ref_max_abs": float(ref.abs().max()),
+            "logits_ok": bool(torch.isfinite(got).all() and (diff <= bound).all()),
+            "argmax_agree": float((got.argmax(-1) == ref.argmax(-1)).float().mean())}
+
+
+def derived(batch: int, prompt: int, output_len: int, ttft_ms: float, decode_ms: float) -> dict:
+    ttft_s, step_s = ttft_ms / 1e3, decode_ms / 1e3
+    return {"prefill_tok_s": batch * prompt / ttft_s, "decode_tok_s": batch / step_s,
+            "e2e_tok_s": batch * output_len / (ttft_s + (output_len - 1) * step_s)}
+
+
+class Runner:
+    def __init__(self, rank: int, world: int, cfg: dict):
+        import torch
+        import torch.distributed as dist
+
+        from .collectives import make
+
+        self.rank, self.world, self.cfg = rank, world, cfg
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_stream(torch.cuda.Stream())  # never the legacy stream
+        self.cpu_group = dist.new_group(backend="gloo")
+        self.dtype = getattr(torch, cfg["dtype"])
+        self.specs = [spec(m, cfg["layers"]) for m in cfg["models"]]
+        tokens = max_tokens(cfg["batches"], cfg["prompts"], cfg["chunk_tokens"])
+        elements = merged_buffers(self.specs, world, tokens, max(cfg["batches"]))
+        self.colls = {impl: make(impl, self.device, elements, self.dtype) for impl in cfg["impls"]}
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.cpu_group)
+
+    def gather(self, value) -> list:
+        import torch.distributed as dist
+
+        out: list = [None] * self.world
+        dist.all_gather_object(out, value, group=self.cpu_group)
+        return out
+
+    def slowest(self, times: list[float]) -> list[float]:
+        """Per repeat, the largest time over ranks (a step ends when every rank is done)."""
+        return [max(ts) for ts in zip(*self.gather(times))]
+
+
+def measure(rn: Runner, model, impl: str, batch: int, prompt: int, inputs: tuple) -> tuple[dict, tuple]:
+    """TTFT and decode step time of one implementation; also its logits (prefill, first decode step)."""
+    import torch
+
+    cfg, coll = rn.cfg, rn.colls[impl]
+    prompts, step_tokens = inputs
+    steps, repeats = cfg["decode_steps"], cfg["repeats"]
+    chunks = prefill_chunks(batch, prompt, cfg["chunk_tokens"])
+    cache = model.new_cache(batch, prompt + steps + 4)
+
+    def timed(fn) -> float:
+        rn.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    model.prefill_batch(coll, prompts, cache, chunks)  # warm-up (and NCCL's eager call before capture)
+    ttft = rn.slowest([timed(lambda: model.prefill_batch(coll, prompts, cache, chunks)) for _ in range(repeats)])
+    prefill_logits = model.prefill_batch(coll, prompts, cache, chunks)
+
+    tokens = step_tokens.clone()
+    pos = torch.full((1,), prompt, dtype=torch.long, device=rn.device)
+
+    def step():
+        out = model.decode(coll, tokens, pos, cache)
+        pos.add_(1)
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # eager once: kernels chosen, NCCL and dmacoll warmed up
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    rn.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_logits = step()
+    torch.cuda.synchronize()
+    rn.barrier()
+    pos.fill_(prompt)
+    graph.replay()
+    decode_logits = static_logits.clone()
+
+    def replays():
+        for _ in range(steps):
+            graph.replay()
+
+    per_step = []
+    for _ in range(repeats):
+        pos.fill_(prompt)
+        per_step.append(timed(replays) / steps)
+    decode = rn.slowest(per_step)
+    del graph
+    row = {"ttft_ms": statistics.median(ttft), "ttft_ms_p10": _pct(ttft, 0.1), "ttft_ms_p90": _pct(ttft, 0.9),
+           "decode_ms": statistics.median(decode), "decode_ms_p10": _pct(decode, 0.1),
+           "decode_ms_p90": _pct(decode, 0.9)}
+    row.update(derived(batch, prompt, cfg["output_len"], row["ttft_ms"], row["decode_ms"]))
+    return row, (prefill_logits, decode_logits)
+
+
+def point_fields(s: ModelSpec, rn: Runner, impl: str, batch: int, prompt: int) -> dict:
+    cfg = rn.cfg
+    return {"model": s.name, "arch": s.arch, "layers": s.layers, "world": rn.world,
+            "parallel": f"tp{rn.world}" + (f"+ep{rn.world}" if s.moe else ""), "impl": impl,
+            "dtype": cfg["dtype"], "batch": batch, "prompt_len": prompt, "chunk_tokens": cfg["chunk_tokens"],
+            "decode_steps": cfg["decode_steps"], "output_len": cfg["output_len"],
+            "collectives_per_step": sum(s.collectives_per_forward().values())}
+
+
+def progress(r: dict) -> str:
+    check = "" if r["logits_ok"] == "" else \
+        f", logits max diff {r['logits_max_abs_diff']:.3g} ({'ok' if r['logits_ok'] else 'MISMATCH'})"
+    return (f"{r['model']:14s} {r['impl']:5s} batch {r['batch']:4d} prompt {r['prompt_len']:5d}: "
+            f"TTFT {r['ttft_ms']:9.2f} ms, decode {r['decode_ms']:7.3f} ms/step, {r['decode_tok_s']:9.0f} tok/s{check}")
+
+
+def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int) -> list[dict]:
+    """Every implementation on one (model, batch, prompt); the first is the logits reference."""
+    import torch
+
+    cfg, nan = rn.cfg, float("nan")
+    gen = torch.Generator(device=rn.device).manual_seed(cfg["seed"] * 7919 + batch * 31 + prompt)
+    inputs = (torch.randint(0, s.vocab, (batch, prompt), generator=gen, device=rn.device),
+              torch.randint(0, s.vocab, (batch,), generator=gen, device=rn.device))
+    rows, ref = [], None
+    for impl in cfg["impls"]:
+        row = point_fields(s, rn, impl, batch, prompt)
+        try:
+            got, logits, err = *measure(rn, model, impl, batch, prompt, inputs), ""
+        except Exception as e:  # noqa: BLE001 - recorded; a rank stuck in a collective hits the launcher's timeout
+            got, logits, err = {}, None, f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+        errors = [e for e in rn.gather(err) if e]
+        if errors:
+            rows.append({**row, **dict.fromkeys(MEASURED_COLUMNS, nan), "logits_ok": "", "status": errors[0]})
+            torch.cuda.empty_cache()
+            continue
+        check = {"logits_max_abs_diff": nan, "logits_ref_max_abs": nan, "logits_ok": "", "argmax_agree": nan}
+        if ref is None:
+            ref = logits
+        else:
+            both = [compare(r, g, cfg["rtol"], cfg["atol"]) for r, g in zip(ref, logits)]  # prefill, decode
+            check = {"logits_max_abs_diff": max(c["logits_max_abs_diff"] for c in both),
+                     "logits_ref_max_abs": max(c["logits_ref_max_abs"] for c in both),
+                     "logits_ok": all(c["logits_ok"] for c in both),
+                     "argmax_agree": min(c["argmax_agree"] for c in both)}
+        rows.append({**row, **got, **check, "status": "ok"})
+        if rn.rank == 0:
+            print(progress(rows[-1]), flush=True)
+    return rows
+
+
+def run_e2e(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
+    import torch
+
+    from .model import Model
+
+    rn = Runner(rank, world, cfg)
+    rows: list[dict] = []
+    for s in rn.specs:
+        model = Model(s, rank, world, rn.device, rn.dtype, cfg["seed"])
+        for batch in cfg["batches"]:
+            for prompt in cfg["prompts"]:
+                rows += run_point(rn, s, model, batch, prompt)
+                torch.cuda.empty_cache()
+        del model
+        torch.cuda.empty_cache()
+    rn.barrier()
+    for coll in rn.colls.values():
+        coll.close()
+    return rows if rank == 0 else None

@@ -1,0 +1,137 @@
+"""The one interface the model calls for communication, so its code is the same for NCCL and dmacoll.
+
+``buffer(name, *shape)``: a reusable communication buffer (the first elements of a block reserved once per
+name). The model computes straight into it (``matmul(..., out=buffer)``) and runs the collective in place;
+for dmacoll the blocks live in the communicator's symmetric heap, so no collective stages its data. A buffer's
+contents are valid until the next use of the same name.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional
+
+import torch
+
+
+class Collectives:
+    """World size 1: no communication (the unsharded reference)."""
+
+    name = "none"
+
+    def __init__(self, device: torch.device, rank: int = 0, world: int = 1):
+        self.device, self.rank, self.world = torch.device(device), rank, world
+        self._blocks: dict[str, torch.Tensor] = {}
+
+    def reserve(self, elements: Mapping[str, int], dtype: torch.dtype) -> None:
+        """One block per name, of at least ``elements[name]`` elements of ``dtype``."""
+        for name, n in elements.items():
+            self._blocks[name] = self._allocate(n, dtype)
+
+    def _allocate(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(n, dtype=dtype, device=self.device)
+
+    def buffer(self, name: str, *shape: int) -> torch.Tensor:
+        block = self._blocks[name]
+        n = math.prod(shape)
+        if n > block.numel():
+            raise ValueError(f"buffer {name!r}: {shape} needs {n} elements, {block.numel()} reserved")
+        return block[:n].view(shape)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def all_gather(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``out`` = every rank's ``x`` concatenated along dim 0 (``x`` may be this rank's slice of ``out``)."""
+        if x.data_ptr() != out.data_ptr():
+            out.view(-1).copy_(x.view(-1))
+        return out
+
+    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Equal split along dim 0: chunk p of ``x`` goes to rank p, chunk p of ``out`` comes from rank p."""
+        out.copy_(x)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class TorchCollectives(Collectives):
+    """torch.distributed: NCCL for CUDA tensors, gloo for CPU ones (tests)."""
+
+    name = "nccl"
+
+    def __init__(self, device: torch.device, group=None):
+        import torch.distributed as dist
+
+        self.dist, self.group = dist, group
+        super().__init__(device, dist.get_rank(group), dist.get_world_size(group))
+        if self.device.type == "cpu":
+            self.name = "gloo"
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self.dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu" and _overlaps(out, x):  # NCCL gathers in place; gloo is not promised to
+            x = x.clone()
+        self.dist.all_gather_into_tensor(out.view(-1), x.reshape(-1), group=self.group)  # flat: any shape
+        return out
+
+    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        self.dist.all_to_all_single(out.view(-1), x.view(-1), group=self.group)
+        return out
+
+
+class DmaCollectives(Collectives):
+    """dmacoll's Communicator (variant 'auto', sync 'reset' so calls can be captured in CUDA graphs)."""
+
+    name = "dma"
+
+    def __init__(self, device: torch.device, elements: Mapping[str, int], dtype: torch.dtype,
+                 backend: str = "auto", timeout_s: float = 120.0, group=None, reduce_name: str = "reduce"):
+        import torch.distributed as dist
+
+        from ..communicator import ALIGN, Communicator
+
+        size = torch.empty((), dtype=dtype).element_size()
+        heap = sum((n * size + ALIGN - 1) // ALIGN * ALIGN for n in elements.values()) + (1 << 20)
+        # an all-reduce receives every rank's chunk into staging: its tensor's size; all buffers are symmetric
+        staging = elements.get(reduce_name, 0) * size + (4 << 20)
+        self.comm = Communicator(group, backend=backend, heap_bytes=heap, staging_bytes=staging, variant="auto",
+                                 sync="reset", timeout_s=timeout_s)
+        super().__init__(self.comm.device, dist.get_rank(group), dist.get_world_size(group))
+        if torch.device(device).type != self.device.type:
+            raise ValueError(f"dmacoll's {self.comm.backend} backend runs on {self.device}, the model on {device}")
+        self.reserve(elements, dtype)
+
+    def _allocate(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.comm.empty(n, dtype=dtype)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_reduce(x)
+
+    def all_gather(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_gather(out, x)
+
+    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_to_all(out, x)
+
+    def close(self) -> None:
+        self.comm.close()
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def make(impl: str, device: torch.device, elements: Mapping[str, int], dtype: torch.dtype,
+         group=None, timeout_s: Optional[float] = None) -> Collectives:
+    """``impl``: 'none' (world 1), 'nccl' (torch.distributed: NCCL on GPUs, gloo on the CPU) or 'dma'."""
+    if impl == "dma":
+        backend = "host" if torch.device(device).type == "cpu" else "auto"
+        return DmaCollectives(device, elements, dtype, backend=backend, timeout_s=timeout_s or 120.0, group=group)
+    coll = TorchCollectives(device, group) if impl == "nccl" else Collectives(device)
+    coll.reserve(elements, dtype)
+    return coll

@@ -1,0 +1,286 @@
+"""dmacoll inside vLLM: tensor-parallel all-reduce / all-gather / reduce-scatter and expert-parallel dispatch /
+combine on copy engines. One switch: ``DMACOLL_VLLM=1``; without it vLLM runs exactly as it would.
+
+How it plugs in (vLLM's documented extension points, no vLLM code copied or patched in place):
+
+* vLLM calls every ``vllm.general_plugins`` entry point in each of its processes before any work
+  (https://docs.vllm.ai/en/stable/design/plugin_system/). dmacoll declares ``register`` there (pyproject.toml).
+* Each process group of vLLM (``GroupCoordinator``: TP, DP, EP, PP) builds its device communicator from the
+  qualified name that ``current_platform.get_device_communicator_cls()`` returns (by default
+  ``vllm.distributed.device_communicators.cuda_communicator.CudaCommunicator``). With the switch on, ``register``
+  makes the platform return ``dmacoll.integrations.vllm.DmaCudaCommunicator``: a subclass of vLLM's
+  ``CudaCommunicator`` (the ``DeviceCommunicatorBase`` API: ``all_reduce``, ``all_gather``, ``reduce_scatter``,
+  ``all_gatherv``, ``reduce_scatterv``) that sends the calls it supports to a dmacoll ``Communicator`` of the
+  same group and everything else to vLLM's own path (custom all-reduce, PyNccl, ...).
+* Expert parallel: vLLM's ``allgather_reducescatter`` all2all backend dispatches with ``all_gatherv`` and
+  combines with ``reduce_scatterv`` of the EP/DP group's communicator, so with
+  ``--all2all-backend allgather_reducescatter`` (or VLLM_ALL2ALL_BACKEND on older versions) dispatch and
+  combine run on dmacoll when every rank has the same number of tokens (what vLLM pads to under CUDA graphs);
+  the ``naive`` backend's combine is an all-reduce (routed); DeepEP / pplx / FlashInfer / other all2all
+  backends keep their own kernels (logged). With TP only (no DP), vLLM's expert parallel needs no dispatch:
+  the MoE output is all-reduced over the TP group, which is routed.
+
+dmacoll calls are CUDA-graph capturable (``sync='reset'``), so vLLM's graph capture works unchanged. Private
+tensors (vLLM's own) are staged through the communicator's staging area, so each call is bounded by
+``DMACOLL_VLLM_MAX_BYTES`` (default 32 MiB; larger calls, e.g. long prefills, fall back). Each reason for a
+fallback is logged once per process. This module imports without vLLM; it says what is missing when used.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+VLLM_PIN = "0.33.0"  # the version this plugin was written against (pyproject extra `vllm`, envs/vllm.yaml)
+SWITCH = "DMACOLL_VLLM"
+MAX_BYTES_ENV = "DMACOLL_VLLM_MAX_BYTES"
+DEFAULT_MAX_BYTES = 32 << 20
+CUDA_COMMUNICATOR = "vllm.distributed.device_communicators.cuda_communicator.CudaCommunicator"
+QUALNAME = f"{__name__}.DmaCudaCommunicator"
+ROUTED_GROUPS = ("tp", "ep", "dp")  # PP only sends and receives
+REDUCE_OPS = ("all_reduce", "reduce_scatter", "reduce_scatterv")
+REDUCE_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")  # validate.REDUCE_DTYPES
+
+log = logging.getLogger("dmacoll.vllm")
+_logged: set[str] = set()
+
+
+def log_once(key: str, message: str, level: int = logging.INFO) -> bool:
+    """Log ``message`` the first time ``key`` is seen in this process; True if it was logged now."""
+    if key in _logged:
+        return False
+    _logged.add(key)
+    log.log(level, "dmacoll: %s", message)
+    return True
+
+
+def enabled(environ: Optional[dict] = None) -> bool:
+    value = (os.environ if environ is None else environ).get(SWITCH, "").strip().lower()
+    return value in ("1", "true", "yes", "on")
+
+
+def max_bytes(environ: Optional[dict] = None) -> int:
+    text = (os.environ if environ is None else environ).get(MAX_BYTES_ENV, "")
+    if not text:
+        return DEFAULT_MAX_BYTES
+    from ..cli import parse_size
+
+    return parse_size(text)
+
+
+def vllm_missing() -> str:
+    """Why vLLM cannot be used here ('' when it can); never imports vLLM itself."""
+    if importlib.util.find_spec("vllm") is None:
+        return (f"vLLM is not installed; dmacoll's vLLM plugin was written for vllm=={VLLM_PIN}: "
+                f"pip install 'dmacoll[vllm]' (or the conda env envs/vllm.yaml)")
+    return ""
+
+
+def require_vllm() -> None:
+    why = vllm_missing()
+    if why:
+        raise ImportError(why)
+    from importlib import metadata
+
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:  # a source checkout on the path
+        version = "unknown"
+    if version != VLLM_PIN:
+        log_once("version", f"vLLM {version} is installed, the plugin was written for {VLLM_PIN}; calls it cannot "
+                            "route fall back to vLLM's path", logging.WARNING)
+
+
+# -- which calls go to dmacoll (pure: tested without vLLM or a GPU) ---------------------------------------------
+def group_reason(unique_name: str, world: int) -> str:
+    """Why a vLLM group keeps its own communicator ('' if dmacoll takes its collectives)."""
+    kind = unique_name.split(":")[0]
+    if kind not in ROUTED_GROUPS:
+        return f"{kind or 'unnamed'} group: only {'/'.join(ROUTED_GROUPS)} collectives are routed"
+    if world < 2:
+        return f"{kind} group of one rank: nothing to communicate"
+    return ""
+
+
+@dataclass(frozen=True)
+class Call:
+    op: str
+    nbytes: int  # the larger of input and output
+    dtype: str   # e.g. "bfloat16"
+    device: str  # "cuda", "cpu", ...
+    contiguous: bool = True
+    sizes: Optional[tuple[int, ...]] = None  # all_gatherv / reduce_scatterv per-rank sizes
+    dim_ok: bool = True  # the gathered / scattered dimension divides as the op needs
+
+
+def fallback_reason(call: Call, limit: int) -> str:
+    """Why ``call`` goes to vLLM's own path ('' when dmacoll runs it). The text is also the log-once key, so it
+    names the kind of case, not the sizes."""
+    if call.device != "cuda":
+        return f"{call.op} on {call.device} tensors"
+    if call.nbytes == 0:
+        return f"{call.op} of an empty tensor"
+    if call.op in REDUCE_OPS and call.dtype not in REDUCE_DTYPES:
+        return f"{call.op} of {call.dtype} (dmacoll sums {', '.join(REDUCE_DTYPES)})"
+    if call.sizes is not None and len(set(call.sizes)) > 1:
+        return f"{call.op} with different sizes per rank"
+    if not call.contiguous:
+        return f"{call.op} of a non-contiguous tensor"
+    if not call.dim_ok:
+        return f"{call.op} whose dimension does not split evenly over the ranks"
+    if call.nbytes > limit:
+        return f"{call.op} above {MAX_BYTES_ENV}={limit} bytes"
+    return ""
+
+
+def describe_all2all(manager: object) -> str:
+    """What happens to EP dispatch / combine with this all2all manager."""
+    if manager is None:
+        return ""
+    name = type(manager).__name__
+    if name.startswith("AgRs"):
+        return f"{name}: EP dispatch (all_gatherv) and combine (reduce_scatterv) run on dmacoll"
+    if name.startswith("Naive"):
+        return f"{name}: EP combine (all_reduce) runs on dmacoll, dispatch broadcasts stay on vLLM's path"
+    return f"{name}: EP dispatch / combine keep this backend's own kernels"
+
+
+# -- vLLM side -------------------------------------------------------------------------------------------------
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: with DMACOLL_VLLM=1, make the CUDA platform build
+    DmaCudaCommunicator for its process groups. Never raises: a problem is logged and vLLM runs as usual."""
+    if not enabled():
+        return
+    why = vllm_missing()
+    if why:
+        log_once("missing", why, logging.WARNING)
+        return
+    try:
+        require_vllm()
+        from vllm.platforms import current_platform
+
+        cls = type(current_platform)
+        current = cls.get_device_communicator_cls()
+        if current == QUALNAME:
+            return
+        if current != CUDA_COMMUNICATOR:
+            log_once("platform", f"{cls.__name__} builds {current}; dmacoll replaces only {CUDA_COMMUNICATOR}",
+                     logging.WARNING)
+            return
+        cls.get_device_communicator_cls = classmethod(lambda c: QUALNAME)
+        log_once("registered", f"{cls.__name__} process groups use {QUALNAME} ({SWITCH}=1)")
+    except Exception as e:  # noqa: BLE001 - the plugin must never stop vLLM
+        log_once("register", f"not enabled: {type(e).__name__}: {e}", logging.WARNING)
+
+
+def _communicator_class():
+    require_vllm()
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed.device_communicators.cuda_communicator import CudaCommunicator
+
+    class DmaCudaCommunicator(CudaCommunicator):
+        """vLLM's CudaCommunicator with the supported collectives on a dmacoll Communicator."""
+
+        def __init__(self, cpu_group, device=None, device_group=None, unique_name: str = "", *args, **kwargs):
+            super().__init__(cpu_group, device, device_group, unique_name, *args, **kwargs)
+            self.dma = None
+            self.dma_limit = max_bytes()
+            why = group_reason(unique_name, self.world_size) or ("" if device_group is not None
+                                                                 else "no device process group")
+            if not why:
+                try:
+                    from ..communicator import Communicator
+
+                    # private (vLLM-owned) tensors are staged: an all-reduce needs about twice its size
+                    self.dma = Communicator(device_group, heap_bytes=1 << 20, staging_bytes=3 * self.dma_limit,
+                                            variant=os.environ.get("DMACOLL_VLLM_VARIANT", "auto"), sync="reset",
+                                            device=self.device)
+                except Exception as e:  # noqa: BLE001 - logged, then vLLM's path
+                    why = f"dmacoll could not start: {type(e).__name__}: {e}"
+            # every rank must route alike, or one waits in NCCL while its peer waits in dmacoll
+            whys: list = [None] * self.world_size
+            dist.all_gather_object(whys, why, group=cpu_group)
+            why = next((w for w in whys if w), "")
+            if why and self.dma is not None:
+                self.dma.close()
+                self.dma = None
+            if why:
+                log_once(f"group {why}", f"{unique_name}: vLLM's own collectives ({why})")
+            else:
+                log_once(f"group {unique_name}", f"{unique_name}: collectives on dmacoll (world {self.world_size})")
+                text = describe_all2all(getattr(self, "all2all_manager", None))
+                if text:
+                    log_once(text, text)
+
+        def _reason(self, op: str, t: torch.Tensor, nbytes: Optional[int] = None,
+                    sizes: Optional[Sequence[int]] = None, dim_ok: bool = True) -> str:
+            if self.dma is None:
+                return "dmacoll is off for this group"
+            why = fallback_reason(Call(op, t.numel() * t.element_size() if nbytes is None else nbytes,
+                                       str(t.dtype).removeprefix("torch."), t.device.type, t.is_contiguous(),
+                                       None if sizes is None else tuple(sizes), dim_ok), self.dma_limit)
+            if why:
+                log_once(why, f"{why}: vLLM's path")
+            return why
+
+        def all_reduce(self, input_, *args, **kwargs):
+            if args or kwargs or self._reason("all_reduce", input_):
+                return super().all_reduce(input_, *args, **kwargs)
+            out = torch.empty_like(input_)  # vLLM's all-reduce is out of place: the input stays intact
+            return self.dma.all_reduce(out, input_)
+
+        def all_gather(self, input_, dim: int = -1):
+            if dim < 0:
+                dim += input_.dim()
+            shape = input_.shape
+            if self._reason("all_gather", input_, input_.numel() * input_.element_size() * self.world_size):
+                return super().all_gather(input_, dim)
+            out = torch.empty((self.world_size,) + tuple(shape), dtype=input_.dtype, device=input_.device)
+            self.dma.all_gather(out, input_)
+            return out.movedim(0, dim).reshape(shape[:dim] + (self.world_size * shape[dim],) + shape[dim + 1:])
+
+        def reduce_scatter(self, input_, dim: int = -1):
+            if dim < 0:
+                dim += input_.dim()
+            x = input_.movedim(dim, 0)
+            if self._reason("reduce_scatter", input_, dim_ok=x.shape[0] % self.world_size == 0):
+                return super().reduce_scatter(input_, dim)
+            x = x.contiguous()
+            out = torch.empty((x.shape[0] // self.world_size,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+            self.dma.reduce_scatter(out, x)
+            return out.movedim(0, dim).contiguous()
+
+        def all_gatherv(self, input_, dim: int = 0, sizes=None):
+            tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
+            if dim != 0 or any(self._reason("all_gatherv", t, t.numel() * t.element_size() * self.world_size,
+                                            sizes) for t in tensors):
+                return super().all_gatherv(input_, dim, sizes)
+            out = [self.all_gather(t, 0) for t in tensors]
+            return out[0] if isinstance(input_, torch.Tensor) else out
+
+        def reduce_scatterv(self, input_, dim: int = -1, sizes=None):
+            if self._reason("reduce_scatterv", input_, sizes=sizes):
+                return super().reduce_scatterv(input_, dim, sizes)
+            return self.reduce_scatter(input_, dim)
+
+        def destroy(self):
+            if self.dma is not None:
+                self.dma.close()
+                self.dma = None
+            super().destroy()
+
+    DmaCudaCommunicator.__module__ = __name__
+    DmaCudaCommunicator.__qualname__ = "DmaCudaCommunicator"
+    return DmaCudaCommunicator
+
+
+def __getattr__(name: str):
+    # built on first use, because it subclasses a vLLM class: importing this module needs no vLLM
+    if name == "DmaCudaCommunicator":
+        cls = _communicator_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

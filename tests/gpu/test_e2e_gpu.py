@@ -1,0 +1,28 @@
+"""`dmacoll e2e` on 2 GPUs at one small point per model: it runs, graphs replay, dmacoll's logits equal NCCL's.
+
+Run on the GPU machine: ``python -m pytest -m gpu tests/gpu/test_e2e_gpu.py`` (about a minute).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dmacoll.e2e.bench import run_e2e
+from dmacoll.e2e.config import DEFAULTS, E2E_COLUMNS
+from dmacoll.launch import run_ranks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
+
+
+def test_small_e2e_matches_nccl():
+    cfg = {**DEFAULTS, "models": ["llama-3.1-8b", "mixtral-8x7b"], "layers": 1, "batches": [1, 8], "prompts": [128],
+           "decode_steps": 4, "repeats": 2}
+    rows = run_ranks(run_e2e, 2, cfg, device="cuda", timeout_s=600)[0]
+    assert len(rows) == 2 * 2 * 2 and all(set(r) == set(E2E_COLUMNS) for r in rows)
+    assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    dma = [r for r in rows if r["impl"] == "dma"]
+    assert all(r["logits_ok"] for r in dma), [(r["model"], r["batch"], r["logits_max_abs_diff"]) for r in dma]
+    assert all(0 < r["decode_ms"] < 50 and math.isfinite(r["ttft_ms"]) for r in rows)

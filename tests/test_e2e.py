@@ -1,0 +1,317 @@
+"""`dmacoll e2e` on a CPU: shard arithmetic, the model against its unsharded self (world 1) at world 2 over gloo
+and over dmacoll's host emulator, the CSV schema, the CLI's plan, the vLLM result converter, the notebook and
+the rules."""
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from dmacoll import cli
+from dmacoll.e2e import config as c
+from dmacoll.e2e import vllm_results as vr
+from dmacoll.e2e.bench import compare, derived, point_fields
+from dmacoll.e2e.collectives import make
+from dmacoll.e2e.model import Model, expert_mix, route
+from dmacoll.launch import run_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests/data/vllm"
+
+
+def tiny(moe: bool, layers: int = 2) -> c.ModelSpec:
+    return c.ModelSpec(name="tiny-moe" if moe else "tiny", arch="mixtral" if moe else "llama", hidden=64, heads=4,
+                       kv_heads=2, head_dim=16, intermediate=96, vocab=256, layers=layers, experts=4 if moe else 0,
+                       top_k=2 if moe else 0, rope_theta=500000.0, rope_scaling=c.LLAMA3_ROPE_SCALING)
+
+
+# -- configuration arithmetic ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_real_configs_shard_evenly(world):
+    for name in c.MODELS:
+        s = c.spec(name)
+        sh = s.shards(world)
+        assert sh.heads * world == s.heads and sh.kv_heads * world == s.kv_heads and sh.vocab * world == s.vocab
+        assert s.heads % s.kv_heads == 0 and sh.heads // sh.kv_heads == s.heads // s.kv_heads  # GQA groups intact
+        if s.moe:
+            assert sh.experts * world == s.experts and sh.intermediate == s.intermediate
+        else:
+            assert sh.intermediate * world == s.intermediate
+    assert c.spec("llama-3.1-70b").shards(2).kv_heads == 4 and c.spec("llama-3.1-8b").shards(8).kv_heads == 1
+
+
+def test_published_shapes_and_bad_splits():
+    l8, l70, mx = c.spec("llama-3.1-8b"), c.spec("llama-3.1-70b"), c.spec("mixtral-8x7b")
+    assert (l8.hidden, l8.heads, l8.kv_heads, l8.intermediate, l8.vocab, l8.layers) == (4096, 32, 8, 14336, 128256, 32)
+    assert (l70.hidden, l70.heads, l70.kv_heads, l70.intermediate, l70.layers) == (8192, 64, 8, 28672, 80)
+    assert (mx.hidden, mx.heads, mx.kv_heads, mx.intermediate, mx.experts, mx.top_k, mx.layers) == \
+        (4096, 32, 8, 14336, 8, 2, 32)
+    # parameter counts land on the published sizes (8.0B, 70.6B, 46.7B)
+    assert 7.9e9 < l8.params_per_rank(1) < 8.1e9 and 70e9 < l70.params_per_rank(1) < 71e9
+    assert 46e9 < mx.params_per_rank(1) < 47.5e9
+    assert c.spec("llama-3.1-8b", 2).layers == 2
+    with pytest.raises(ValueError, match="kv_heads=8 not divisible by 16"):
+        l8.shards(16)
+    with pytest.raises(ValueError, match="between 1 and 32"):
+        c.spec("mixtral-8x7b", 33)
+    with pytest.raises(ValueError, match="unknown model"):
+        c.spec("gpt-5")
+
+
+def test_prefill_chunks_buffers_and_call_counts():
+    assert c.prefill_chunks(128, 2048, 8192) == [4] * 32
+    assert c.prefill_chunks(5, 128, 256) == [2, 2, 1]
+    assert c.prefill_chunks(3, 10000, 8192) == [1, 1, 1]  # a prompt longer than a chunk still goes whole
+    assert c.max_tokens([1, 8, 32, 128], [128, 2048], 8192) == 8192
+    assert c.max_tokens([256], [1], 8192) == 256  # decode batch larger than any prefill
+    dense = c.buffer_elements(c.spec("llama-3.1-70b", 2), 2, 8192, 128)
+    assert dense == {"reduce": 8192 * 8192, "logits": 2 * 128 * 64128}
+    moe = c.buffer_elements(c.spec("mixtral-8x7b", 2), 2, 8191, 4)
+    assert moe["dispatch_send"] == 2 * (4096 + 1) * (4096 + 4) and moe["gather"] == 2 * 4096 * 4096
+    merged = c.merged_buffers([c.spec(m, 2) for m in c.MODELS], 2, 8192, 128)
+    assert merged["reduce"] == 8192 * 8192 and "dispatch_recv" in merged
+    assert c.spec("llama-3.1-8b", 2).collectives_per_forward() == {"all_reduce": 5, "all_gather": 1}
+    assert c.spec("mixtral-8x7b", 2).collectives_per_forward() == {"all_reduce": 3, "all_to_all": 4, "all_gather": 3}
+
+
+def test_default_run_fits_four_minutes():
+    est = c.estimate(c.DEFAULTS, 2)
+    assert est["points"] == 3 * 4 * 2 * 2
+    assert 60 < est["seconds"] < 200  # the 2x H200 budget is ~4 minutes, start-up included
+    text = c.plan_text(c.DEFAULTS, 2)
+    assert "mixtral-8x7b: TP2 + EP2 (4 experts/rank, top-2)" in text and "estimated" in text
+
+
+def test_hf_config_matches_the_spec():
+    cfg = c.hf_config(c.spec("mixtral-8x7b", 2))
+    assert cfg["architectures"] == ["MixtralForCausalLM"] and cfg["num_hidden_layers"] == 2
+    assert cfg["num_local_experts"] == 8 and cfg["num_experts_per_tok"] == 2 and "rope_scaling" not in cfg
+    llama = c.hf_config(c.spec("llama-3.1-8b"))
+    assert llama["rope_scaling"]["rope_type"] == "llama3" and llama["num_key_value_heads"] == 8
+
+
+# -- the model on one rank ---------------------------------------------------------------------------------------
+def _model(moe, world=1, rank=0, layers=2):
+    s = tiny(moe, layers)
+    return s, Model(s, rank, world, "cpu", torch.float32, seed=3)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_decode_continues_prefill(moe):
+    """Prefill of S tokens then one decode step == prefill of S+1 tokens (KV cache, RoPE, masking)."""
+    s, m = _model(moe)
+    coll = make("none", "cpu", c.buffer_elements(s, 1, 64, 4), torch.float32)
+    prompts = torch.randint(0, s.vocab, (3, 9), generator=torch.Generator().manual_seed(0))
+    cache = m.new_cache(3, 16)
+    m.prefill_batch(coll, prompts[:, :8], cache, [2, 1])
+    step = m.decode(coll, prompts[:, 8], torch.full((1,), 8), cache)
+    whole = m.prefill(coll, prompts, m.new_cache(3, 16))
+    assert torch.allclose(step, whole, atol=1e-5, rtol=1e-5)
+    wrong = m.decode(coll, prompts[:, 8], torch.full((1,), 9), cache)  # a position off: different logits
+    assert (wrong - whole).abs().max() > 1e-2
+
+
+def test_dense_and_routed_expert_paths_agree():
+    torch.manual_seed(0)
+    x, router = torch.randn(10, 16), torch.randn(4, 16)
+    gates = route(x, router, 2)
+    assert torch.equal((gates != 0).sum(1), torch.full((10,), 2)) and torch.allclose(gates.sum(1), torch.ones(10))
+    w13, w2 = torch.randn(4, 2 * 8, 16), torch.randn(4, 16, 8)
+    dense, routed = expert_mix(x, gates, w13, w2, True), expert_mix(x, gates, w13, w2, False)
+    assert torch.allclose(dense, routed, atol=1e-5)
+    none = expert_mix(x, torch.zeros_like(gates), w13, w2, False)
+    assert torch.equal(none, torch.zeros_like(none))
+
+
+def test_collectives_buffers_are_reused_views():
+    coll = make("none", "cpu", {"reduce": 12}, torch.float32)
+    a, b = coll.buffer("reduce", 3, 4), coll.buffer("reduce", 2, 2)
+    assert a.data_ptr() == b.data_ptr() and a.shape == (3, 4)
+    with pytest.raises(ValueError, match="13 elements, 12 reserved"):
+        coll.buffer("reduce", 13)
+
+
+# -- world 2 against world 1 -------------------------------------------------------------------------------------
+def _logits_rank(rank, world, impl, moe, batches):
+    import torch
+
+    s, m = _model(moe, world, rank)
+    coll = make(impl, "cpu", c.buffer_elements(s, world, 64, 4), torch.float32)
+    out = []
+    try:
+        for batch in batches:
+            prompts = torch.randint(0, s.vocab, (batch, 9), generator=torch.Generator().manual_seed(batch))
+            cache = m.new_cache(batch, 16)
+            pre = m.prefill_batch(coll, prompts[:, :8], cache, c.prefill_chunks(batch, 8, 16))
+            dec = m.decode(coll, prompts[:, 8], torch.full((1,), 8), cache)
+            out.append((pre, dec))
+    finally:
+        coll.close()
+    return out
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["llama", "mixtral"])
+def test_world2_matches_the_unsharded_model(moe):
+    batches = [1, 3]  # batch 1: rank 1's MoE token slice is empty
+    ref = _logits_rank(0, 1, "none", moe, batches)
+    for impl in ("nccl", "dma"):  # gloo through torch.distributed; dmacoll's host emulator
+        for rank_out in run_ranks(_logits_rank, 2, impl, moe, batches, timeout_s=120):
+            for (pre, dec), (rpre, rdec) in zip(rank_out, ref):
+                assert torch.allclose(pre, rpre, atol=1e-4, rtol=1e-4), impl
+                assert torch.allclose(dec, rdec, atol=1e-4, rtol=1e-4), impl
+
+
+# -- rows, schema, checks -----------------------------------------------------------------------------------------
+def test_logits_check_and_derived_rates():
+    ref = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.25, -1.0]])
+    same = compare(ref, ref.clone(), 0.02, 0.02)
+    assert same["logits_ok"] and same["logits_max_abs_diff"] == 0 and same["argmax_agree"] == 1.0
+    off = compare(ref, ref + torch.tensor([[0.0, 0.0, 0.2], [0.0, 0.0, 0.0]]), 0.02, 0.02)
+    assert not off["logits_ok"] and off["logits_max_abs_diff"] == pytest.approx(0.2)
+    assert not compare(ref, ref * float("nan"), 0.02, 0.02)["logits_ok"]
+    d = derived(batch=8, prompt=128, output_len=128, ttft_ms=20.0, decode_ms=10.0)
+    assert d["prefill_tok_s"] == pytest.approx(8 * 128 / 0.02) and d["decode_tok_s"] == pytest.approx(800)
+    assert d["e2e_tok_s"] == pytest.approx(8 * 128 / (0.02 + 127 * 0.01))
+
+
+def synthetic_rows(dma_gain=1.2):
+    rows, cfg = [], dict(c.DEFAULTS)
+    rn = SimpleNamespace(cfg=cfg, world=2)
+    rng = np.random.default_rng(0)
+    for name in c.MODELS:
+        s = c.spec(name, 2)
+        for batch in cfg["batches"]:
+            for prompt in cfg["prompts"]:
+                base_t, base_d = 0.02 * batch * prompt / 128, 0.3 + 0.01 * batch
+                for impl, f in (("nccl", 1.0), ("dma", dma_gain)):
+                    ttft, dec = base_t / f * (1 + 0.01 * rng.random()), base_d / f
+                    row = {**point_fields(s, rn, impl, batch, prompt), "ttft_ms": ttft, "ttft_ms_p10": ttft,
+                           "ttft_ms_p90": ttft, "decode_ms": dec, "decode_ms_p10": dec, "decode_ms_p90": dec,
+                           **derived(batch, prompt, cfg["output_len"], ttft, dec), "status": "ok"}
+                    ref = impl == "nccl"
+                    row.update(logits_max_abs_diff=float("nan") if ref else 0.0,
+                               logits_ref_max_abs=float("nan") if ref else 5.0, logits_ok="" if ref else True,
+                               argmax_agree=float("nan") if ref else 1.0)
+                    rows.append(row)
+    return rows
+
+
+def test_rows_fill_exactly_the_csv_columns(tmp_path):
+    from dmacoll.bench import provenance
+
+    rows = synthetic_rows()
+    assert all(set(r) == set(c.E2E_COLUMNS) for r in rows)
+    assert rows[0]["parallel"] == "tp2" and rows[-1]["parallel"] == "tp2+ep2"
+    csv = tmp_path / "e2e.csv"
+    provenance.write_table(csv, rows, c.E2E_COLUMNS, {"models": list(c.MODELS)})
+    back = pd.read_csv(csv)
+    assert list(back.columns) == c.E2E_COLUMNS and len(back) == 48 and csv.with_suffix(".json").exists()
+
+
+# -- CLI ------------------------------------------------------------------------------------------------------------
+def test_cli_dry_run_prints_the_plan(capsys, tmp_path):
+    assert cli.main(["e2e", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "48 points" in out and "llama-3.1-70b: TP2" in out and re.search(r"estimated \d+ s", out)
+    assert cli.main(["e2e", "--dry-run", "--world", "16"]) == 2
+    assert "not divisible by 16" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["e2e", "--dry-run", "--models", "gpt-5"])
+    assert cli.main(["e2e", "--models", "mixtral-8x7b", "--layers", "3", "--hf-config-dir", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "mixtral-8x7b/config.json").read_text())["num_hidden_layers"] == 3
+
+
+# -- vLLM results --------------------------------------------------------------------------------------------------
+def test_vllm_json_to_tidy_rows(tmp_path):
+    rows = vr.load([str(DATA / "latency_llama-3.1-8b_tp2_b8_dma.json"),
+                    str(DATA / "throughput_mixtral-8x7b_tp2_ep_vllm.json")])
+    df = pd.DataFrame(rows)
+    lat = df[df["bench"] == "latency"].set_index("metric")["value"]
+    assert lat["latency_avg"] == pytest.approx(1234.5678) and lat["latency_p50"] == pytest.approx(1233.0)
+    assert lat["latency_per_output_token"] == pytest.approx(1234.5678 / 128)
+    thr = df[df["bench"] == "throughput"].set_index("metric")["value"]
+    assert thr["output_tokens_per_s"] == pytest.approx(200 * 128 / 20.0) and thr["tokens_per_s"] == 2560.0
+    assert set(df.columns) == set(vr.VLLM_COLUMNS) and set(df["plugin"]) == {"dma", "vllm"}
+    out = tmp_path / "vllm.csv"
+    assert vr.main(["csv", "--out", str(out), str(DATA / "latency_llama-3.1-8b_tp2_b8_dma.json")]) == 0
+    assert list(pd.read_csv(out).columns) == vr.VLLM_COLUMNS and out.with_suffix(".json").exists()
+    meta = tmp_path / "x.meta.json"
+    assert vr.main(["meta", "--out", str(meta), "bench=latency", "tp=2", "ep=False", "model=a/b"]) == 0
+    assert json.loads(meta.read_text()) == {"bench": "latency", "tp": 2, "ep": False, "model": "a/b"}
+    (tmp_path / "y.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="y.meta.json is missing"):
+        vr.load([str(tmp_path / "y.json")])
+    with pytest.raises(ValueError, match="bench must be"):
+        vr.rows_for({}, {"bench": "serve"})
+
+
+# -- notebook and rules --------------------------------------------------------------------------------------------
+def run_notebook(path: Path, params: dict) -> dict:
+    """Execute a percent-format notebook in this process with ``params`` after its parameters cell."""
+    cells = re.split(r"(?m)^(?=# %%)", path.read_text())
+    i = next(k for k, cell in enumerate(cells) if cell.startswith('# %% tags=["parameters"]'))
+    code = "".join(cells[: i + 1]) + "# %%\n" + "".join(f"{k} = {v!r}\n" for k, v in params.items()) + \
+        "".join(cells[i + 1:])
+    ns = {"__name__": "__main__", "display": print}
+    exec(compile(code, str(path), "exec"), ns)
+    return ns
+
+
+def test_notebook_renders_synthetic_results(tmp_path):
+    from dmacoll.bench import provenance
+
+    rows = synthetic_rows(dma_gain=1.25)
+    rows[5] = {**rows[5], **dict.fromkeys(c.MEASURED_COLUMNS, float("nan")), "status": "OutOfMemoryError: x"}
+    e2e_csv = tmp_path / "e2e.csv"
+    provenance.write_table(e2e_csv, rows, c.E2E_COLUMNS, {})
+    vllm_csv = tmp_path / "vllm.csv"
+    results = [str(p) for p in sorted(DATA.glob("*.json")) if not p.name.endswith(".meta.json")]
+    vr.main(["csv", "--out", str(vllm_csv), *results])
+    outdir = tmp_path / "fig"
+    ns = run_notebook(ROOT / "notebooks/e2e.py", {"csvs": [str(e2e_csv), str(vllm_csv)], "platform_label": "test",
+                                                  "outdir": str(outdir)})
+    for name in ("decode_latency.png", "ttft.pdf", "throughput.png", "speedup.png", "latency_throughput.md",
+                 "paper_claims.csv", "logits_check.md", "failed.md", "vllm_latency.csv", "vllm_throughput.md"):
+        assert (outdir / name).exists(), name
+    claims = ns["claims"].set_index("metric")
+    assert claims.loc["latency (decode step)", "measured_best"] == pytest.approx(1.25)
+    assert claims.loc["throughput (e2e tokens/s)", "dmalatte_paper_mi300x_vs_vllm"] == "up to 1.9x"
+    assert len(ns["check"]) == 23  # 24 dma points, one failed
+
+
+SNAKEMAKE = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or shutil.which("snakemake")
+
+
+@pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake not installed")
+def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
+    snakefile = tmp_path / "Snakefile"
+    snakefile.write_text(
+        'configfile: "config/config.yaml"\n'
+        'config["e2e"] = {"models": ["llama-3.1-8b"], "layers": 1, "batches": [1, 8]}\n'
+        'config["vllm"] = {"enabled": True, "models": [{"name": "mixtral", "model": "m/x", "tp": 2, "ep": True}],\n'
+        '                  "latency": {"batches": [8]}}\n'
+        f'include: "{ROOT}/workflow/rules/common.smk"\ninclude: "{ROOT}/workflow/rules/e2e_functions.smk"\n'
+        f'include: "{ROOT}/workflow/rules/e2e.smk"\n')
+    r = subprocess.run([SNAKEMAKE, "-s", str(snakefile), "--directory", str(ROOT), "--cores", "1", "--dry-run",
+                        "--printshellcmds", f"{tmp_path}/e2e/e2e.csv", f"{tmp_path}/e2e/vllm.csv", "--config",
+                        "platform=cuda", f"outdir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "rule e2e:" in r.stdout and "rule vllm_results:" in r.stdout
+    assert r.stdout.count("rule vllm_bench:") == 4  # latency b8 and throughput, with and without the plugin
+    line = next(x for x in r.stdout.splitlines() if "-m dmacoll e2e" in x)
+    argv = shlex.split(line.split("2>&1")[0])
+    argv = argv[argv.index("e2e"):]
+    assert argv[argv.index("--out") + 1] == f"{tmp_path}/e2e/e2e.csv" and argv[argv.index("--layers") + 1] == "1"
+    assert cli.main(argv + ["--dry-run"]) == 0
+    bench = [x for x in r.stdout.splitlines() if "bench latency" in x]
+    assert any("DMACOLL_VLLM=1" in x for x in bench) and any("DMACOLL_VLLM=0" in x for x in bench)
+    assert all("--load-format dummy" in x and "--enable-expert-parallel" in x and "--batch-size 8" in x
+               for x in bench)
