@@ -224,11 +224,15 @@ class Communicator:
             options.get("variant", self.variant), options.get("direction", self.direction),
             options.get("sync", self.sync), options.get("signal", self.signal))
         native = self._submit(options.get("submit", self.submit), signal) == "native"
-        capturing = self.backend == "cuda" and torch.cuda.is_current_stream_capturing()
+        if signal == "kernel" and self.backend == "hip":
+            raise InvalidArgument("signal='kernel' uses PyTorch's CUDA signal pads; on backend='hip' use signal='memop' "
+                                  "or 'copy'")
+        gpu = self.backend in ("cuda", "hip")  # torch.cuda is HIP on ROCm builds: graphs work the same way
+        capturing = gpu and torch.cuda.is_current_stream_capturing()
         if sync == "epoch" and capturing:
             raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
                                   "then deadlock; capture with sync='reset'")
-        prerecord = options.get("prerecord", self.prerecord) and self.backend == "cuda" and not capturing
+        prerecord = options.get("prerecord", self.prerecord) and gpu and not capturing
         if prerecord and sync != "reset":
             raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
         if self.error is not None:

@@ -132,13 +132,13 @@ def _row(i: int, source: str, size: str, time: str, their_algbw: str, their_busb
                               f"({ours:.2f} GB/s expected): wrong world, or not sdma_collective output?")
     chunk = total // world
     row = {"op": op, "impl": IMPL, "variant": variant, "direction": direction,
-            "place": place or ("in" if op == "all_gather" or base == "swap" else "out"),
-            "signal": SYNC_TYPES.get(sync_type, "") if sync_type is not None else "", "prerecord": False,
-            "world": world, "bytes_per_rank": chunk if op == "all_gather" else total, "total_bytes": total,
-            "dtype": "", "mode": "eager", "time_us": time_us, "time_us_p10": float("nan"),
-            "time_us_p90": float("nan"), "algbw_GBps": algbw, "busbw_GBps": busbw,
-            "correct": chunk not in failed, "status": "ok", "error": "",
-            "calls": num_iter - WARMUP if num_iter else "", "repeats": 1}
+           "place": place or ("in" if op == "all_gather" or base == "swap" else "out"),
+           "signal": SYNC_TYPES.get(sync_type, "") if sync_type is not None else "", "prerecord": False,
+           "world": world, "bytes_per_rank": chunk if op == "all_gather" else total, "total_bytes": total,
+           "dtype": "", "mode": "eager", "time_us": time_us, "time_us_p10": float("nan"),
+           "time_us_p90": float("nan"), "algbw_GBps": algbw, "busbw_GBps": busbw,
+           "correct": chunk not in failed, "status": "ok", "error": "",
+           "calls": num_iter - WARMUP if num_iter else "", "repeats": 1}
     return {c: row.get(c, "") for c in COLUMNS}  # the sweep's columns decide; ones this tool lacks stay empty
 
 
