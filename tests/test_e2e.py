@@ -22,6 +22,7 @@ from dmacoll.e2e.bench import compare, derived, point_fields
 from dmacoll.e2e.collectives import make
 from dmacoll.e2e.model import Model, WeightGen, expert_mix, route
 from dmacoll.launch import run_ranks
+from test_c3 import run_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests/data/vllm"
@@ -348,17 +349,6 @@ def test_vllm_json_to_tidy_rows(tmp_path):
 
 
 # -- notebook and rules --------------------------------------------------------------------------------------------
-def run_notebook(path: Path, params: dict) -> dict:
-    """Execute a percent-format notebook in this process with ``params`` after its parameters cell."""
-    cells = re.split(r"(?m)^(?=# %%)", path.read_text())
-    i = next(k for k, cell in enumerate(cells) if cell.startswith('# %% tags=["parameters"]'))
-    code = "".join(cells[: i + 1]) + "# %%\n" + "".join(f"{k} = {v!r}\n" for k, v in params.items()) + \
-        "".join(cells[i + 1:])
-    ns = {"__name__": "__main__", "display": print}
-    exec(compile(code, str(path), "exec"), ns)
-    return ns
-
-
 def test_notebook_renders_synthetic_results(tmp_path):
     from dmacoll.bench import provenance
 

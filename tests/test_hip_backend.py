@@ -26,9 +26,11 @@ from dmacoll import plan as plan_mod
 from dmacoll.backends import cuda as cuda_backend
 from dmacoll.backends import hip as hip_backend
 from dmacoll.backends import hip_api, hip_memory, resolve
+from dmacoll.backends import reduce as reduce_backend
 from dmacoll.backends.hip_api import HipApi, HipError
 from dmacoll.errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError, InvalidArgument
 from dmacoll.executor import MemOp, flag_words, gate_index, lower, one_index, run
+from test_cuda_commands import FakeDriver as CudaFakeDriver
 from dmacoll.plan import (DIRECTIONS, VARIANTS, Layout, Plan, all_gather_exchange, all_to_all_exchange,
                           build_plan)
 
@@ -98,40 +100,12 @@ class FakeHipWithBatch(FakeHip):
         return self._done("hipMemcpyBatchAsync", ("batch", tuple(zip(dsts, srcs, sizes)), stream))
 
 
-class FakeDriver:
-    """cuda-bindings as the cuda backend calls it; batched memops are logged one by one."""
-
-    class CUresult:
-        CUDA_SUCCESS = 0
-
-    class CUstreamWaitValue_flags:
-        CU_STREAM_WAIT_VALUE_GEQ = 0
-        CU_STREAM_WAIT_VALUE_EQ = 1
-
-    class CUstreamBatchMemOpType:
-        CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1
-        CU_STREAM_MEM_OP_WRITE_VALUE_32 = 2
-
-    class CUstreamBatchMemOpParams:
-        def __init__(self):
-            self.operation = None
-            self.waitValue = types.SimpleNamespace()
-            self.writeValue = types.SimpleNamespace()
+class FakeDriver(CudaFakeDriver):
+    """cuda-bindings as the cuda backend calls it (test_cuda_commands' fake) writing into a shared log,
+    with batched memops logged one by one."""
 
     def __init__(self, log):
-        self.log = log
-
-    def cuMemcpyAsync(self, dst, src, n, stream):
-        self.log.append(("copy", dst, src, n, stream))
-        return (0,)
-
-    def cuStreamWriteValue32(self, stream, addr, value, flags):
-        self.log.append(("write", addr, value, stream))
-        return (0,)
-
-    def cuStreamWaitValue32(self, stream, addr, value, flags):
-        self.log.append(("wait", addr, value, "eq" if flags == 1 else "geq", stream))
-        return (0,)
+        self.calls = self.log = log
 
     def cuStreamBatchMemOp(self, stream, count, params, flags):
         for p in params:
@@ -302,8 +276,7 @@ def issue(backend, plans, world, rank, sync, signal, fresh, monkeypatch):
     heap = torch.zeros(HEAP_BYTES, dtype=torch.uint8)
     tensors = {name: torch.zeros(HEAP_BYTES, dtype=torch.uint8) for name in ("input", "output")}
     reduce_log = ReduceLog(log, heap, tensors)
-    monkeypatch.setattr(cuda_backend, "sum_slots", reduce_log, raising=False)
-    monkeypatch.setattr(hip_backend, "sum_slots", reduce_log)
+    monkeypatch.setattr(reduce_backend, "sum_slots", reduce_log)  # the local step both backends run
     if backend == "cuda":
         monkeypatch.setattr(cuda_backend, "_drv", FakeDriver(log))
         eng, sym = cuda_engine(rank, world, main, heap), symbolizer(CUDA_HEAPS, None, world)

@@ -11,7 +11,7 @@ rule c3:
         gpu=config["gpus"],
     params:
         py=PY,
-        args=c3_args(),
+        args=cli_flags("c3"),
     conda:
         "../../envs/cuda.yaml"
     shell:

@@ -93,13 +93,10 @@ def renders():
 RENDERS = renders()
 
 
-C3_CONFIG = config.get("c3", {})
-
-
-def c3_args():
-    """`dmacoll c3` flags from the config's c3 section; the CLI's defaults for what it leaves out."""
+def cli_flags(section):
+    """`dmacoll <tool>` flags from a config section (key -> --key, lists spread); absent keys: the CLI defaults."""
     flags = []
-    for key, value in C3_CONFIG.items():
+    for key, value in config.get(section, {}).items():
         values = value if isinstance(value, list) else [value]
         flags += [f"--{key.replace('_', '-')}", *map(str, values)]
     return " ".join(shlex.quote(f) for f in flags)

@@ -12,7 +12,7 @@ rule e2e:
         gpu=config["gpus"],
     params:
         py=PY,
-        args=e2e_args(),
+        args=cli_flags("e2e"),
     conda:
         "../../envs/cuda.yaml"
     shell:

@@ -1,16 +1,6 @@
 """Helpers of workflow/rules/e2e.smk (kept apart: the linter wants rules and functions in separate files)."""
-E2E_CONFIG = config.get("e2e", {})
 VLLM = config.get("vllm", {})
 VLLM_ON = GPU and bool(VLLM.get("enabled", False))  # vLLM runs only where asked for, on a GPU machine
-
-
-def e2e_args():
-    """`dmacoll e2e` flags from the config's e2e section; the CLI's defaults for what it leaves out."""
-    flags = []
-    for key, value in E2E_CONFIG.items():
-        values = value if isinstance(value, list) else [value]
-        flags += [f"--{key.replace('_', '-')}", *map(str, values)]
-    return " ".join(shlex.quote(f) for f in flags)
 
 
 def vllm_runs():

@@ -34,7 +34,8 @@ from ..errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError
 from ..executor import MemOp, gate_index, gate_ops, one_index
 from ..plan import Reduce, Ref
 from . import sym_offset
-from .reduce import sum_slots
+from .graphs import replay_recorded
+from .reduce import reduce_step
 
 try:  # cuda-bindings >= 12.8 layout; older releases exposed `cuda.cuda`
     from cuda.bindings import driver as _drv
@@ -183,18 +184,7 @@ class CudaEngine:
     def reduce(self, queue: torch.cuda.Stream, step: Reduce, bases: Mapping[str, object]) -> None:
         """A torch kernel on ``queue`` (the caller's stream in every plan): it runs after the DONE
         waits queued there before it, never syncs the host and can be captured in a graph."""
-        with torch.cuda.stream(queue):
-            sum_slots(self._local(step.src, step.count * step.nbytes, bases),
-                      self._local(step.dst, step.nbytes, bases), step.count, step.dtype)
-
-    def _local(self, ref: Ref, nbytes: int, bases: Mapping[str, object]) -> torch.Tensor:
-        """Bytes of this rank's memory as a tensor (the heap, or the caller's input/output)."""
-        if ref.space == "sym":
-            assert ref.rank == self.rank, f"a reduction reads and writes local memory only, not {ref}"
-            base = self.heap
-        else:
-            base = bases["tensors"][ref.space].view(-1).view(torch.uint8)
-        return base[ref.offset: ref.offset + nbytes]
+        reduce_step(queue, step, self.heap, self.rank, bases)
 
     def memops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
         if any(op.via != "memop" for op in ops):
@@ -320,17 +310,7 @@ class CudaEngine:
 
     def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
         """Replay the graph recorded for ``key`` (recording it on first use) on the current stream."""
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = torch.cuda.CUDAGraph()
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.graph(graph, stream=side):
-                work()
-            self._graphs[key] = graph
-        graph.replay()
-        self.main_queue = torch.cuda.current_stream(self.device)
-        self.end_call(label, sync, 1)
+        replay_recorded(self, key, work, label, sync)
 
     # -- call bracketing -----------------------------------------------------
     def begin_call(self, label: str) -> None:

@@ -33,7 +33,8 @@ from ..executor import MemOp, gate_index, gate_ops, one_index
 from ..plan import Reduce, Ref
 from . import hip_api, hip_memory, sym_offset
 from .hip_api import HipApi, HipError
-from .reduce import sum_slots
+from .graphs import replay_recorded
+from .reduce import reduce_step
 
 MASK32 = 0xFFFFFFFF
 
@@ -183,17 +184,7 @@ class HipEngine:
     def reduce(self, queue, step: Reduce, bases: Mapping[str, object]) -> None:
         """A torch kernel on ``queue`` after what is queued there (as on cuda)."""
         self.flush(queue)
-        with torch.cuda.stream(queue):
-            sum_slots(self._local(step.src, step.count * step.nbytes, bases),
-                      self._local(step.dst, step.nbytes, bases), step.count, step.dtype)
-
-    def _local(self, ref: Ref, nbytes: int, bases: Mapping[str, object]) -> torch.Tensor:
-        if ref.space == "sym":
-            assert ref.rank == self.rank, f"a reduction reads and writes local memory only, not {ref}"
-            base = self.heap
-        else:
-            base = bases["tensors"][ref.space].view(-1).view(torch.uint8)
-        return base[ref.offset: ref.offset + nbytes]
+        reduce_step(queue, step, self.heap, self.rank, bases)
 
     def flush(self, queue) -> None:
         """Issue the copies batched on ``queue`` (one hipMemcpyBatchAsync; a single copy as is)."""
@@ -299,17 +290,7 @@ class HipEngine:
 
     def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
         """prerecord=True: replay the HIP graph recorded for ``key`` (recorded on first use)."""
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = torch.cuda.CUDAGraph()
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.graph(graph, stream=side):
-                work()
-            self._graphs[key] = graph
-        graph.replay()
-        self.main_queue = torch.cuda.current_stream(self.device)
-        self.end_call(label, sync, 1)
+        replay_recorded(self, key, work, label, sync)
 
     # -- call bracketing -----------------------------------------------------
     def begin_call(self, label: str) -> None:
