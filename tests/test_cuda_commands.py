@@ -188,50 +188,50 @@ def _fill_recv(engine, recv, slots):
 def test_reduce_scatter_sums_on_the_callers_stream_after_the_done_waits(kernels):
     layout = Layout(input_sym=8192, output_sym=16384, staging=512)
     (plan,), scratch = reduce_scatter_plans(2, 16, 0, "float32", "b2b", "push", layout)  # 4 floats per rank
-    _fill_recv(kernels, scratch.recv, [[1, 2, 3, 4], [10, 20, 30, 40]])
+    _fill_recv(kernels, scratch.recv, [[10, 20, 30, 40]])  # rank 1's chunk 0
+    kernels.heap[8192: 8208] = torch.tensor([1.0, 2, 3, 4]).view(torch.uint8)  # our chunk 0, in our input
     execute(plan, kernels, {}, "reset")
     recv = scratch.recv
     assert kernels.drv.calls == [
         ("batch", (("write", flag(1, "reset", READY, 0), 1),
                    ("wait", flag(0, "reset", READY, 1), 1, "eq"),
                    ("write", flag(0, "reset", READY, 1), 0)), 7),
-        ("copy", HEAPS[1] + recv, HEAPS[0] + 8192 + 16, 16, 7),      # our chunk 1 into rank 1's slot 0
-        ("write", flag(1, "reset", DONE, 0), 1, 7),
-        ("copy", HEAPS[0] + recv, HEAPS[0] + 8192, 16, 7),           # our chunk 0 into our own slot 0
-        ("batch", (("wait", flag(0, "reset", DONE, 1), 1, "eq"),     # rank 1's chunk 0 has landed in slot 1
+        ("copy", HEAPS[1] + recv, HEAPS[0] + 8192 + 16, 16, 7),      # our chunk 1 into rank 1's only slot
+        ("batch", (("write", flag(1, "reset", DONE, 0), 1),          # no local copy: our chunk stays put
+                   ("wait", flag(0, "reset", DONE, 1), 1, "eq"),     # rank 1's chunk 0 has landed
                    ("write", flag(0, "reset", DONE, 1), 0)), 7),
         ("kernel", 7),                                               # then the sum, on the same stream
     ]
     assert kernels.heap[16384: 16400].view(torch.float32).tolist() == [11, 22, 33, 44]
 
 
-def test_pcpy_reduce_runs_on_the_callers_stream_after_the_join(kernels):
-    side = SimpleNamespace(cuda_stream=8)
-
-    def parallel(tasks):  # the join is implicit: every task is issued before parallel returns
+def test_two_rank_pcpy_reduce_runs_wholly_on_the_callers_stream(kernels):
+    """With no local copy, two ranks' pcpy has one queue (the peer's): the caller's stream, no fork or join."""
+    def parallel(tasks):
+        assert len(tasks) == 1, "one queue: nothing to fork"
         tasks[0](kernels.main_queue)
-        for task in tasks[1:]:
-            task(side)
-        kernels.drv.calls.append(("join",))
 
     kernels.parallel = parallel
     layout = Layout(input_sym=None, output_sym=None, staging=512)
     (plan,), scratch = reduce_scatter_plans(2, 8, 0, "float32", "pcpy", "pull", layout)
-    _fill_recv(kernels, scratch.recv, [[1, 2], [3, 4]])
-    output = torch.full((2,), float("nan"))
-    execute(plan, kernels, {"input": 0x5000, "output": 0x6000, "tensors": {"output": output}}, "reset")
+    _fill_recv(kernels, scratch.recv, [[3, 4]])
+    output, input = torch.full((2,), float("nan")), torch.tensor([1.0, 2, 99, 99])
+    execute(plan, kernels, {"input": 0x5000, "output": 0x6000, "tensors": {"output": output, "input": input}},
+            "reset")
     calls = kernels.drv.calls
     assert calls[0] == ("copy", HEAPS[0] + scratch.staged_input, 0x5000, 16, 7)  # stage our private input
-    assert ("copy", HEAPS[0] + scratch.recv + 8, HEAPS[1] + scratch.staged_input, 8, 8) in calls  # pull slot 1
-    assert calls[-3:] == [("join",), ("batch", (("wait", flag(0, "reset", DONE, 1), 1, "eq"),
-                                                ("write", flag(0, "reset", DONE, 1), 0)), 7), ("kernel", 7)]
-    assert output.tolist() == [4, 6]  # into the caller's private output tensor
+    assert calls[2] == ("copy", HEAPS[0] + scratch.recv, HEAPS[1] + scratch.staged_input, 8, 7)  # pull slot 0
+    assert calls[-2:] == [("batch", (("write", flag(1, "reset", DONE, 0), 1),
+                                     ("wait", flag(0, "reset", DONE, 1), 1, "eq"),
+                                     ("write", flag(0, "reset", DONE, 1), 0)), 7), ("kernel", 7)]
+    assert output.tolist() == [4, 6]  # our chunk (read from the private input) + rank 1's, into the output
 
 
 def test_all_reduce_gathers_the_summed_chunk_after_the_kernel(kernels):
     layout = Layout(input_sym=16384, output_sym=16384, staging=512)  # in place in the heap
     plans, scratch = all_reduce_plans([8, 8], 0, "float32", "b2b", "push", layout)
-    _fill_recv(kernels, scratch.recv, [[1, 2], [3, 4]])
+    _fill_recv(kernels, scratch.recv, [[3, 4]])
+    kernels.heap[16384: 16392] = torch.tensor([1.0, 2]).view(torch.uint8)  # our chunk 0, summed in place
     for i, plan in enumerate(plans):
         run(lower(plan, "epoch"), kernels, {}, epoch=41 + i)
     calls = kernels.drv.calls

@@ -186,8 +186,9 @@ class ReduceLog:
                 return (name, off)
         raise AssertionError("a reduction touched memory outside the heap and the caller's tensors")
 
-    def __call__(self, block, out, count, dtype):
-        self.log.append(("reduce", self.where(block), block.numel(), self.where(out), out.numel(), count, dtype))
+    def __call__(self, block, out, count, dtype, own=None):
+        self.log.append(("reduce", self.where(block), block.numel(), self.where(out), out.numel(), count, dtype,
+                         None if own is None else (self.where(own), own.numel())))
 
 
 def cuda_engine(rank, world, main, heap):

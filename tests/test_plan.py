@@ -164,7 +164,11 @@ def simulate(per_rank, inputs, out_elems, layout, in_place=False):
             elif isinstance(c, Reduce):
                 assert c.src.rank == c.dst.rank == rank, "a reduction is local"
                 block = view(c.src, c.count * c.nbytes).view(np.int64).reshape(c.count, -1)
-                view(c.dst, c.nbytes)[:] = block.sum(0).view(np.uint8)
+                total = block.sum(0)
+                if c.own is not None:
+                    assert c.own.rank == rank, "a reduction is local"
+                    total = total + view(c.own, c.nbytes).view(np.int64)
+                view(c.dst, c.nbytes)[:] = total.view(np.uint8)
 
     for k in range(len(per_rank[0][0])):
         for part in ("pre", "queues", "post"):
@@ -211,14 +215,13 @@ def test_all_reduce_plans_in_place(layout, variant, direction):
 
 def _shift_reduce_source(plan):
     """Off by one chunk: sum the slots starting one slot later."""
-    post = tuple(Reduce(Ref(c.src.space, c.src.rank, c.src.offset + c.nbytes), c.dst, c.nbytes, c.count, c.dtype)
+    post = tuple(dataclasses.replace(c, src=Ref(c.src.space, c.src.rank, c.src.offset + c.nbytes))
                  if isinstance(c, Reduce) else c for c in plan.post)
     return dataclasses.replace(plan, post=post)
 
 
 def _drop_last_rank(plan):
-    post = tuple(Reduce(c.src, c.dst, c.nbytes, c.count - 1, c.dtype) if isinstance(c, Reduce) else c
-                 for c in plan.post)
+    post = tuple(dataclasses.replace(c, count=c.count - 1) if isinstance(c, Reduce) else c for c in plan.post)
     return dataclasses.replace(plan, post=post)
 
 
@@ -243,10 +246,21 @@ def test_reduce_runs_on_the_callers_queue_after_every_done_wait(world, op, varia
         done_waits = [i for i, c in enumerate(post) if isinstance(c, Wait) and c.phase == DONE]
         assert len(reduces) == 1 and done_waits and max(done_waits) < reduces[0]
         reduce = post[reduces[0]]
-        assert (reduce.src, reduce.count) == (Ref("sym", r, scratch.recv), world)
+        assert (reduce.src, reduce.count) == (Ref("sym", r, scratch.recv), world - 1)
+        assert reduce.own is not None and reduce.own.rank == r  # our chunk, read where it is
         assert len(plans) == (1 if op == "reduce_scatter" else 2)
         if op == "all_reduce":  # the gather moves the summed chunk, never the raw input
             assert not any(isinstance(c, Reduce) for c in plans[1].commands())
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("variant,direction", list(itertools.product(VARIANTS, ("push", "pull"))))
+def test_reduce_plans_on_heap_buffers_copy_nothing_locally(world, op, variant, direction):
+    """Heap input and output: every copy crosses to a peer (a device-local copy waits for a concurrent GEMM)."""
+    for r, (plans, _) in enumerate(reduce_plans(op, world, 3 * world, variant, direction, REDUCE_LAYOUTS["sym"])):
+        local = [c for p in plans for c in p.commands() if isinstance(c, Copy) and c.src.rank == c.dst.rank]
+        assert not local, (r, local)
 
 
 @pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])

@@ -13,6 +13,8 @@
 #         batchprobe  which cuMemcpyBatchAsync calls the driver accepts (tools/probe_memcpy_batch.py)
 #         c3       compute next to each collective per overlap strategy, then the strategy heuristic
 #         contention  copy-engine copies (device-local vs to the peer) alone and next to a GEMM
+#         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
+#         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll, logits compared
 # Everything (CSV + JSON provenance + logs) is packed into OUTDIR/results.tgz: few files come back.
 set -u
 dest=${1:?output dir}; shift; out=$dest/run; [ $# -gt 0 ] || { echo "name at least one part"; exit 2; }
@@ -70,6 +72,12 @@ case "$part" in
   contention)
     timeout 120 python3 tools/probe_copy_contention.py "$out/copy_contention.csv" 2>&1 | tee "$log/copy_contention.log" \
       | tail -10 ;;
+  ficco)
+    timeout ${FICCO_TIMEOUT_S:-240} python3 -m dmacoll ficco --out "$out/ficco.csv" > "$log/ficco.log" 2>&1
+    tail -12 "$log/ficco.log" ;;
+  e2e)
+    timeout ${E2E_TIMEOUT_S:-300} python3 -m dmacoll e2e --out "$out/e2e.csv" > "$log/e2e.log" 2>&1
+    tail -25 "$log/e2e.log" ;;
   smoke)
     timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$out/sweep.csv" 2>&1 | tail -30 ;;
   *) echo "unknown part $part"; exit 2 ;;

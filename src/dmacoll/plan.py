@@ -23,8 +23,11 @@ Whether a signal carries a sequence number or a reset-able 1 is the
 executor's business (see ``dmacoll.executor``), so plans can be cached.
 
 Reduce collectives (sum) are exchanges too: reduce-scatter is an all-to-all
-into a symmetric scratch block (one slot per sender) followed by a ``Reduce``
-command in ``post``, after the DONE waits; all-reduce is that plan followed by
+of the peers' chunks into a symmetric scratch block (one slot per sending peer)
+followed by a ``Reduce`` command in ``post``, after the DONE waits, that adds
+our own chunk straight from the input (no device-local copy: on Hopper a local
+copy waits for a concurrent GEMM, a peer copy does not; see ``results/reference/
+h200x2/c3/evidence``); all-reduce is that plan followed by
 a second plan, an all-gather of the reduced chunks (see ``reduce_scatter_plans``
 and ``all_reduce_plans``).
 """
@@ -79,14 +82,16 @@ class Wait:
 @dataclass(frozen=True)
 class Reduce:
     """Elementwise sum of ``count`` slots of ``nbytes`` bytes, back to back from ``src``
-    (a [count, n] block of ``dtype``), into ``dst``. Local: both refs are on the calling
-    rank; backends run it on the caller's queue (a small kernel on GPUs)."""
+    (a [count, n] block of ``dtype``), plus ``own`` (``nbytes`` more, if given), into ``dst``.
+    Local: every ref is on the calling rank; backends run it on the caller's queue (small
+    kernels on GPUs). ``dst`` may be ``own`` itself (an in-place all-reduce)."""
 
     src: Ref
     dst: Ref
     nbytes: int
     count: int
     dtype: str  # a torch dtype name, e.g. "bfloat16" (plans stay torch-free)
+    own: Optional[Ref] = None
 
 
 Command = Copy | Signal | Wait | Reduce
@@ -317,17 +322,29 @@ def reduce_scratch(chunks: Sequence[int], input_bytes: int, direction: str, layo
     return Scratch(recv, staged_input, reduced, end)
 
 
+def scatter_exchange(chunks: Sequence[int]) -> Exchange:
+    """Chunk p (at ``sum(chunks[:p])``) of every other rank's input into rank p's recv block: sender q
+    fills slot ``(q - p - 1) % world``, so the ``world - 1`` peer slots sit back to back; nothing is sent
+    to oneself (the reduction reads its own chunk from the input)."""
+    world = len(chunks)
+    n = tuple(tuple(0 if q == p else chunks[p] for p in range(world)) for q in range(world))
+    src = tuple(tuple(sum(chunks[:p]) for p in range(world)) for _ in range(world))
+    dst = tuple(tuple(((q - p - 1) % world) * chunks[p] for p in range(world)) for q in range(world))
+    return Exchange(n, src, dst)
+
+
 def _scatter_plan(chunks: Sequence[int], rank: int, dtype: str, variant: str, direction: str, layout: Layout,
                   engines: int, scratch: Scratch, out: Ref) -> Plan:
-    """Chunk p of every rank's input into slot (sender) of rank p's recv block, an all-to-all;
-    after the DONE waits, sum our block into ``out``."""
+    """The peers' chunks into our recv block (``scatter_exchange``); after the DONE waits, our block
+    plus our own chunk of the input, summed into ``out``."""
     world = len(chunks)
-    ex = all_to_all_exchange([list(chunks)] * world)  # dst[q][p] = q * chunks[p]: slot q of p's block
-    plan = build_plan(ex, rank, variant, direction, Layout(layout.input_sym, scratch.recv, scratch.staged_input),
-                      engines)
+    plan = build_plan(scatter_exchange(chunks), rank, variant, direction,
+                      Layout(layout.input_sym, scratch.recv, scratch.staged_input), engines)
     if chunks[rank] == 0:
         return plan
-    return replace(plan, post=(*plan.post, Reduce(Ref("sym", rank, scratch.recv), out, chunks[rank], world, dtype)))
+    own = _in_ref(layout, rank, sum(chunks[:rank]), False)
+    return replace(plan, post=(*plan.post, Reduce(Ref("sym", rank, scratch.recv), out, chunks[rank], world - 1,
+                                                  dtype, own)))
 
 
 def reduce_scatter_plans(world: int, nbytes: int, rank: int, dtype: str, variant: str = "pcpy",

@@ -26,7 +26,7 @@ from ..errors import DmaCollTimeoutError
 from ..executor import MemOp, gate_index, gate_ops, one_index
 from ..plan import NUM_PHASES, Reduce, Ref
 from . import sym_offset
-from .reduce import sum_slots
+from .reduce import reduce_operands, sum_slots
 
 PHASE_NAMES = ("READY", "DONE")
 
@@ -82,8 +82,7 @@ class HostEngine:
         self._view(dst, nbytes, bases).copy_(self._view(src, nbytes, bases))
 
     def reduce(self, queue: object, step: Reduce, bases: Mapping[str, torch.Tensor]) -> None:
-        sum_slots(self._view(step.src, step.count * step.nbytes, bases), self._view(step.dst, step.nbytes, bases),
-                  step.count, step.dtype)
+        sum_slots(*reduce_operands(lambda ref, n: self._view(ref, n, bases), step))
 
     def memops(self, queue: object, ops: Sequence[MemOp]) -> None:
         for op in ops:

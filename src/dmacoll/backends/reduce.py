@@ -1,16 +1,28 @@
 """The local step of the reduce collectives, shared by the backends that compute with torch."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
-def sum_slots(block: torch.Tensor, out: torch.Tensor, count: int, dtype: str) -> None:
-    """``out`` = elementwise sum of the ``count`` equal slots of ``block`` (both byte views), as ``dtype``.
+def sum_slots(block: torch.Tensor, out: torch.Tensor, count: int, dtype: str,
+              own: Optional[torch.Tensor] = None) -> None:
+    """``out`` = elementwise sum of the ``count`` equal slots of ``block`` plus ``own`` (all byte views;
+    ``out`` may alias ``own``), as ``dtype``.
 
-    One ``torch.sum`` over a [count, n] view: float16/bfloat16 accumulate in float32 and round once;
-    on a GPU it is one kernel on the current stream with no host sync, so graph capture works."""
+    float16/bfloat16 accumulate in float32 and round once. On a GPU these are one or two kernels on
+    the current stream with no host sync (the float32 partial comes from the caching allocator), so
+    graph capture works."""
     kind = getattr(torch, dtype)
-    torch.sum(block.view(kind).view(count, -1), dim=0, dtype=kind, out=out.view(kind))
+    slots, out = block.view(kind).view(count, -1), out.view(kind)
+    if own is None:
+        torch.sum(slots, dim=0, dtype=kind, out=out)
+    elif count == 1:  # elementwise add computes half types in float32 and rounds once
+        torch.add(slots[0], own.view(kind), out=out)
+    else:
+        wide = torch.float32 if kind in (torch.float16, torch.bfloat16) else kind
+        torch.add(torch.sum(slots, dim=0, dtype=wide), own.view(kind), out=out)
 
 
 def local_bytes(heap: torch.Tensor, rank: int, ref, nbytes: int, bases) -> torch.Tensor:
@@ -24,7 +36,12 @@ def local_bytes(heap: torch.Tensor, rank: int, ref, nbytes: int, bases) -> torch
 
 
 def reduce_step(queue, step, heap: torch.Tensor, rank: int, bases) -> None:
-    """A plan's Reduce as one torch kernel on ``queue``: after what is queued there, no host sync, capturable."""
+    """A plan's Reduce as torch kernels on ``queue``: after what is queued there, no host sync, capturable."""
     with torch.cuda.stream(queue):
-        sum_slots(local_bytes(heap, rank, step.src, step.count * step.nbytes, bases),
-                  local_bytes(heap, rank, step.dst, step.nbytes, bases), step.count, step.dtype)
+        sum_slots(*reduce_operands(lambda ref, n: local_bytes(heap, rank, ref, n, bases), step))
+
+
+def reduce_operands(view, step) -> tuple:
+    """``sum_slots``'s arguments for a plan's Reduce; ``view(ref, nbytes)`` gives local bytes."""
+    own = view(step.own, step.nbytes) if step.own is not None else None
+    return view(step.src, step.count * step.nbytes), view(step.dst, step.nbytes), step.count, step.dtype, own
