@@ -29,8 +29,8 @@ DATA = ROOT / "tests/data/vllm"
 
 
 def tiny(moe: bool, layers: int = 2) -> c.ModelSpec:
-    return c.ModelSpec(name="tiny-moe" if moe else "tiny", arch="mixtral" if moe else "llama", hidden=64, heads=4,
-                       kv_heads=2, head_dim=16, intermediate=96, vocab=256, layers=layers, experts=4 if moe else 0,
+    return c.ModelSpec(name="tiny-moe" if moe else "tiny", arch="mixtral" if moe else "llama", hidden=64, heads=8,
+                       kv_heads=4, head_dim=8, intermediate=96, vocab=256, layers=layers, experts=4 if moe else 0,
                        top_k=2 if moe else 0, rope_theta=500000.0, rope_scaling=c.LLAMA3_ROPE_SCALING)
 
 
@@ -234,7 +234,7 @@ def test_collectives_buffers_are_reused_views():
         coll.buffer("reduce", 13)
 
 
-# -- world 2 against world 1 -------------------------------------------------------------------------------------
+# -- worlds 2 and 4 against world 1 -----------------------------------------------------------------------------------
 def _logits_rank(rank, world, impl, moe, batches):
     import torch
 
@@ -253,12 +253,13 @@ def _logits_rank(rank, world, impl, moe, batches):
     return out
 
 
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("moe", [False, True], ids=["llama", "mixtral"])
-def test_world2_matches_the_unsharded_model(moe):
-    batches = [1, 3]  # batch 1: rank 1's MoE token slice is empty
+def test_sharded_model_matches_the_unsharded_model(moe, world):
+    batches = [1, 3]  # batch 1: some ranks' MoE token slices are empty
     ref = _logits_rank(0, 1, "none", moe, batches)
     for impl in ("nccl", "dma"):  # gloo through torch.distributed; dmacoll's host emulator
-        for rank_out in run_ranks(_logits_rank, 2, impl, moe, batches, timeout_s=120):
+        for rank_out in run_ranks(_logits_rank, world, impl, moe, batches, timeout_s=240):
             for (pre, dec), (rpre, rdec) in zip(rank_out, ref):
                 assert torch.allclose(pre, rpre, atol=1e-4, rtol=1e-4), impl
                 assert torch.allclose(dec, rdec, atol=1e-4, rtol=1e-4), impl

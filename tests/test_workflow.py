@@ -47,7 +47,7 @@ def test_lint_is_clean():
         assert "Congratulations, your workflow is in a good condition!" in r.stdout + r.stderr, r.stdout[-3000:]
 
 
-@pytest.mark.parametrize("platform_file", ["h200x2", "h200x4"])
+@pytest.mark.parametrize("platform_file", ["h200x2", "h200x4", "h200x8"])
 def test_gpu_platform_configs_plan_every_experiment(platform_file, tmp_path):
     r = dry_run("--configfile", "config/config.yaml", f"config/{platform_file}.yaml",
                 config=(f"outdir={tmp_path}",))
