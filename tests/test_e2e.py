@@ -265,6 +265,23 @@ def test_sharded_model_matches_the_unsharded_model(moe, world):
                 assert torch.allclose(dec, rdec, atol=1e-4, rtol=1e-4), impl
 
 
+def _check_rank(rank, world, moe):
+    import torch.distributed as dist
+
+    from dmacoll.e2e.bench import check_model
+
+    cfg = {**c.DEFAULTS, "batches": [3], "prompts": [8], "chunk_tokens": 16, "impls": ["nccl", "dma"]}
+    rn = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), cfg=cfg, barrier=dist.barrier)
+    return check_model(rn, tiny(moe))
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["llama", "mixtral"])
+def test_float32_logits_check_passes_for_the_emulated_dma_collectives(moe):
+    for verdict in run_ranks(_check_rank, 2, moe, timeout_s=120):
+        assert set(verdict) == {"dma"} and verdict["dma"]["logits_ok"], verdict
+        assert verdict["dma"]["check_max_abs_diff"] < 1e-4
+
+
 # -- rows, schema, checks -----------------------------------------------------------------------------------------
 def test_logits_check_and_derived_rates():
     ref = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.25, -1.0]])
@@ -295,7 +312,8 @@ def synthetic_rows(dma_gain=1.2):
                     ref = impl == "nccl"
                     row.update(logits_max_abs_diff=float("nan") if ref else 0.0,
                                logits_ref_max_abs=float("nan") if ref else 5.0, logits_ok="" if ref else True,
-                               argmax_agree=float("nan") if ref else 1.0)
+                               argmax_agree=float("nan") if ref else 1.0, check_dtype="float32",
+                               check_max_abs_diff=float("nan") if ref else 1e-5)
                     rows.append(row)
     return rows
 

@@ -210,7 +210,7 @@ def cmd_e2e(a: argparse.Namespace) -> int:
 
     cfg = dict(models=a.models, layers=a.layers, batches=a.batches, prompts=a.prompts, impls=a.impls,
                decode_steps=a.decode_steps, repeats=a.repeats, output_len=a.output_len, chunk_tokens=a.chunk_tokens,
-               dtype=a.dtype, seed=a.seed, rtol=a.rtol, atol=a.atol)
+               dtype=a.dtype, seed=a.seed, check_dtype=a.check_dtype, rtol=a.rtol, atol=a.atol)
     if a.hf_config_dir:  # shapes for `vllm bench ... --load-format dummy`
         for name in a.models:
             d = Path(a.hf_config_dir) / name
@@ -218,8 +218,11 @@ def cmd_e2e(a: argparse.Namespace) -> int:
             (d / "config.json").write_text(json.dumps(e2e.hf_config(e2e.spec(name, a.layers)), indent=1) + "\n")
             print(f"wrote {d / 'config.json'}")
         return 0
+    world = a.world or (2 if a.dry_run else _gpu_world(a, "e2e"))
+    if world < 2:
+        return 2
     try:
-        print(e2e.plan_text(cfg, a.world or 2), flush=True)
+        print(e2e.plan_text(cfg, world), flush=True)
     except ValueError as e:
         print(f"dmacoll e2e: {e}", file=sys.stderr)
         return 2
@@ -434,6 +437,8 @@ def add_e2e_parser(sub) -> None:
                    help="most tokens per prefill forward (whole prompts)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=d["dtype"])
     p.add_argument("--seed", type=int, default=d["seed"])
+    p.add_argument("--check-dtype", default=d["check_dtype"], choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the logits check (one untimed prefill + decode step per model and impl)")
     p.add_argument("--rtol", type=float, default=d["rtol"], help="logits check: relative tolerance")
     p.add_argument("--atol", type=float, default=d["atol"], help="logits check: absolute, times rms(ref)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration; no GPU")

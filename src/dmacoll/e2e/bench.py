@@ -8,9 +8,15 @@ Per (model, batch, prompt length) and per implementation, on the same weights an
   between two events, per-step time, median of ``repeats``; the slowest rank's;
 * throughput: prefill tokens/s = batch x prompt / TTFT, decode tokens/s = batch / step time, and
   e2e tokens/s = batch x output_len / (TTFT + (output_len - 1) x step) (derived from the two, not run);
-* outputs: the first implementation in ``impls`` (NCCL by default) is the reference; every other one must
-  give the same logits (prefill and first decode step) within ``|a - b| <= atol x rms(ref) + rtol x |ref|`` per
-  element. Max abs diff and the share of equal argmax (greedy) tokens are recorded.
+* outputs: the first implementation in ``impls`` (NCCL by default) is the reference. Per model, before the timed
+  points, every implementation runs one untimed prefill + decode step (smallest batch and prompt) on the same
+  weights in ``check_dtype`` (float32 by default); every other one must give the reference's logits within
+  ``|a - b| <= atol x rms(ref) + rtol x |ref|`` per element (``logits_ok``, ``check_max_abs_diff``). The check
+  is in float32 because in bfloat16 the implementations legitimately differ by roundings: NCCL's ring rounds
+  every partial sum to bfloat16 (world - 1 times), dmacoll adds in float32 and rounds once; over layers that
+  is a few bfloat16 ulps of the logits, and in a MoE a near-tied router can send a token to another expert.
+  For the timed (``dtype``) runs the max abs diff of their logits and the share of equal argmax (greedy) tokens
+  are recorded as information.
 
 Prompts and decode tokens are seeded random ids, the same on every rank and for every implementation; decode
 feeds fixed tokens (not greedy ones) so that both implementations see the same inputs at every step.
@@ -145,6 +151,72 @@ def measure(rn: Runner, model, impl: str, batch: int, prompt: int, inputs: tuple
     return row, (prefill_logits, decode_logits)
 
 
+def logits_once(rn: Runner, model, coll, inputs: tuple, batch: int, prompt: int) -> tuple:
+    """Untimed, eager: logits of a prefill and of the first decode step."""
+    import torch
+
+    prompts, step_tokens = inputs
+    cache = model.new_cache(batch, prompt + 4)
+    pre = model.prefill_batch(coll, prompts, cache, prefill_chunks(batch, prompt, rn.cfg["chunk_tokens"]))
+    dec = model.decode(coll, step_tokens, torch.full((1,), prompt, dtype=torch.long, device=rn.device), cache)
+    return pre.float(), dec.float()
+
+
+def agreement(ref: tuple, got: tuple, rtol: float, atol: float) -> dict:
+    """``compare`` over the (prefill, decode) logits pairs: the worse of the two."""
+    both = [compare(r.float(), g.float(), rtol, atol) for r, g in zip(ref, got)]
+    return {"logits_max_abs_diff": max(c["logits_max_abs_diff"] for c in both),
+            "logits_ref_max_abs": max(c["logits_ref_max_abs"] for c in both),
+            "logits_ok": all(c["logits_ok"] for c in both),
+            "argmax_agree": min(c["argmax_agree"] for c in both)}
+
+
+def check_model(rn: Runner, s: ModelSpec) -> dict:
+    """Per implementation after the first: {"check_max_abs_diff", "logits_ok"} of the ``check_dtype`` run."""
+    import torch
+
+    from .collectives import make
+    from .model import Model
+
+    cfg = rn.cfg
+    dtype = getattr(torch, cfg["check_dtype"])
+    batch, prompt = min(cfg["batches"]), min(cfg["prompts"])
+    model = Model(s, rn.rank, rn.world, rn.device, dtype, cfg["seed"])
+    elements = merged_buffers([s], rn.world, max_tokens([batch], [prompt], cfg["chunk_tokens"]), batch)
+    inputs = point_inputs(rn, s, batch, prompt)
+    out, ref = {}, None
+    for impl in cfg["impls"]:
+        coll = make(impl, rn.device, elements, dtype)
+        try:
+            logits = logits_once(rn, model, coll, inputs, batch, prompt)
+            if rn.device.type == "cuda":
+                torch.cuda.synchronize()
+        finally:
+            rn.barrier()
+            coll.close()
+        if ref is None:
+            ref = logits
+            continue
+        a = agreement(ref, logits, cfg["rtol"], cfg["atol"])
+        out[impl] = {"check_max_abs_diff": a["logits_max_abs_diff"], "logits_ok": a["logits_ok"]}
+        if rn.rank == 0:
+            print(f"{s.name:14s} {impl:5s} {cfg['check_dtype']} check (batch {batch}, prompt {prompt}): logits max "
+                  f"diff {a['logits_max_abs_diff']:.3g} of max {a['logits_ref_max_abs']:.3g} "
+                  f"({'ok' if a['logits_ok'] else 'MISMATCH'})", flush=True)
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def point_inputs(rn: Runner, s: ModelSpec, batch: int, prompt: int) -> tuple:
+    """Seeded prompts and decode tokens, the same on every rank and for every implementation."""
+    import torch
+
+    gen = torch.Generator(device=rn.device).manual_seed(rn.cfg["seed"] * 7919 + batch * 31 + prompt)
+    return (torch.randint(0, s.vocab, (batch, prompt), generator=gen, device=rn.device),
+            torch.randint(0, s.vocab, (batch,), generator=gen, device=rn.device))
+
+
 def point_fields(s: ModelSpec, rn: Runner, impl: str, batch: int, prompt: int) -> dict:
     cfg = rn.cfg
     return {"model": s.name, "arch": s.arch, "layers": s.layers, "world": rn.world,
@@ -156,19 +228,18 @@ def point_fields(s: ModelSpec, rn: Runner, impl: str, batch: int, prompt: int) -
 
 def progress(r: dict) -> str:
     check = "" if r["logits_ok"] == "" else \
-        f", logits max diff {r['logits_max_abs_diff']:.3g} ({'ok' if r['logits_ok'] else 'MISMATCH'})"
+        f", {r['dtype']} logits max diff {r['logits_max_abs_diff']:.3g}, argmax agree {r['argmax_agree']:.2f}"
     return (f"{r['model']:14s} {r['impl']:5s} batch {r['batch']:4d} prompt {r['prompt_len']:5d}: "
             f"TTFT {r['ttft_ms']:9.2f} ms, decode {r['decode_ms']:7.3f} ms/step, {r['decode_tok_s']:9.0f} tok/s{check}")
 
 
-def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int) -> list[dict]:
-    """Every implementation on one (model, batch, prompt); the first is the logits reference."""
+def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int, checked: dict) -> list[dict]:
+    """Every implementation on one (model, batch, prompt); the first is the logits reference. ``checked``:
+    ``check_model``'s verdicts."""
     import torch
 
     cfg, nan = rn.cfg, float("nan")
-    gen = torch.Generator(device=rn.device).manual_seed(cfg["seed"] * 7919 + batch * 31 + prompt)
-    inputs = (torch.randint(0, s.vocab, (batch, prompt), generator=gen, device=rn.device),
-              torch.randint(0, s.vocab, (batch,), generator=gen, device=rn.device))
+    inputs = point_inputs(rn, s, batch, prompt)
     rows, ref = [], None
     for impl in cfg["impls"]:
         row = point_fields(s, rn, impl, batch, prompt)
@@ -181,15 +252,14 @@ def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int) -> list[
             rows.append({**row, **dict.fromkeys(MEASURED_COLUMNS, nan), "logits_ok": "", "status": errors[0]})
             torch.cuda.empty_cache()
             continue
-        check = {"logits_max_abs_diff": nan, "logits_ref_max_abs": nan, "logits_ok": "", "argmax_agree": nan}
+        check = {"logits_max_abs_diff": nan, "logits_ref_max_abs": nan, "argmax_agree": nan,
+                 "check_dtype": cfg["check_dtype"], "check_max_abs_diff": nan, "logits_ok": ""}
         if ref is None:
             ref = logits
         else:
-            both = [compare(r, g, cfg["rtol"], cfg["atol"]) for r, g in zip(ref, logits)]  # prefill, decode
-            check = {"logits_max_abs_diff": max(c["logits_max_abs_diff"] for c in both),
-                     "logits_ref_max_abs": max(c["logits_ref_max_abs"] for c in both),
-                     "logits_ok": all(c["logits_ok"] for c in both),
-                     "argmax_agree": min(c["argmax_agree"] for c in both)}
+            timed = agreement(ref, logits, cfg["rtol"], cfg["atol"])
+            check.update({k: timed[k] for k in ("logits_max_abs_diff", "logits_ref_max_abs", "argmax_agree")})
+            check.update(checked.get(impl, {}))
         rows.append({**row, **got, **check, "status": "ok"})
         if rn.rank == 0:
             print(progress(rows[-1]), flush=True)
@@ -204,10 +274,11 @@ def run_e2e(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
     rn = Runner(rank, world, cfg)
     rows: list[dict] = []
     for s in rn.specs:
+        checked = check_model(rn, s)
         model = Model(s, rank, world, rn.device, rn.dtype, cfg["seed"])
         for batch in cfg["batches"]:
             for prompt in cfg["prompts"]:
-                rows += run_point(rn, s, model, batch, prompt)
+                rows += run_point(rn, s, model, batch, prompt, checked)
                 torch.cuda.empty_cache()
         del model
         torch.cuda.empty_cache()

@@ -40,13 +40,13 @@ MODELS: dict[str, dict] = {
 # 4 layers x batches {1, 8, 32} x prompts {128, 2048}: about 100 s on 2x H200 (plan_text prints the estimate)
 DEFAULTS = dict(models=list(MODELS), layers=4, batches=[1, 8, 32], prompts=[128, 2048], impls=["nccl", "dma"],
                 decode_steps=16, repeats=3, output_len=128, chunk_tokens=8192, dtype="bfloat16", seed=0,
-                rtol=0.02, atol=0.02)
+                check_dtype="float32", rtol=1e-3, atol=1e-3)
 
 POINT_COLUMNS = ["model", "arch", "layers", "world", "parallel", "impl", "dtype", "batch", "prompt_len",
                  "chunk_tokens", "decode_steps", "output_len", "collectives_per_step"]
 MEASURED_COLUMNS = ["ttft_ms", "ttft_ms_p10", "ttft_ms_p90", "decode_ms", "decode_ms_p10", "decode_ms_p90",
                     "prefill_tok_s", "decode_tok_s", "e2e_tok_s", "logits_max_abs_diff", "logits_ref_max_abs",
-                    "logits_ok", "argmax_agree"]
+                    "argmax_agree", "check_dtype", "check_max_abs_diff", "logits_ok"]
 E2E_COLUMNS = POINT_COLUMNS + MEASURED_COLUMNS + ["status"]
 
 
