@@ -124,7 +124,7 @@ def write_table(path: Path, rows: list[dict], columns: list[str], config: dict[s
     w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+        w.writerow({k: (f"{v:.7g}" if isinstance(v, float) else v) for k, v in r.items()})
     write_atomic(Path(path), buf.getvalue())
     write_sidecar(Path(path), collect(config))
     print(f"wrote {path} ({len(rows)} rows) and {Path(path).with_suffix('.json')}", flush=True)
