@@ -130,6 +130,23 @@ def test_reduce_world3_constant_signals(signal):
     _run_check(3, ["float32"], [1, 100], ops=REDUCE_OPS, signal=signal)
 
 
+def _check_two_shot(rank, world):
+    """Every all-reduce through the two-exchange algorithm (small sizes take the one-shot one by default)."""
+    from dmacoll import communicator
+
+    communicator.ONE_SHOT_MAX_BYTES = 0
+    args = dict(backend="host", timeout_s=60, variants=list(VARIANTS), directions=["push", "pull"],
+                dtypes=["bfloat16", "int32"], counts=[1, 7, 4099], ops=("all_reduce",), seed=5,
+                syncs=["reset", "epoch"], reference="cpu")
+    return _check_rank(rank, world, args)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_two_shot_all_reduce(world):
+    cases = [r for rank in run_ranks(_check_two_shot, world) for r in rank]
+    assert cases and all(r["ok"] for r in cases), [r for r in cases if not r["ok"]][:3]
+
+
 def _check_with_a_wrong_reduction(rank, world):
     """Every rank's reductions off by one chunk (the slots from one slot later): the check must fail."""
     import dataclasses
@@ -148,6 +165,7 @@ def _check_with_a_wrong_reduction(rank, world):
 
     communicator.reduce_scatter_plans = shifted(communicator.reduce_scatter_plans)
     communicator.all_reduce_plans = shifted(communicator.all_reduce_plans)
+    communicator.all_reduce_one_shot_plans = shifted(communicator.all_reduce_one_shot_plans)
     args = dict(backend="host", timeout_s=60, variants=["b2b"], directions=["push", "pull"],
                 dtypes=["float32", "int32"], counts=[6], ops=REDUCE_OPS, seed=3, syncs=["reset"], reference="cpu")
     return _check_rank(rank, world, args)

@@ -118,7 +118,8 @@ def test_bad_arguments_are_rejected():
 # -- reduce collectives ------------------------------------------------------------------------
 import numpy as np  # noqa: E402
 
-from dmacoll.plan import Reduce, all_reduce_plans, chunk_elements, reduce_scatter_plans  # noqa: E402
+from dmacoll.plan import Reduce, all_reduce_one_shot_plans, all_reduce_plans, chunk_elements, \
+    reduce_scatter_plans  # noqa: E402
 
 ELEM = 8  # the simulated reductions sum int64
 SYM_BYTES = 1 << 18
@@ -132,8 +133,14 @@ def reduce_plans(op, world, count, variant, direction, layout):
     if op == "reduce_scatter":
         return [reduce_scatter_plans(world, count * ELEM, r, "int64", variant, direction, layout)
                 for r in range(world)]
+    if op == "all_reduce_one_shot":
+        return [all_reduce_one_shot_plans(count * ELEM, world, r, "int64", variant, direction, layout)
+                for r in range(world)]
     chunks = [n * ELEM for n in chunk_elements(count, world)]
     return [all_reduce_plans(chunks, r, "int64", variant, direction, layout) for r in range(world)]
+
+
+REDUCE_PLAN_OPS = ["reduce_scatter", "all_reduce", "all_reduce_one_shot"]
 
 
 def simulate(per_rank, inputs, out_elems, layout, in_place=False):
@@ -197,7 +204,7 @@ def run_reduce(op, world, count, variant, direction, layout, mutate=None, in_pla
 
 
 @pytest.mark.parametrize("world", [2, 3, 5, 8])
-@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("op", REDUCE_PLAN_OPS)
 @pytest.mark.parametrize("variant,direction", list(itertools.product(VARIANTS, ("push", "pull"))))
 def test_reduce_plans_compute_the_sum(world, op, variant, direction):
     for layout_name, count in itertools.product(REDUCE_LAYOUTS, (1, world - 1, 7, 3 * world + 1)):
@@ -208,9 +215,18 @@ def test_reduce_plans_compute_the_sum(world, op, variant, direction):
 
 @pytest.mark.parametrize("layout", [Layout(1 << 17, 1 << 17, 512), Layout(None, None, 512)], ids=["sym", "private"])
 @pytest.mark.parametrize("variant,direction", list(itertools.product(VARIANTS, ("push", "pull"))))
-def test_all_reduce_plans_in_place(layout, variant, direction):
-    _, got, want = run_reduce("all_reduce", 4, 11, variant, direction, layout, in_place=True)
+@pytest.mark.parametrize("op", ["all_reduce", "all_reduce_one_shot"])
+def test_all_reduce_plans_in_place(layout, variant, direction, op):
+    _, got, want = run_reduce(op, 4, 11, variant, direction, layout, in_place=True)
     assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def test_one_shot_all_reduce_is_one_exchange_of_whole_tensors():
+    for r, (plans, _) in enumerate(reduce_plans("all_reduce_one_shot", 4, 10, "pcpy", "push", REDUCE_LAYOUTS["sym"])):
+        (plan,) = plans
+        copies = [c for c in plan.commands() if isinstance(c, Copy)]
+        assert len(copies) == 3 and all(c.nbytes == 10 * ELEM and c.src.offset == 1 << 16 for c in copies)
+        assert sum(isinstance(c, Signal) for c in plan.commands()) == 2 * 3  # one READY, one DONE per peer
 
 
 def _shift_reduce_source(plan):
@@ -226,14 +242,14 @@ def _drop_last_rank(plan):
 
 
 @pytest.mark.parametrize("mutate", [_shift_reduce_source, _drop_last_rank])
-@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("op", REDUCE_PLAN_OPS)
 def test_the_simulation_catches_a_wrong_reduction(op, mutate):
     _, got, want = run_reduce(op, 3, 6, "b2b", "push", REDUCE_LAYOUTS["sym"], mutate=mutate)
     assert not all(np.array_equal(g, w) for g, w in zip(got, want))
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])
-@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("op", REDUCE_PLAN_OPS)
 @pytest.mark.parametrize("variant,direction,layout", list(itertools.product(VARIANTS, ("push", "pull"),
                                                                             REDUCE_LAYOUTS)))
 def test_reduce_runs_on_the_callers_queue_after_every_done_wait(world, op, variant, direction, layout):
@@ -248,13 +264,13 @@ def test_reduce_runs_on_the_callers_queue_after_every_done_wait(world, op, varia
         reduce = post[reduces[0]]
         assert (reduce.src, reduce.count) == (Ref("sym", r, scratch.recv), world - 1)
         assert reduce.own is not None and reduce.own.rank == r  # our chunk, read where it is
-        assert len(plans) == (1 if op == "reduce_scatter" else 2)
+        assert len(plans) == (2 if op == "all_reduce" else 1)
         if op == "all_reduce":  # the gather moves the summed chunk, never the raw input
             assert not any(isinstance(c, Reduce) for c in plans[1].commands())
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])
-@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("op", REDUCE_PLAN_OPS)
 @pytest.mark.parametrize("variant,direction", list(itertools.product(VARIANTS, ("push", "pull"))))
 def test_reduce_plans_on_heap_buffers_copy_nothing_locally(world, op, variant, direction):
     """Heap input and output: every copy crosses to a peer (a device-local copy waits for a concurrent GEMM)."""
@@ -263,7 +279,7 @@ def test_reduce_plans_on_heap_buffers_copy_nothing_locally(world, op, variant, d
         assert not local, (r, local)
 
 
-@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("op", REDUCE_PLAN_OPS)
 @pytest.mark.parametrize("variant,direction,layout", list(itertools.product(VARIANTS, ("push", "pull"),
                                                                             REDUCE_LAYOUTS)))
 def test_reduce_plans_balance_signals_and_stay_inside_their_scratch(op, variant, direction, layout):

@@ -22,8 +22,9 @@ from . import tuning, validate
 from .backends import make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
 from .executor import GATES, SIGNAL_MODES, SYNC_MODES, Program, flag_words, lower, run
-from .plan import DIRECTIONS, VARIANTS, Exchange, Layout, Plan, Scratch, all_gather_exchange, all_reduce_plans, \
-    all_to_all_exchange, build_plan, chunk_elements, reduce_scatter_plans, staging_bytes
+from .plan import DIRECTIONS, ONE_SHOT_MAX_BYTES, VARIANTS, Exchange, Layout, Plan, Scratch, all_gather_exchange, \
+    all_reduce_one_shot_plans, all_reduce_plans, all_to_all_exchange, build_plan, chunk_elements, \
+    reduce_scatter_plans, staging_bytes
 
 ALIGN = 512
 REDUCE_OPS = ("reduce_scatter", "all_reduce")
@@ -164,8 +165,9 @@ class Communicator:
         """Elementwise sum over ranks. In place by default (``tensor`` holds this rank's values and
         receives the sum, like ``torch.distributed.all_reduce``); with ``input``, ``tensor`` is the output.
 
-        A reduce-scatter then an all-gather of the summed chunks, two exchanges run back to back.
-        Chunks are ``torch.tensor_split(tensor.view(-1), world)``'s: uneven when the size is not
+        Up to ``plan.ONE_SHOT_MAX_BYTES`` (512 KiB): one exchange of whole tensors, then a local sum
+        (fewest handshakes). Larger: a reduce-scatter then an all-gather of the summed chunks, two
+        exchanges run back to back (least traffic). Chunks are ``torch.tensor_split(tensor.view(-1), world)``'s: uneven when the size is not
         divisible by the world (the first ``numel % world`` ranks sum one element more), no padding.
         Dtypes as for ``reduce_scatter``. Staging: about the tensor's size (plus the input for pull
         from a private input, plus a chunk for a private output)."""
@@ -175,9 +177,15 @@ class Communicator:
         size, dtype = input.element_size(), _dtype_name(input.dtype)
         chunks = tuple(n * size for n in chunk_elements(input.numel(), self.world))
         in_place = input.data_ptr() == tensor.data_ptr() and input.numel() > 0
-        return self._run("all_reduce", ("all_reduce", sum(chunks), dtype), in_place, tensor, input, options,
-                         lambda v, d, layout: _with_scratch(all_reduce_plans(
-                             chunks, self.rank, dtype, v, d, layout, self.engines), layout))
+        nbytes = sum(chunks)
+        if nbytes <= ONE_SHOT_MAX_BYTES:
+            def plans(v: str, d: str, layout: Layout):
+                return _with_scratch(all_reduce_one_shot_plans(nbytes, self.world, self.rank, dtype, v, d, layout,
+                                                               self.engines), layout)
+        else:
+            def plans(v: str, d: str, layout: Layout):
+                return _with_scratch(all_reduce_plans(chunks, self.rank, dtype, v, d, layout, self.engines), layout)
+        return self._run("all_reduce", ("all_reduce", nbytes, dtype), in_place, tensor, input, options, plans)
 
     # -- machinery -------------------------------------------------------------
     def _options(self, variant: str, direction: str, sync: str, signal: str) -> tuple[str, str, str, str]:

@@ -29,7 +29,8 @@ our own chunk straight from the input (no device-local copy: on Hopper a local
 copy waits for a concurrent GEMM, a peer copy does not; see ``results/reference/
 h200x2/c3/evidence``); all-reduce is that plan followed by
 a second plan, an all-gather of the reduced chunks (see ``reduce_scatter_plans``
-and ``all_reduce_plans``).
+and ``all_reduce_plans``); up to ``ONE_SHOT_MAX_BYTES`` all-reduce is instead one
+exchange of whole tensors and a local sum (``all_reduce_one_shot_plans``).
 """
 from __future__ import annotations
 
@@ -322,27 +323,29 @@ def reduce_scratch(chunks: Sequence[int], input_bytes: int, direction: str, layo
     return Scratch(recv, staged_input, reduced, end)
 
 
-def scatter_exchange(chunks: Sequence[int]) -> Exchange:
-    """Chunk p (at ``sum(chunks[:p])``) of every other rank's input into rank p's recv block: sender q
-    fills slot ``(q - p - 1) % world``, so the ``world - 1`` peer slots sit back to back; nothing is sent
-    to oneself (the reduction reads its own chunk from the input)."""
+def scatter_exchange(chunks: Sequence[int], offsets: Sequence[int]) -> Exchange:
+    """``chunks[p]`` bytes at input offset ``offsets[p]`` of every other rank into rank p's recv block:
+    sender q fills slot ``(q - p - 1) % world``, so the ``world - 1`` peer slots sit back to back; nothing
+    is sent to oneself (the reduction reads its own part from the input)."""
     world = len(chunks)
     n = tuple(tuple(0 if q == p else chunks[p] for p in range(world)) for q in range(world))
-    src = tuple(tuple(sum(chunks[:p]) for p in range(world)) for _ in range(world))
+    src = tuple(tuple(offsets[p] for p in range(world)) for _ in range(world))
     dst = tuple(tuple(((q - p - 1) % world) * chunks[p] for p in range(world)) for q in range(world))
     return Exchange(n, src, dst)
 
 
 def _scatter_plan(chunks: Sequence[int], rank: int, dtype: str, variant: str, direction: str, layout: Layout,
-                  engines: int, scratch: Scratch, out: Ref) -> Plan:
-    """The peers' chunks into our recv block (``scatter_exchange``); after the DONE waits, our block
-    plus our own chunk of the input, summed into ``out``."""
+                  engines: int, scratch: Scratch, out: Ref, offsets: Optional[Sequence[int]] = None) -> Plan:
+    """The peers' parts for us (``chunks[rank]`` bytes at input offset ``offsets[rank]``, by default chunk
+    ``rank`` of a tensor cut into ``chunks``) into our recv block (``scatter_exchange``); after the DONE
+    waits, our block plus our own part of the input, summed into ``out``."""
     world = len(chunks)
-    plan = build_plan(scatter_exchange(chunks), rank, variant, direction,
+    offsets = [sum(chunks[:p]) for p in range(world)] if offsets is None else offsets
+    plan = build_plan(scatter_exchange(chunks, offsets), rank, variant, direction,
                       Layout(layout.input_sym, scratch.recv, scratch.staged_input), engines)
     if chunks[rank] == 0:
         return plan
-    own = _in_ref(layout, rank, sum(chunks[:rank]), False)
+    own = _in_ref(layout, rank, offsets[rank], False)
     return replace(plan, post=(*plan.post, Reduce(Ref("sym", rank, scratch.recv), out, chunks[rank], world - 1,
                                                   dtype, own)))
 
@@ -355,6 +358,22 @@ def reduce_scatter_plans(world: int, nbytes: int, rank: int, dtype: str, variant
     scratch = reduce_scratch(chunks, world * nbytes, direction, layout, all_reduce=False)
     out = Ref("sym", rank, layout.output_sym) if layout.output_sym is not None else Ref("output", rank, 0)
     return (_scatter_plan(chunks, rank, dtype, variant, direction, layout, engines, scratch, out),), scratch
+
+
+ONE_SHOT_MAX_BYTES = 512 << 10  # all-reduce: up to this size, one exchange of whole tensors (latency-bound)
+
+
+def all_reduce_one_shot_plans(nbytes: int, world: int, rank: int, dtype: str, variant: str = "pcpy",
+                              direction: str = "push", layout: Layout = Layout(),
+                              engines: int = 2) -> tuple[tuple[Plan, ...], Scratch]:
+    """One plan: every rank's whole input into every peer's recv block, then each rank sums its block and
+    its own input into its output. Half the handshakes of ``all_reduce_plans`` (one exchange instead of
+    two) for ``world - 1`` times the bytes on each link instead of ``2 (world - 1) / world``: the
+    latency-bound choice."""
+    scratch = reduce_scratch([nbytes] * world, nbytes, direction, layout, all_reduce=False)
+    out = Ref("sym", rank, layout.output_sym) if layout.output_sym is not None else Ref("output", rank, 0)
+    return (_scatter_plan([nbytes] * world, rank, dtype, variant, direction, layout, engines, scratch, out,
+                          [0] * world),), scratch
 
 
 def all_reduce_plans(chunks: Sequence[int], rank: int, dtype: str, variant: str = "pcpy", direction: str = "push",
