@@ -114,6 +114,33 @@ def test_communicator_class_extends_vllms():
 
 
 @needs_vllm
+def test_vllms_plugin_loader_finds_and_calls_register(monkeypatch):
+    """The registration path through vLLM itself: its entry-point discovery and load_general_plugins()."""
+    import vllm.plugins as vp
+
+    found = vp.load_plugins_by_group(vp.DEFAULT_PLUGINS_GROUP)
+    assert found.get("dmacoll") is plug.register, sorted(found)
+    calls = []
+    monkeypatch.setattr(plug, "register", lambda: calls.append("register"))  # what the entry point resolves to
+    monkeypatch.setattr(vp, "plugins_loaded", False)
+    vp.load_general_plugins()
+    assert calls == ["register"]
+
+
+@needs_vllm
+def test_register_leaves_a_platform_without_cuda_communicator_alone(monkeypatch):
+    from vllm.platforms import current_platform
+
+    cls = type(current_platform)
+    if cls.get_device_communicator_cls() == plug.CUDA_COMMUNICATOR:
+        pytest.skip(f"{cls.__name__} uses vLLM's CudaCommunicator: the test below covers it")
+    before = cls.get_device_communicator_cls()
+    monkeypatch.setenv("DMACOLL_VLLM", "1")
+    plug.register()  # logs why it does nothing; never raises
+    assert "platform" in plug._logged and cls.get_device_communicator_cls() == before
+
+
+@needs_vllm
 def test_register_switches_the_platforms_communicator(monkeypatch):
     from vllm.platforms import current_platform
 
