@@ -148,8 +148,8 @@ class Communicator:
         """``output`` (n elements) = the elementwise sum over ranks of chunk ``rank`` of their ``input``
         (world x n elements), like ``torch.distributed.reduce_scatter_tensor`` with SUM.
 
-        The chunks move on copy engines into a staging block of this rank (one slot per rank, own
-        chunk included); after the DONE waits one ``torch.sum`` on the caller's stream adds them.
+        The peers' chunks move on copy engines into a staging block of this rank (one slot per peer);
+        after the DONE waits a small kernel on the caller's stream adds them to the own chunk, read in place.
         ``output`` may be (part of) ``input``. Dtypes: float32, float64, float16, bfloat16 (summed in
         float32, rounded once), int32, int64. Staging: world x n elements (plus the input for pull
         from a private input)."""

@@ -10,8 +10,8 @@
   ``cuStreamWaitValue32`` on the own flag word. Neither launches a kernel.
   ``signal="copy"`` sends a flag as a 4-byte copy; ``signal="kernel"`` uses
   PyTorch's one-block signal-pad kernels (``put_signal`` / ``wait_signal``).
-* Reductions (reduce-scatter, all-reduce): ``torch.sum`` over the received
-  chunks, one kernel on the caller's stream after the DONE waits.
+* Reductions (reduce-scatter, all-reduce): the received chunks plus the own
+  one (``backends/reduce.py``), small kernels on the caller's stream after the DONE waits.
 * Queues: the caller's current stream plus side streams, forked and joined
   with events; everything is capturable in a CUDA graph.
 * Timeouts: a GPU wait cannot time out by itself, so a watchdog thread tracks

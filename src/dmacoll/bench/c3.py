@@ -18,7 +18,7 @@ Strategies (each a switch):
 * ``partition``: NCCL; the compute on a green context of k SMs (k from ``sm_fractions`` of the SMs, rounded
   down to the split granule of 8), leaving the other SMs to NCCL;
 * ``dma``: the dmacoll Communicator's collective (variant auto) on copy engines (its reduce_scatter and
-  all_reduce add the staged chunks with one torch.sum kernel, so they do use SMs briefly);
+  all_reduce add the received chunks to the own one with a small kernel, so they do use SMs briefly);
 * ``dma_partition``: dma, and the compute on a green context of all SMs but fewer than 8 (ConCCL measures it).
 
 Times are medians of ``repeats``, CUDA events, each repeat released by one event after a short GPU sleep (so
