@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional
 
@@ -247,14 +248,19 @@ def _compare_sum(got: torch.Tensor, exact: torch.Tensor, magnitude: torch.Tensor
             f"vs {float(exact.reshape(-1)[i])!r}")
 
 
-def run_cases(comm, all_cases: list[Case], nccl: bool = False) -> list[dict]:
+def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = False) -> list[dict]:
+    """Every case on this rank; with ``progress``, a line per (op, variant) group with the elapsed time."""
     if not all_cases:
         return []
     world = comm.world
     max_bytes = max(max(numels(c, r, world)) * DTYPES[c.dtype].itemsize for c in all_cases for r in range(world))
     bufs = Buffers(comm, max_bytes)
-    results = []
-    for case in all_cases:
+    results, group, t0 = [], None, time.monotonic()
+    for i, case in enumerate(all_cases):
+        if progress and (case.op, case.variant) != group:
+            group = (case.op, case.variant)
+            print(f"  {case.op} {case.variant}: from case {i + 1} of {len(all_cases)}, "
+                  f"{time.monotonic() - t0:.0f} s so far", flush=True)
         error = run_case(comm, bufs, case, nccl)
         results.append({**asdict(case), "rank": comm.rank, "ok": error is None, "error": error or ""})
     if comm.device.type == "cuda":

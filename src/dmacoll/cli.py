@@ -34,7 +34,7 @@ def _check_rank(rank: int, world: int, args: dict) -> list[dict]:
     all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
                       seed=args["seed"], syncs=syncs)
     try:
-        return run_cases(comm, all_cases, nccl=args["reference"] == "nccl")
+        return run_cases(comm, all_cases, nccl=args["reference"] == "nccl", progress=rank == 0)
     finally:
         comm.close()
 
