@@ -183,7 +183,8 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 3, min_
     single = learn(feats[~test], times[~test], 0)
     rows = []
     for name, model in (("rule", rule), ("always " + str(single.pick), single)) + (
-            (("always baseline", Node(pick="baseline")),) if "baseline" in times else ()):
+            (("always baseline", Node(pick="baseline")),) if "baseline" in times and single.pick != "baseline"
+            else ()):
         for part, m in (("train", ~test), ("test", test)):
             rows.append({"model": name, "set": part, **score(model.predict(feats[m]), times[m])})
     best = times.idxmin(axis=1)

@@ -93,7 +93,7 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 2, min_
     rule = h.learn(feats[~test], times[~test], depth, min_leaf, min_gain, candidates=cands)
     single = h.learn(feats[~test], times[~test], 0, candidates=cands)
     refs = [("rule", rule), ("always " + str(single.pick), single)]
-    refs += [("always " + DEFAULT, Node(pick=DEFAULT))] if DEFAULT in times else []
+    refs += [("always " + DEFAULT, Node(pick=DEFAULT))] if DEFAULT in times and single.pick != DEFAULT else []
     rows = []
     for name, model in refs:
         for part, m in (("train", ~test), ("test", test)):
