@@ -107,8 +107,11 @@ def test_communicator_class_extends_vllms():
 
     cls = plug.DmaCudaCommunicator
     assert issubclass(cls, CudaCommunicator) and cls.__qualname__ == "DmaCudaCommunicator"
-    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_gatherv", "reduce_scatterv", "destroy"):
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_gatherv", "reduce_scatterv",
+                 "reduce_scatterv_into_output", "destroy"):
         assert getattr(cls, name) is not getattr(CudaCommunicator, name), name
+        ours, theirs = inspect.signature(getattr(cls, name)), inspect.signature(getattr(CudaCommunicator, name))
+        assert list(ours.parameters)[:len(theirs.parameters)] == list(theirs.parameters), name  # vLLM's API
     mod = sys.modules["dmacoll.integrations.vllm"]
     assert getattr(mod, "DmaCudaCommunicator") is cls  # what resolve_obj_by_qualname(QUALNAME) finds
 
@@ -190,6 +193,9 @@ def fake_vllm(monkeypatch):
         def reduce_scatterv(self, input_, dim=-1, sizes=None):
             return "vllm"
 
+        def reduce_scatterv_into_output(self, input_, output, dim=-1, sizes=None):
+            return "vllm"
+
         def destroy(self):
             pass
 
@@ -251,6 +257,11 @@ def test_wrapper_routes_and_keeps_vllms_layouts(fake_vllm, monkeypatch):
     assert torch.equal(pair[0], torch.cat([x, x + 100])) and pair[1].dtype == torch.long
     assert comm.all_gatherv(x, 0, [2, 3]) == "vllm" and comm.all_gatherv(x, 1) == "vllm"
     assert torch.equal(comm.reduce_scatterv(x, 0, [1, 1]), 2 * x[:1])  # EP combine
+    out = torch.zeros(1, 3, 4)  # vLLM 0.33's EP combine writes into the caller's output
+    assert comm.reduce_scatterv_into_output(x, out, 0, [1, 1]) is out and torch.equal(out, 2 * x[:1])
+    out = torch.zeros(2, 3, 2)
+    assert comm.reduce_scatterv_into_output(x, out, -1) is out and torch.equal(out, 2 * x[..., :2])
+    assert comm.reduce_scatterv_into_output(x, torch.zeros(1, 3, 4), 0, [1, 3]) == "vllm"
     comm.dma = None
     assert comm.all_gather(x, 0) == "vllm"  # dmacoll off for this group
 

@@ -1,5 +1,7 @@
 """dmacoll inside vLLM: tensor-parallel all-reduce / all-gather / reduce-scatter and expert-parallel dispatch /
 combine on copy engines. One switch: ``DMACOLL_VLLM=1``; without it vLLM runs exactly as it would.
+Not with ``--enable-elastic-ep``: vLLM 0.33's StatelessGroupCoordinator asserts the communicator is exactly
+CudaCommunicator, so leave the switch off there.
 
 How it plugs in (vLLM's documented extension points, no vLLM code copied or patched in place):
 
@@ -10,13 +12,14 @@ How it plugs in (vLLM's documented extension points, no vLLM code copied or patc
   ``vllm.distributed.device_communicators.cuda_communicator.CudaCommunicator``). With the switch on, ``register``
   makes the platform return ``dmacoll.integrations.vllm.DmaCudaCommunicator``: a subclass of vLLM's
   ``CudaCommunicator`` (the ``DeviceCommunicatorBase`` API: ``all_reduce``, ``all_gather``, ``reduce_scatter``,
-  ``all_gatherv``, ``reduce_scatterv``) that sends the calls it supports to a dmacoll ``Communicator`` of the
-  same group and everything else to vLLM's own path (custom all-reduce, PyNccl, ...).
+  ``all_gatherv``, ``reduce_scatterv``, ``reduce_scatterv_into_output``) that sends the calls it supports to a
+  dmacoll ``Communicator`` of the same group and everything else to vLLM's own path (custom all-reduce, PyNccl, ...).
 * Expert parallel: vLLM's ``allgather_reducescatter`` all2all backend dispatches with ``all_gatherv`` and
-  combines with ``reduce_scatterv`` of the EP/DP group's communicator, so with
-  ``--all2all-backend allgather_reducescatter`` (or VLLM_ALL2ALL_BACKEND on older versions) dispatch and
+  combines with ``reduce_scatterv`` (vLLM 0.33's modular MoE finalize: ``reduce_scatterv_into_output``, which
+  CudaCommunicator does not pass through ``reduce_scatterv``) of the EP/DP group's communicator, so with
+  ``--all2all-backend allgather_reducescatter`` (the default in 0.33, which also maps ``naive`` to it) dispatch and
   combine run on dmacoll when every rank has the same number of tokens (what vLLM pads to under CUDA graphs);
-  the ``naive`` backend's combine is an all-reduce (routed); DeepEP / pplx / FlashInfer / other all2all
+  older versions' ``naive`` backend combines with an all-reduce (routed); DeepEP / pplx / FlashInfer / other all2all
   backends keep their own kernels (logged). With TP only (no DP), vLLM's expert parallel needs no dispatch:
   the MoE output is all-reduced over the TP group, which is routed.
 
@@ -265,6 +268,20 @@ def _communicator_class():
             if self._reason("reduce_scatterv", input_, sizes=sizes):
                 return super().reduce_scatterv(input_, dim, sizes)
             return self.reduce_scatter(input_, dim)
+
+        def reduce_scatterv_into_output(self, input_, output, dim: int = -1, sizes=None):
+            # vLLM 0.33's EP combine (AgRsAll2AllManager.combine_into_output); CudaCommunicator's own version
+            # goes to PyNccl directly, not through reduce_scatterv, so it needs its own override
+            if self._reason("reduce_scatterv", input_, sizes=sizes):
+                return super().reduce_scatterv_into_output(input_, output, dim, sizes)
+            if dim < 0:
+                dim += input_.dim()
+            rows = input_.shape[dim] // self.world_size
+            if (dim == 0 and input_.shape[0] % self.world_size == 0 and output.is_contiguous()
+                    and output.dtype == input_.dtype and tuple(output.shape) == (rows,) + tuple(input_.shape[1:])):
+                self.dma.reduce_scatter(output, input_)  # straight into vLLM's output
+                return output
+            return output.copy_(self.reduce_scatter(input_, dim))
 
         def destroy(self):
             if self.dma is not None:
