@@ -30,7 +30,6 @@ platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/c3"
 
 # %%
-import json
 from pathlib import Path
 
 import matplotlib
@@ -46,11 +45,7 @@ from dmacoll import report  # noqa: E402
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
 raw = h.load(csvs)
-for p in csvs:
-    side = Path(p).with_suffix(".json")
-    if side.exists():
-        prov = json.loads(side.read_text())
-        print(f"{p}: git {str(prov.get('git_sha'))[:10]}, GPUs {prov.get('hardware', {}).get('gpus')}")
+report.print_provenance(csvs)
 coll = h.collapse(raw)
 coll["shape"] = [h.shape_label(r.compute, r.M, r.N, r.K) for r in coll.itertuples()]
 # ConCCL (ISPASS 2025), Fig. averages on MI300X; prioritization and partitioning are one combined number there

@@ -30,7 +30,6 @@ platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/e2e"
 
 # %%
-import json
 from pathlib import Path
 
 import matplotlib
@@ -62,10 +61,7 @@ frames = {"e2e": [], "vllm": []}
 for p in csvs:
     df = pd.read_csv(p, keep_default_na=False, na_values=["nan", ""])
     frames["vllm" if "metric" in df.columns else "e2e"].append(df)
-    side = Path(p).with_suffix(".json")
-    if side.exists():
-        prov = json.loads(side.read_text())
-        print(f"{p}: git {str(prov.get('git_sha'))[:10]}, GPUs {prov.get('hardware', {}).get('gpus')}")
+report.print_provenance(csvs)
 raw = pd.concat(frames["e2e"], ignore_index=True)
 ok = raw[raw["status"] == "ok"].copy()
 failed = raw[raw["status"] != "ok"]
@@ -91,26 +87,16 @@ summary = table(summary.reset_index().round(3), "latency_throughput")
 summary
 
 # %%
-g = sns.relplot(data=ok, x="batch", y="decode_ms", hue="impl", style="impl", col="model", row="prompt_len",
-                kind="line", marker="o", height=2.8, aspect=1.2, facet_kws={"sharey": False})
-g.set(xscale="log")
-g.set_axis_labels("batch size", "decode step (ms)")
-g.figure.suptitle(f"decode latency per step (CUDA graph), {platform_label}", y=1.02)
-save(g.figure, "decode_latency")
-
-g = sns.relplot(data=ok, x="batch", y="ttft_ms", hue="impl", style="impl", col="model", row="prompt_len",
-                kind="line", marker="o", height=2.8, aspect=1.2, facet_kws={"sharey": False})
-g.set(xscale="log", yscale="log")
-g.set_axis_labels("batch size", "time to first token (ms)")
-g.figure.suptitle(f"prefill (TTFT), {platform_label}", y=1.02)
-save(g.figure, "ttft")
-
-g = sns.relplot(data=ok, x="batch", y="e2e_tok_s", hue="impl", style="impl", col="model", row="prompt_len",
-                kind="line", marker="o", height=2.8, aspect=1.2, facet_kws={"sharey": False})
-g.set(xscale="log", yscale="log")
-g.set_axis_labels("batch size", "tokens/s (derived)")
-g.figure.suptitle(f"throughput, {platform_label}", y=1.02)
-save(g.figure, "throughput")
+for y, yscale, ylabel, title, name in (
+        ("decode_ms", "linear", "decode step (ms)", "decode latency per step (CUDA graph)", "decode_latency"),
+        ("ttft_ms", "log", "time to first token (ms)", "prefill (TTFT)", "ttft"),
+        ("e2e_tok_s", "log", "tokens/s (derived)", "throughput", "throughput")):
+    g = sns.relplot(data=ok, x="batch", y=y, hue="impl", style="impl", col="model", row="prompt_len",
+                    kind="line", marker="o", height=2.8, aspect=1.2, facet_kws={"sharey": False})
+    g.set(xscale="log", yscale=yscale)
+    g.set_axis_labels("batch size", ylabel)
+    g.figure.suptitle(f"{title}, {platform_label}", y=1.02)
+    save(g.figure, name)
 
 # %% [markdown]
 # ## Against the paper's claim

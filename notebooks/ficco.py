@@ -27,7 +27,6 @@ platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/ficco"
 
 # %%
-import json
 from pathlib import Path
 
 import matplotlib
@@ -43,11 +42,7 @@ from dmacoll import report  # noqa: E402
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
 raw = fh.load(csvs)
-for p in csvs:
-    side = Path(p).with_suffix(".json")
-    if side.exists():
-        prov = json.loads(side.read_text())
-        print(f"{p}: git {str(prov.get('git_sha'))[:10]}, GPUs {prov.get('hardware', {}).get('gpus')}")
+report.print_provenance(csvs)
 coll = fh.collapse(raw)
 coll["scenario"] = coll["model"] + " " + coll["pattern"] + " " + coll["tokens"].astype(str)
 PAPER_MAX_SPEEDUP = 1.6  # FiCCO paper, MI300X: "up to 1.6x"

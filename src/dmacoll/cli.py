@@ -121,6 +121,11 @@ def cmd_tune(a: argparse.Namespace) -> int:
     return 0
 
 
+def _planned_world(a: argparse.Namespace, what: str) -> int:
+    """Ranks of a planning tool: --world, else 2 for a dry run, else every visible GPU."""
+    return a.world or (2 if a.dry_run else _gpu_world(a, what))
+
+
 def _gpu_world(a: argparse.Namespace, what: str) -> int:
     import torch
 
@@ -218,7 +223,7 @@ def cmd_e2e(a: argparse.Namespace) -> int:
             (d / "config.json").write_text(json.dumps(e2e.hf_config(e2e.spec(name, a.layers)), indent=1) + "\n")
             print(f"wrote {d / 'config.json'}")
         return 0
-    world = a.world or (2 if a.dry_run else _gpu_world(a, "e2e"))
+    world = _planned_world(a, "e2e")
     if world < 2:
         return 2
     try:
@@ -454,9 +459,7 @@ def cmd_ficco(a: argparse.Namespace) -> int:
 
     cfg = dict(models=a.models, tokens=a.tokens, patterns=a.patterns, impls=a.impls, factors=a.factors,
                repeats=a.repeats, hold_us=a.hold_us)
-    world = a.world or (2 if a.dry_run else 0)
-    if not world:
-        world = _gpu_world(a, "ficco")
+    world = _planned_world(a, "ficco")
     est = estimate_seconds(cfg, world)
     print(f"dmacoll ficco: world {world}, {est['scenarios']} scenarios ({', '.join(est['labels'])}) x schedules "
           f"{', '.join(est['schedules'])}; estimated {est['seconds'] / 60:.1f} min (GEMMs at {PEAK_TFLOPS:g} "

@@ -167,8 +167,8 @@ class Communicator:
 
         Up to ``plan.ONE_SHOT_MAX_BYTES`` (512 KiB): one exchange of whole tensors, then a local sum
         (fewest handshakes). Larger: a reduce-scatter then an all-gather of the summed chunks, two
-        exchanges run back to back (least traffic). Chunks are ``torch.tensor_split(tensor.view(-1), world)``'s: uneven when the size is not
-        divisible by the world (the first ``numel % world`` ranks sum one element more), no padding.
+        exchanges run back to back (least traffic). Chunks are ``torch.tensor_split(tensor.view(-1),
+        world)``'s: uneven when the size is not divisible by the world (the first ``numel % world`` ranks sum one element more), no padding.
         Dtypes as for ``reduce_scatter``. Staging: about the tensor's size (plus the input for pull
         from a private input, plus a chunk for a private output)."""
         self._check_reduce("all_reduce")
@@ -178,13 +178,12 @@ class Communicator:
         chunks = tuple(n * size for n in chunk_elements(input.numel(), self.world))
         in_place = input.data_ptr() == tensor.data_ptr() and input.numel() > 0
         nbytes = sum(chunks)
-        if nbytes <= ONE_SHOT_MAX_BYTES:
-            def plans(v: str, d: str, layout: Layout):
-                return _with_scratch(all_reduce_one_shot_plans(nbytes, self.world, self.rank, dtype, v, d, layout,
-                                                               self.engines), layout)
-        else:
-            def plans(v: str, d: str, layout: Layout):
-                return _with_scratch(all_reduce_plans(chunks, self.rank, dtype, v, d, layout, self.engines), layout)
+        one_shot = nbytes <= ONE_SHOT_MAX_BYTES
+
+        def plans(v: str, d: str, layout: Layout):
+            built = (all_reduce_one_shot_plans(nbytes, self.world, self.rank, dtype, v, d, layout, self.engines)
+                     if one_shot else all_reduce_plans(chunks, self.rank, dtype, v, d, layout, self.engines))
+            return _with_scratch(built, layout)
         return self._run("all_reduce", ("all_reduce", nbytes, dtype), in_place, tensor, input, options, plans)
 
     # -- machinery -------------------------------------------------------------

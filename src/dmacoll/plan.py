@@ -356,7 +356,7 @@ def reduce_scatter_plans(world: int, nbytes: int, rank: int, dtype: str, variant
     """Rank r's output (``nbytes``) = the sum over ranks of chunk r of their input (``world x nbytes``)."""
     chunks = [nbytes] * world
     scratch = reduce_scratch(chunks, world * nbytes, direction, layout, all_reduce=False)
-    out = Ref("sym", rank, layout.output_sym) if layout.output_sym is not None else Ref("output", rank, 0)
+    out = _out_ref(layout, rank, 0, False)
     return (_scatter_plan(chunks, rank, dtype, variant, direction, layout, engines, scratch, out),), scratch
 
 
@@ -371,7 +371,7 @@ def all_reduce_one_shot_plans(nbytes: int, world: int, rank: int, dtype: str, va
     two) for ``world - 1`` times the bytes on each link instead of ``2 (world - 1) / world``: the
     latency-bound choice."""
     scratch = reduce_scratch([nbytes] * world, nbytes, direction, layout, all_reduce=False)
-    out = Ref("sym", rank, layout.output_sym) if layout.output_sym is not None else Ref("output", rank, 0)
+    out = _out_ref(layout, rank, 0, False)
     return (_scatter_plan([nbytes] * world, rank, dtype, variant, direction, layout, engines, scratch, out,
                           [0] * world),), scratch
 

@@ -166,6 +166,15 @@ def targets(df: pd.DataFrame) -> list[dict]:
     return out
 
 
+def print_provenance(paths: list[str]) -> None:
+    """A line per result file with a JSON sidecar: its git sha and GPUs (notebooks say what they render)."""
+    for p in paths:
+        side = Path(p).with_suffix(".json")
+        if side.exists():
+            prov = json.loads(side.read_text())
+            print(f"{p}: git {str(prov.get('git_sha'))[:10]}, GPUs {prov.get('hardware', {}).get('gpus')}")
+
+
 def save_figure(fig, outdir: str | Path, name: str) -> None:
     """A notebook figure as PNG (for the HTML pages) and PDF (for papers)."""
     for ext in ("png", "pdf"):

@@ -159,7 +159,7 @@ def logits_once(rn: Runner, model, coll, inputs: tuple, batch: int, prompt: int)
     cache = model.new_cache(batch, prompt + 4)
     pre = model.prefill_batch(coll, prompts, cache, prefill_chunks(batch, prompt, rn.cfg["chunk_tokens"]))
     dec = model.decode(coll, step_tokens, torch.full((1,), prompt, dtype=torch.long, device=rn.device), cache)
-    return pre.float(), dec.float()
+    return pre, dec
 
 
 def agreement(ref: tuple, got: tuple, rtol: float, atol: float) -> dict:
