@@ -28,7 +28,7 @@ def test_world2_every_dtype_odd_and_power_of_two_sizes():
     results = _run_check(2, list(DTYPES), [1, 3, 64, 1023, 4096])
     assert {r["dtype"] for r in results} == set(DTYPES)
     assert {r["in_place"] for r in results} == {True, False}
-    assert {r["buffers"] for r in results} == {"sym", "private"}
+    assert {r["buffers"] for r in results} == {"sym", "private", "alternating"}  # alternating: lean pipelines
 
 
 def test_world3():
@@ -197,3 +197,60 @@ def test_reduce_api_in_place_and_reduce_scatter_chunks():
         assert same
         assert summed == [float(world * i + sum(range(world))) for i in range(10)]
         assert scattered == [6 * i for i in range(5 * rank, 5 * rank + 5)]  # (1 + 2 + 3) x chunk `rank`
+
+
+# -- handshake='lean': back-to-back calls into alternating outputs, one flag crossing each --------------
+def _lean_pipelines(rank, world, args):
+    from dmacoll import Communicator
+    from dmacoll.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
+
+    comm = Communicator(backend="host", timeout_s=30)
+    buffers = pipeline_buffers(comm, 1 << 16, 1 << 16)
+    results = []
+    for i, (op, variant) in enumerate(itertools.product(PIPELINE_OPS, VARIANTS)):
+        errors, lean = run_pipeline(comm, op, variant, args["dtype"], args["count"], 5, args["seed"] + 100 * i,
+                                    late_consumer=True, buffers=buffers)
+        results.append((op, variant, errors, lean))
+    comm.close()
+    return results
+
+
+@pytest.mark.parametrize("world,dtype,count", [(2, "bfloat16", 1023), (3, "int8", 1), (4, "float32", 64),
+                                               (8, "int64", 5)])
+def test_lean_handshake_pipelines_are_correct_with_a_late_reader(world, dtype, count):
+    seed = random.randrange(1 << 20)
+    per_rank = run_ranks(_lean_pipelines, world, dict(dtype=dtype, count=count, seed=seed))
+    for rank, results in enumerate(per_rank):
+        for op, variant, errors, lean in results:
+            assert errors == [None] * 5, f"seed {seed} rank {rank} {op} {variant}: {errors}"
+            assert not lean[0] and any(lean), (op, variant, lean)  # the first call has nobody to vouch for it
+            if op != "all_to_all_v":  # every pair talks in every call
+                assert lean == [False, True, True, True, True], (op, variant, lean)
+
+
+def _reused_output(rank, world, broken_rule):
+    from dmacoll import Communicator, InvalidArgument
+    from dmacoll.check import run_pipeline
+
+    comm = Communicator(backend="host", timeout_s=30)
+    if broken_rule:  # vouch although every call writes the same output
+        flags = comm._flags
+        comm._flags = lambda op, d, h, ctx, out: flags(op, d, h, ctx, out and (-2, -1))
+    try:
+        errors, lean = run_pipeline(comm, "all_gather", "pcpy", "float32", 4096, 4, 11, late_consumer=True,
+                                    same_output=True)
+    except InvalidArgument as e:
+        errors, lean = str(e), None
+    comm.close()
+    return errors, lean
+
+
+def test_lean_handshake_refuses_a_reused_output_and_the_check_sees_why():
+    # a lean call into the previous call's output: a clear error before any copy, on every rank
+    for error, _ in run_ranks(_reused_output, 2, False):
+        assert "overlaps the previous call's" in error and "handshake='full'" in error
+    # control: skipping READY anyway lets the fast rank overwrite what the late one has not read yet
+    per_rank = run_ranks(_reused_output, 2, True)
+    assert per_rank[0][1][1:] == [True] * 3
+    late_errors = per_rank[1][0]
+    assert any(e is not None for e in late_errors), late_errors

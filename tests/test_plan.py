@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from dmacoll.plan import (DONE, READY, VARIANTS, Copy, Layout, Ref, Signal, Wait, all_gather_exchange,
-                          all_to_all_exchange, build_plan, coalesce, split)
+from dmacoll.plan import (DONE, DONE_ALT, READY, VARIANTS, Copy, Handshake, Layout, Ref, Signal, Wait,
+                          all_gather_exchange, all_to_all_exchange, build_plan, coalesce, split)
 
 LAYOUTS = {"sym": Layout(input_sym=1 << 20, output_sym=2 << 20, staging=512),
            "private": Layout(None, None, 512)}
@@ -51,6 +51,37 @@ def test_every_signal_has_a_matching_wait(world, variant, direction, layout):
                         if isinstance(c, Wait))
         assert sent == waited, name
         assert {s[2] for s in sent} <= {READY, DONE}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_lean_handshake_drops_ready_only_with_vouched_peers(world, variant):
+    """Each rank vouches for a different set of peers (symmetric, as the communicator's rule gives):
+    READY goes only between pairs outside it, DONE uses the call's word, and signals still balance."""
+    rng = random.Random(world)
+    vouched = {frozenset(pair) for pair in itertools.combinations(range(world), 2) if rng.random() < 0.5}
+    for done in (DONE, DONE_ALT):
+        for name, ex in exchanges(world):
+            plans = [build_plan(ex, r, variant, "push", LAYOUTS["sym"], handshake=Handshake(
+                frozenset(p for p in range(world) if frozenset((r, p)) in vouched), done)) for r in range(world)]
+            sent = sorted((r, c.peer, c.phase) for r, p in enumerate(plans) for c in p.commands()
+                          if isinstance(c, Signal))
+            waited = sorted((c.peer, r, c.phase) for r, p in enumerate(plans) for c in p.commands()
+                            if isinstance(c, Wait))
+            assert sent == waited, name
+            assert {phase for *_, phase in sent} <= {READY, done}
+            assert not any(phase == READY and frozenset((a, b)) in vouched for a, b, phase in sent), name
+            full = [build_plan(ex, r, variant, "push", LAYOUTS["sym"]) for r in range(world)]
+            copies = [[c for c in p.commands() if isinstance(c, Copy)] for p in plans]
+            assert copies == [[c for c in p.commands() if isinstance(c, Copy)] for p in full], name
+
+
+def test_lean_handshake_is_push_only():
+    ex = all_gather_exchange(2, 64)
+    with pytest.raises(ValueError, match="push only"):
+        build_plan(ex, 0, "pcpy", "pull", LAYOUTS["sym"], handshake=Handshake(frozenset({1})))
+    with pytest.raises(ValueError, match="DONE or DONE_ALT"):
+        build_plan(ex, 0, "pcpy", "push", LAYOUTS["sym"], handshake=Handshake(done=READY))
 
 
 @pytest.mark.parametrize("world", [2, 3, 5, 8])

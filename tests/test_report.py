@@ -20,9 +20,9 @@ def test_reference_results_have_provenance_and_all_columns():
     x4 = ROOT / "results/reference/h200x4/operator"
     for csv in CSVS + [str(x4 / f) for f in ("sweep_all_gather.csv", "sweep_all_to_all.csv", "nccl_ce.csv")]:
         df = pd.read_csv(csv)
-        # in order; `submit` came later and report.load fills in its default for older sweeps
+        # in order; `submit`, `handshake` came later and report.load fills in their defaults for older sweeps
         assert list(df.columns) == [c for c in COLUMNS if c in df.columns]
-        assert set(COLUMNS) - set(df.columns) <= {"submit"}
+        assert set(COLUMNS) - set(df.columns) <= {"submit", "handshake"}
         side = Path(csv).with_suffix(".json")
         assert side.exists()
         text = side.read_text()
@@ -67,7 +67,7 @@ def test_ratio_table_picks_fastest_correct_dma():
     rows = []
     for impl, variant, t in (("nccl", "", 10.0), ("dma", "pcpy", 8.0), ("dma", "b2b", 6.0)):
         rows.append({"op": "all_gather", "impl": impl, "variant": variant, "direction": "push", "place": "out",
-                     "signal": "memop", "prerecord": False, "submit": "python",
+                     "signal": "memop", "prerecord": False, "submit": "python", "handshake": "full",
                      "mode": "graph", "bytes_per_rank": 4096, "time_us": t, "busbw_GBps": 1.0, "status": "ok", "correct": True,
                      "error": ""})
     rows.append({**rows[-1], "variant": "multi", "time_us": 1.0, "correct": False})  # wrong: never picked
@@ -97,6 +97,12 @@ def test_sweep_points_and_sizes():
     a2a = points(cfg, "all_to_all", 2)
     assert any(p.impl == "symm_mem_lc" for p in ag) and not any(p.impl == "symm_mem_lc" for p in a2a)
     assert not any(p.place == "in" for p in a2a)
+    assert {p.handshake for p in ag} == {"full"}
+    lean = SweepConfig(handshakes=("full", "lean"), prerecord=(False, True))
+    dma = [p for p in points(lean, "all_gather", 2) if p.impl == "dma"]
+    assert {(p.direction, p.prerecord) for p in dma if p.handshake == "lean"} == {("push", False)}
+    assert len([p for p in dma if p.handshake == "full"]) == len([p for p in points(
+        SweepConfig(prerecord=(False, True)), "all_gather", 2) if p.impl == "dma"])
 
 
 def test_summarize_and_parse_size():
@@ -133,7 +139,7 @@ def test_band_targets_report_the_worst_ratio_per_band():
     for size, nccl, dma in ((1 << 10, 10.0, 20.0), (64 << 10, 10.0, 12.0), (4 << 20, 100.0, 60.0)):
         for impl, t in (("nccl", nccl), ("dma", dma)):
             rows.append({"op": "all_gather", "impl": impl, "variant": "pcpy", "direction": "push", "place": "out",
-                         "signal": "memop", "prerecord": False, "submit": "python", "mode": "graph",
+                         "signal": "memop", "prerecord": False, "submit": "python", "handshake": "full", "mode": "graph",
                          "bytes_per_rank": size, "time_us": t, "busbw_GBps": 1.0, "ok": True})
     got = {r["size"]: r for r in report.band_targets(pd.DataFrame(rows))}
     assert got["1 KB - 64 KB"]["value"] == 2.0 and not got["1 KB - 64 KB"]["pass"]  # the worst, not the 1.2

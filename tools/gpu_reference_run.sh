@@ -42,6 +42,7 @@ case "$part" in
   operator)
     for op in all_gather all_to_all; do  # one CSV per op: a run cut short keeps the other
       timeout 300 python3 -m dmacoll sweep --ops $op --signals memop copy kernel --prerecord no yes --repeats 15 \
+        --handshakes full lean \
         --submit python native --out "$out/sweep_$op.csv" > "$log/sweep_$op.log" 2>&1; tail -3 "$log/sweep_$op.log"
     done
     timeout 150 python3 -m dmacoll sweep --impls nccl_ce --out "$out/nccl_ce.csv" > "$log/nccl_ce.log" 2>&1

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Optional
 
 import torch
@@ -45,10 +45,11 @@ class Case:
     in_place: bool = False
     sync: str = "reset"
     seed: int = 0
+    handshake: str = "full"
 
     def label(self) -> str:
         place = "/in-place" if self.in_place else ""
-        return (f"{self.op} {self.variant}/{self.direction}/{self.sync} {self.dtype} x{self.count} "
+        return (f"{self.op} {self.variant}/{self.direction}/{self.sync}/{self.handshake} {self.dtype} x{self.count} "
                 f"{self.buffers}{place}")
 
 
@@ -160,7 +161,7 @@ class Buffers:
 
 
 def call(comm, case: Case, out: torch.Tensor, inp: torch.Tensor, counts: Optional[list[list[int]]] = None):
-    opts = dict(variant=case.variant, direction=case.direction, sync=case.sync)
+    opts = dict(variant=case.variant, direction=case.direction, sync=case.sync, handshake=case.handshake)
     if case.op == "all_gather":
         return comm.all_gather(out, inp, **opts)
     if case.op == "all_to_all":
@@ -246,6 +247,96 @@ def _compare_sum(got: torch.Tensor, exact: torch.Tensor, magnitude: torch.Tensor
     return (f"{bad.numel()} of {exact.numel()} elements differ from the {what} by more than "
             f"{slack:g} x (world + 1) x eps x sum |x_i|, first at element {i}: {float(got.reshape(-1)[i])!r} "
             f"vs {float(exact.reshape(-1)[i])!r}")
+
+
+PIPELINE_OPS = ("all_gather", "all_to_all", "all_to_all_v")
+
+
+def pipeline_buffers(comm, in_bytes: int, out_bytes: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Two symmetric inputs and two symmetric outputs (bytes) for ``run_pipeline``; allocation is collective."""
+    return ([comm.empty(max(1, in_bytes), dtype=torch.uint8) for _ in range(2)],
+            [comm.empty(max(1, out_bytes), dtype=torch.uint8) for _ in range(2)])
+
+
+def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int, seed: int,
+                 late_consumer: bool = False, same_output: bool = False, graph: bool = False,
+                 buffers: Optional[tuple[list[torch.Tensor], list[torch.Tensor]]] = None
+                 ) -> tuple[list[Optional[str]], list[bool]]:
+    """``handshake='lean'`` used as promised: ``calls`` back-to-back push calls into two alternating symmetric
+    outputs (one, with ``same_output``: a broken promise), the first call with the full handshake, each output read (copied out) right after its
+    call and before the next one; every copy compared with the CPU reference. ``late_consumer``: the last
+    rank reads each output ~50 ms late, which exposes a peer writing too early. ``graph`` (cuda): the calls,
+    input refills and reads captured once, replayed on fresh inputs. ``buffers``: from ``pipeline_buffers``
+    (default: allocated here). Returns an error or None per call, and per call (of the last pass) whether
+    it skipped READY with some peer."""
+    world, rank = comm.world, comm.rank
+    # the first call starts the run: whatever came before it may have written the same buffer
+    cases = [Case(op, variant, "push", dtype, count, "alternating", seed=seed + k, handshake="lean" if k else "full")
+             for k in range(calls)]
+    sizes = [numels(c, rank, world) for c in cases]
+    n_in, n_out = max(s[0] for s in sizes), max(s[1] for s in sizes)
+    torch_dtype = DTYPES[dtype]
+    size = torch_dtype.itemsize
+    raw_ins, raw_outs = buffers or pipeline_buffers(comm, n_in * size, n_out * size)
+    ins = [b[: n_in * size].view(torch_dtype) for b in raw_ins]
+    outs = [b[: n_out * size].view(torch_dtype) for b in raw_outs]
+    sources = [torch.empty(n, dtype=torch_dtype, device=comm.device) for n, _ in sizes]
+    results = [torch.empty(n, dtype=torch_dtype, device=comm.device) for _, n in sizes]
+    late = late_consumer and rank == world - 1
+    lean: list[bool] = []
+
+    def one_pass() -> None:
+        lean.clear()
+        for k, case in enumerate(cases):
+            slot = 0 if same_output else k % 2
+            inp, out = ins[slot][: sizes[k][0]], outs[slot][: sizes[k][1]]
+            inp.copy_(sources[k])
+            call(comm, case, out, inp, send_counts(case, world))
+            lean.append(bool(comm.last_handshake.ready_implied))
+            if late:  # a slow reader: the next call must not overwrite what it has not read yet
+                torch.cuda._sleep(100_000_000) if comm.device.type == "cuda" else time.sleep(0.05)
+            results[k].copy_(out)
+
+    def refill(offset: int) -> None:
+        for k, case in enumerate(cases):
+            sources[k].copy_(rank_input(replace(case, seed=case.seed + offset), rank, world).to(comm.device))
+            results[k].view(torch.uint8).fill_(POISON)
+
+    refill(0)
+    if graph:
+        one_pass()  # warm-up: plans built, kernels loaded
+        torch.cuda.synchronize(comm.device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            one_pass()
+        offset = 7919
+        refill(offset)
+        g.replay()
+    else:
+        offset = 0
+        one_pass()
+    if comm.device.type == "cuda":
+        torch.cuda.synchronize(comm.device)
+    return [_compare(results[k].cpu(), expected_output(replace(c, seed=c.seed + offset), rank, world), "CPU reference")
+            for k, c in enumerate(cases)], lean
+
+
+def run_pipelines(comm, ops: Iterable[str], variants: Iterable[str], dtypes: Iterable[str], counts: Iterable[int],
+                  seed: int = 0, calls: int = 6) -> list[dict]:
+    """``run_pipeline`` for every exchange op, variant, dtype and count: a result row per call."""
+    grid = list(itertools.product([o for o in ops if o in PIPELINE_OPS], variants, dtypes, counts))
+    if not grid:
+        return []
+    # all_to_all_v sends at most 2 x count + 1 elements per peer
+    most = max((2 * n + 1) * comm.world * DTYPES[dt].itemsize for _, _, dt, n in grid)
+    buffers = pipeline_buffers(comm, most, most)
+    rows = []
+    for i, (op, v, dt, n) in enumerate(grid):
+        errors, _ = run_pipeline(comm, op, v, dt, n, calls, seed + 1000 * i, buffers=buffers)
+        for k, error in enumerate(errors):
+            case = Case(op, v, "push", dt, n, "alternating", seed=seed + 1000 * i + k, handshake="lean" if k else "full")
+            rows.append({**asdict(case), "rank": comm.rank, "ok": error is None, "error": error or ""})
+    return rows
 
 
 def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = False) -> list[dict]:

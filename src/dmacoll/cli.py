@@ -24,7 +24,7 @@ def parse_size(text: str) -> int:
 
 
 def _check_rank(rank: int, world: int, args: dict) -> list[dict]:
-    from .check import cases, run_cases
+    from .check import cases, run_cases, run_pipelines
     from .communicator import Communicator
 
     signal = args.get("signal", "memop")
@@ -34,7 +34,13 @@ def _check_rank(rank: int, world: int, args: dict) -> list[dict]:
     all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
                       seed=args["seed"], syncs=syncs)
     try:
-        return run_cases(comm, all_cases, nccl=args["reference"] == "nccl", progress=rank == 0)
+        rows = run_cases(comm, all_cases, nccl=args["reference"] == "nccl", progress=rank == 0)
+        if "push" in args["directions"] and "reset" in syncs:  # handshake='lean': alternating outputs, one dtype
+            if rank == 0:
+                print("  handshake=lean pipelines (push, alternating outputs)", flush=True)
+            rows += run_pipelines(comm, args["ops"], args["variants"], args["dtypes"][:1], args["counts"],
+                                  seed=args["seed"])
+        return rows
     finally:
         comm.close()
 
@@ -67,8 +73,9 @@ def cmd_check(a: argparse.Namespace) -> int:
         else:
             failed += 1
             errors = "; ".join(f"rank {r['rank']}: {r['error']}" for r in results if not r["ok"])
-            print(f"FAIL {first['op']} {first['variant']}/{first['direction']}/{first['sync']} {first['dtype']} "
-                  f"count={first['count']} {first['buffers']}{' in-place' if first['in_place'] else ''}: {errors}")
+            print(f"FAIL {first['op']} {first['variant']}/{first['direction']}/{first['sync']}/{first['handshake']} "
+                  f"{first['dtype']} count={first['count']} {first['buffers']}"
+                  f"{' in-place' if first['in_place'] else ''}: {errors}")
     print(f"({time.monotonic() - t0:.1f} s, world {a.world}, backend {a.backend})")
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
@@ -88,7 +95,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     cfg = SweepConfig(ops=tuple(a.ops), impls=tuple(a.impls), variants=tuple(a.variants),
                       directions=tuple(a.directions), places=tuple(a.places), signals=tuple(a.signals),
                       prerecord=tuple(p == "yes" for p in a.prerecord), submit=tuple(a.submit),
-                      min_bytes=a.min_bytes,
+                      handshakes=tuple(a.handshakes), min_bytes=a.min_bytes,
                       max_bytes=a.max_bytes, modes=tuple(a.modes), dtype=a.dtype, calls=a.calls, repeats=a.repeats,
                       warmup=a.warmup, seed=a.seed, out=a.out)
     run_ranks(run_sweep, world, cfg, device="cuda", timeout_s=a.timeout_s)
@@ -299,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dma, eager mode: also replay a graph recorded on first use")
     s.add_argument("--submit", nargs="+", choices=("python", "native"), default=["python"],
                    help="dma, eager mode: issue driver calls from Python and/or the native library (dmacoll build)")
+    s.add_argument("--handshakes", nargs="+", choices=("full", "lean"), default=["full"],
+                   help="dma push: lean = calls alternate between two outputs and skip READY (one flag crossing)")
     s.add_argument("--min-bytes", type=parse_size, default=parse_size("1K"))
     s.add_argument("--max-bytes", type=parse_size, default=parse_size("256M"))
     s.add_argument("--modes", nargs="+", choices=("graph", "eager"), default=["graph", "eager"])

@@ -22,14 +22,17 @@ from . import tuning, validate
 from .backends import make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
 from .executor import GATES, SIGNAL_MODES, SYNC_MODES, Program, flag_words, lower, run
-from .plan import DIRECTIONS, ONE_SHOT_MAX_BYTES, VARIANTS, Exchange, Layout, Plan, Scratch, all_gather_exchange, \
+from .plan import DIRECTIONS, DONE, DONE_ALT, FULL, ONE_SHOT_MAX_BYTES, VARIANTS, Exchange, Handshake, Layout, Plan, \
+    Scratch, Wait, \
+    all_gather_exchange, \
     all_reduce_one_shot_plans, all_reduce_plans, all_to_all_exchange, build_plan, chunk_elements, \
     reduce_scatter_plans, staging_bytes
 
 ALIGN = 512
 REDUCE_OPS = ("reduce_scatter", "all_reduce")
-# (variant, direction, layout) -> (plans run one after the other, staging bytes they need)
-PlanBuilder = Callable[[str, str, Layout], tuple[tuple[Plan, ...], int]]
+# (variant, direction, layout, handshake) -> (plans run one after the other, staging bytes they need)
+PlanBuilder = Callable[[str, str, Layout, Handshake], tuple[tuple[Plan, ...], int]]
+HANDSHAKES = ("full", "lean")
 DEFAULT_TIMEOUT_S = float(os.environ.get("DMACOLL_TIMEOUT_S", "120"))
 
 
@@ -54,7 +57,18 @@ class Communicator:
     buffers, variant): one launch instead of a command per step (cuda; sync='reset');
     ``submit``: ``python`` (a driver call from Python per step) or ``native`` (the call's
     driver commands worked out once, then issued by one call into the C library that
-    ``dmacoll build`` compiles; cuda, signal memop or copy).
+    ``dmacoll build`` compiles; cuda, signal memop or copy);
+    ``handshake``: ``full`` (every call: READY then DONE, two flag crossings) or ``lean``, a
+    promise by the caller, on every rank: *this call's output does not overlap the previous
+    call's, and the output of a call is read only before the next collective call of this
+    communicator is issued* (stream order), e.g. back-to-back calls into two alternating buffers,
+    each read before the next call. Then a push all-gather / all-to-all(-v) into a symmetric
+    output, following such a call in the same context (both eager, or both in one graph capture;
+    not prerecorded, not gated), skips the READY handshake with every peer it exchanged DONE
+    with in that call: the peer signalled that DONE after issuing the previous call, hence after
+    reading the output before it, the buffer this call writes. One flag crossing per call
+    instead of two. Other calls run the full handshake; an output that overlaps the previous
+    one raises (the decision must not depend on one rank's buffer sizes, or ranks would disagree).
     Each may be overridden per call. Calls enqueue work on the current stream and
     never block the host; they can be captured in a CUDA graph (sync='reset').
     """
@@ -63,7 +77,7 @@ class Communicator:
                  heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "auto",
                  direction: str = "auto", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
                  engines: int = 2, signal: str = "memop", prerecord: bool = False, submit: str = "python",
-                 tuning_table: Optional[str] = None,
+                 handshake: str = "full", tuning_table: Optional[str] = None,
                  device: Optional[torch.device] = None):
         if not dist.is_initialized():
             raise InvalidArgument("torch.distributed is not initialised; call dist.init_process_group first")
@@ -78,6 +92,7 @@ class Communicator:
             raise InvalidArgument(f"engines must be between 1 and 16, got {engines}")
         self.engines = engines
         self.prerecord = prerecord
+        self.handshake = self._handshake(handshake)
         self.backend = resolve(backend)
         self.submit = self._submit(submit, signal)
         self.staging = _align(flag_words(self.world) * 4)
@@ -91,7 +106,11 @@ class Communicator:
         self._total = total
         self._epoch = 0
         self._calls = 0
-        self._programs: dict[tuple, tuple[Program, ...]] = {}
+        self._programs: dict[tuple, tuple[tuple[Program, ...], frozenset]] = {}
+        # handshake='lean': (context, output start, output end, peers we waited DONE from, DONE phase) of the
+        # previous call, when it was an exchange into a symmetric output (else None)
+        self._previous: Optional[tuple[object, int, int, frozenset, int]] = None
+        self.last_handshake: Handshake = FULL  # the flags the last call used (for tests and logs)
         self.error: Optional[DmaCollError] = None  # set by a failed call; every later call raises it
         self._gate: Optional[Gate] = None  # the open or pending prelaunch gate
         self._gates_used = 0
@@ -157,7 +176,7 @@ class Communicator:
         validate.check_reduce_scatter(output, input, self.world, self.device)
         nbytes, dtype = output.numel() * output.element_size(), _dtype_name(output.dtype)
         return self._run("reduce_scatter", ("reduce_scatter", nbytes, dtype), False, output, input, options,
-                         lambda v, d, layout: _with_scratch(reduce_scatter_plans(
+                         lambda v, d, layout, _: _with_scratch(reduce_scatter_plans(
                              self.world, nbytes, self.rank, dtype, v, d, layout, self.engines), layout))
 
     def all_reduce(self, tensor: torch.Tensor, input: Optional[torch.Tensor] = None,
@@ -180,7 +199,7 @@ class Communicator:
         nbytes = sum(chunks)
         one_shot = nbytes <= ONE_SHOT_MAX_BYTES
 
-        def plans(v: str, d: str, layout: Layout):
+        def plans(v: str, d: str, layout: Layout, _: Handshake):
             built = (all_reduce_one_shot_plans(nbytes, self.world, self.rank, dtype, v, d, layout, self.engines)
                      if one_shot else all_reduce_plans(chunks, self.rank, dtype, v, d, layout, self.engines))
             return _with_scratch(built, layout)
@@ -199,9 +218,9 @@ class Communicator:
 
     def _exchange(self, exchange: Callable[[], Exchange]) -> PlanBuilder:
         """The builder for a collective that is one exchange."""
-        def plans(variant: str, direction: str, layout: Layout) -> tuple[tuple[Plan, ...], int]:
+        def plans(variant: str, direction: str, layout: Layout, handshake: Handshake) -> tuple[tuple[Plan, ...], int]:
             ex = exchange()
-            return ((build_plan(ex, self.rank, variant, direction, layout, self.engines),),
+            return ((build_plan(ex, self.rank, variant, direction, layout, self.engines, handshake),),
                     staging_bytes(ex, self.rank, direction, layout))
         return plans
 
@@ -209,6 +228,37 @@ class Communicator:
         if not hasattr(self.engine, "reduce"):
             raise InvalidArgument(f"{op} is not available on the {self.backend} backend yet (its engine has no "
                                   "reduce step); use backend='cuda' or backend='host'")
+
+    @staticmethod
+    def _handshake(handshake: str) -> str:
+        if handshake not in HANDSHAKES:
+            raise InvalidArgument(f"handshake={handshake!r} is not one of {HANDSHAKES}")
+        return handshake
+
+    def _flags(self, op: str, direction: str, handshake: str, context: object,
+               output: Optional[tuple[int, int]]) -> Handshake:
+        """The flags of this call: READY skipped with the peers the previous call vouches for
+        (handshake='lean', see the class docstring), DONE alternating along such runs. Every
+        condition is the same on every rank (buffer kinds and call options must be), so the ranks
+        of a pair always agree."""
+        prev = self._previous
+        if (handshake != "lean" or op in REDUCE_OPS or direction != "push" or output is None or prev is None
+                or prev[0] != context):
+            return FULL
+        _, prev_start, prev_end, done_peers, prev_done = prev
+        if output[0] < prev_end and prev_start < output[1]:
+            raise InvalidArgument(f"{op} with handshake='lean': the output (heap bytes {output[0]}..{output[1]}) "
+                                  f"overlaps the previous call's ({prev_start}..{prev_end}); alternate between two "
+                                  "output buffers or pass handshake='full' for this call")
+        return Handshake(done_peers, DONE_ALT if prev_done == DONE else DONE)
+
+    def _context(self, capturing: bool) -> object:
+        """What must match between two calls for one to vouch for the other: eager, or the same capture.
+        An engine that cannot name its capture gets a new context per call (never lean under capture)."""
+        if not capturing:
+            return None
+        capture_id = getattr(self.engine, "capture_id", None)
+        return ("capture", capture_id()) if capture_id is not None else object()
 
     def _submit(self, submit: str, signal: str) -> str:
         if submit not in ("python", "native"):
@@ -223,14 +273,15 @@ class Communicator:
     def _run(self, op: str, key: tuple, in_place: bool, output: torch.Tensor, input: torch.Tensor, options: dict,
              plans: PlanBuilder) -> torch.Tensor:
         if options:
-            unknown = set(options) - {"variant", "direction", "sync", "signal", "prerecord", "submit"}
+            unknown = set(options) - {"variant", "direction", "sync", "signal", "prerecord", "submit", "handshake"}
             if unknown:
                 raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use variant=, direction=, sync=, "
-                                      "signal=, prerecord=, submit=")
+                                      "signal=, prerecord=, submit=, handshake=")
         variant, direction, sync, signal = self._options(
             options.get("variant", self.variant), options.get("direction", self.direction),
             options.get("sync", self.sync), options.get("signal", self.signal))
         native = self._submit(options.get("submit", self.submit), signal) == "native"
+        handshake = self._handshake(options.get("handshake", self.handshake))
         if signal == "kernel" and self.backend == "hip":
             raise InvalidArgument("signal='kernel' uses PyTorch's CUDA signal pads; on backend='hip' use signal='memop' "
                                   "or 'copy'")
@@ -253,8 +304,16 @@ class Communicator:
                                         in_place, signal) if self.tuning else tuning.FALLBACK
             variant = picked[0] if variant == "auto" else variant
             direction = picked[1] if direction == "auto" else direction
-        programs = self._programs_for(op, key, plans, variant, direction, sync, signal,
-                                      self.engine.sym_offset(input), self.engine.sym_offset(output))
+        output_sym = self.engine.sym_offset(output)
+        output_range = None if output_sym is None else (output_sym, output_sym + output.numel() * output.element_size())
+        # prerecorded graphs and gated calls replay after whatever came before: they never vouch or skip
+        context = object() if prerecord or self._gate is not None else self._context(capturing)
+        flags = self._flags(op, direction, handshake, context, output_range)
+        programs, done_peers = self._programs_for(op, key, plans, variant, direction, sync, signal,
+                                                  self.engine.sym_offset(input), output_sym, flags)
+        exchange = op not in REDUCE_OPS and output_range is not None
+        self._previous = (context, *output_range, done_peers, flags.done) if exchange else None
+        self.last_handshake = flags
         self._calls += 1
         # a sequence number per plan: an epoch wait of a call's second plan must not be met by its first's signals
         first, last = self._epoch + 1, self._epoch + len(programs)
@@ -313,13 +372,15 @@ class Communicator:
             gate.closed = True
 
     def _programs_for(self, op: str, key: tuple, plans: PlanBuilder, variant: str, direction: str, sync: str,
-                      signal: str, input_sym: Optional[int], output_sym: Optional[int]) -> tuple[Program, ...]:
-        """The lowered plans for a call, cached by a cheap key (eager calls pay only a dict lookup)."""
-        ck = (key, variant, direction, sync, signal, input_sym, output_sym)
-        programs = self._programs.get(ck)
-        if programs is None:
+                      signal: str, input_sym: Optional[int], output_sym: Optional[int],
+                      flags: Handshake) -> tuple[tuple[Program, ...], frozenset]:
+        """The lowered plans for a call and the peers its last plan waits DONE from, cached by a cheap
+        key (eager calls pay only a dict lookup)."""
+        ck = (key, variant, direction, sync, signal, input_sym, output_sym, flags)
+        cached = self._programs.get(ck)
+        if cached is None:
             layout = Layout(input_sym, output_sym, self.staging)
-            built, need = plans(variant, direction, layout)
+            built, need = plans(variant, direction, layout, flags)
             larger = f"create the communicator with a larger staging_bytes (>= {_align(need)})"
             if op in REDUCE_OPS:  # the received chunks always go through staging, whatever the buffers
                 what, hint = f"{op} ({direction})", f"{larger}; reduce collectives receive every rank's chunk there"
@@ -329,8 +390,9 @@ class Communicator:
             validate.check_capacity(what, need, self.heap_start - self.staging, hint)
             if len(self._programs) >= 4096:  # e.g. all_to_all_v with ever-new splits
                 self._programs.clear()
-            programs = self._programs[ck] = tuple(lower(plan, sync, signal) for plan in built)
-        return programs
+            done = frozenset(c.peer for c in built[-1].post if isinstance(c, Wait) and c.phase in (DONE, DONE_ALT))
+            cached = self._programs[ck] = (tuple(lower(plan, sync, signal) for plan in built), done)
+        return cached
 
     def close(self) -> None:
         self.engine.close()

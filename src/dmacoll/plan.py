@@ -16,6 +16,10 @@ Protocol, for every peer pair, two flags per call:
   signals DONE ("finished reading"); the owner waits for DONE before its input
   may change again.
 
+A push may drop the READY handshake with a peer when an earlier call already proves the
+receiver's output free (``build_plan``'s ``ready_implied``; ``Communicator``'s
+``handshake="lean"``): one flag crossing per call instead of two.
+
 A plan has three phases: ``pre`` and ``post`` run on the caller's queue,
 ``queues`` run concurrently between them (the first on the caller's queue).
 
@@ -43,8 +47,9 @@ SPLIT_ALIGN = 4096
 DIRECTIONS = ("push", "pull")
 
 # Flag phases: index of a flag on its owner = phase * world + rank that signals it.
-READY, DONE = 0, 1
-NUM_PHASES = 2
+# DONE_ALT: a second DONE word, used by every other call of a run without READY (see Handshake).
+READY, DONE, DONE_ALT = 0, 1, 2
+NUM_PHASES = 3
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,23 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Handshake:
+    """The flags of one call's exchange. Default: READY then DONE with every peer.
+
+    ``ready_implied`` (push only): peers whose READY is already known, so neither side signals or
+    waits for it (``Communicator``'s ``handshake="lean"``); both ranks of a pair must agree. Without
+    READY a peer may signal this call's DONE before we re-armed the previous call's DONE word, and
+    a flag set twice is one signal lost: calls of such a run alternate ``done`` between DONE and
+    DONE_ALT (a peer cannot get two calls ahead: its next call needs our DONE of this one)."""
+
+    ready_implied: frozenset = frozenset()
+    done: int = DONE
+
+
+FULL = Handshake()
+
+
+@dataclass(frozen=True)
 class Plan:
     rank: int
     world: int
@@ -218,12 +240,12 @@ def split(c: Copy, pieces: int) -> list[Copy]:
 
 
 def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = "push",
-               layout: Layout = Layout(), engines: int = 2) -> Plan:
+               layout: Layout = Layout(), engines: int = 2, handshake: Handshake = FULL) -> Plan:
     """The commands ``rank`` issues for exchange ``ex``.
 
     Variants: ``pcpy`` one queue per peer, each signalling its peer; ``b2b`` every copy
     on one queue, signals batched; ``multi`` handshake once on the caller's queue, then
-    all copies (large ones split) spread over ``engines`` queues."""
+    all copies (large ones split) spread over ``engines`` queues. ``handshake``: see ``Handshake``."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
     if direction not in DIRECTIONS:
@@ -232,6 +254,11 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} outside world of size {world}")
     push = direction == "push"
+    if handshake.ready_implied and not push:
+        raise ValueError("ready_implied applies to push only: a pull's READY says the input is written")
+    if handshake.done not in (DONE, DONE_ALT):
+        raise ValueError(f"handshake.done must be DONE or DONE_ALT, got {handshake.done}")
+    done = handshake.done
     stage_out = push and layout.output_sym is None
     stage_in = (not push) and layout.input_sym is None
     peers = [(rank + i) % world for i in range(1, world)]  # ring order spreads load
@@ -263,23 +290,24 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
                                   _out_ref(layout, rank, ex.dst[p][rank], False), ex.nbytes[p][rank])
 
     # READY goes to the peer that will act on it: push -> senders, pull -> readers.
-    pre += [Signal(p, READY) for p in talk]
+    ready = [p for p in talk if p not in handshake.ready_implied]
+    pre += [Signal(p, READY) for p in ready]
     if variant == "pcpy":
         queues = [tuple(self_copies)]
         for p in talk:
             c = peer_copies.get(p)
-            queues.append((Wait(p, READY), *((c,) if c else ()), Signal(p, DONE)))
+            queues.append((*((Wait(p, READY),) if p in ready else ()), *((c,) if c else ()), Signal(p, done)))
     elif variant == "b2b":  # one queue, peer copies back to back, signals batched after them; the
         # local copy runs while the peers' DONE signals travel
-        queues = [(*(Wait(p, READY) for p in talk), *(peer_copies[p] for p in talk if p in peer_copies),
-                   *(Signal(p, DONE) for p in talk), *self_copies)]
+        queues = [(*(Wait(p, READY) for p in ready), *(peer_copies[p] for p in talk if p in peer_copies),
+                   *(Signal(p, done) for p in talk), *self_copies)]
     else:  # multi: wait for every READY, fan the copies out, join, signal every DONE
-        pre += [Wait(p, READY) for p in talk]
+        pre += [Wait(p, READY) for p in ready]
         pieces = [piece for c in (*(peer_copies[p] for p in talk if p in peer_copies), *self_copies)
                   for piece in split(c, engines)]
         queues = [tuple(pieces[i::engines]) for i in range(max(1, engines))]
-        post += [Signal(p, DONE) for p in talk]
-    post += [Wait(p, DONE) for p in talk]
+        post += [Signal(p, done) for p in talk]
+    post += [Wait(p, done) for p in talk]
     if stage_out:
         # push into private output: received chunks land in staging, move them out
         post += coalesce([Copy(Ref("sym", rank, layout.staging + ex.dst[p][rank]),

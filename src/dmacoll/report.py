@@ -31,11 +31,11 @@ def load(paths: list[str]) -> pd.DataFrame:
                    ignore_index=True)
     # sweeps from before an option existed ran with its default (a column missing in some files is NaN there)
     defaults = {"signal": df["impl"].map(lambda i: "memop" if i == "dma" else ""), "prerecord": False,
-                "submit": "python"}
+                "submit": "python", "handshake": df["impl"].map(lambda i: "full" if i == "dma" else "")}
     for col, default in defaults.items():
         df[col] = df[col].where(df[col].notna(), default) if col in df else default
     df["submit"] = df["submit"].replace("", "python").astype(str)
-    for col in ("variant", "direction", "place", "signal", "error"):
+    for col in ("variant", "direction", "place", "signal", "handshake", "error"):
         df[col] = df[col].astype(str)
     df["prerecord"] = df["prerecord"].astype(str) == "True"
     df["ok"] = (df["status"] == "ok") & (df["correct"].astype(str) == "True")
@@ -52,14 +52,15 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
     sub = df[(df["impl"] == impl) & df["ok"]]
     idx = sub.groupby(["op", "mode", "bytes_per_rank"])["time_us"].idxmin()
     out = sub.loc[idx, ["op", "mode", "bytes_per_rank", "time_us", "busbw_GBps", "variant", "direction", "place",
-                        "signal", "prerecord", "submit"]]
+                        "signal", "prerecord", "submit", "handshake"]]
     return out.set_index(["op", "mode", "bytes_per_rank"])
 
 
 def config_label(r) -> str:
-    """variant/direction/place, plus the non-default signal, prerecord and submit choices."""
+    """variant/direction/place, plus the non-default signal, prerecord, submit and handshake choices."""
     extra = (f"/{r['signal']}-signal" if r["signal"] in ("copy", "kernel") else "") + (
-        "/prerecorded" if r["prerecord"] else "") + ("/native" if r.get("submit", "python") == "native" else "")
+        "/prerecorded" if r["prerecord"] else "") + ("/native" if r.get("submit", "python") == "native" else "") + (
+        "/lean" if r.get("handshake", "full") == "lean" else "")
     return f"{r['variant']}/{r['direction']}/{r['place']}{extra}"
 
 
@@ -85,10 +86,11 @@ def ratio_table(df: pd.DataFrame, sizes=README_SIZES) -> pd.DataFrame:
 
 # DMA-Latte's plain baseline, and each feature as one change to it (PERFORMANCE.md style)
 BASELINE = {"variant": "pcpy", "direction": "push", "place": "out", "signal": "memop", "prerecord": False,
-            "submit": "python"}
+            "submit": "python", "handshake": "full"}
 FEATURES = {"b2b": {"variant": "b2b"}, "multi": {"variant": "multi"}, "pull": {"direction": "pull"},
             "in_place": {"place": "in"}, "copy_signal": {"signal": "copy"}, "kernel_signal": {"signal": "kernel"},
-            "prerecord": {"prerecord": True}, "native_submit": {"submit": "native"}}
+            "prerecord": {"prerecord": True}, "native_submit": {"submit": "native"},
+            "lean_handshake": {"handshake": "lean"}}
 
 
 def matching(df: pd.DataFrame, config: dict) -> pd.DataFrame:

@@ -71,8 +71,9 @@ def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
     from . import report
 
     df = report.load(sweep_csvs)
-    # 'auto' chooses variant and direction; signal and prerecord stay the caller's choice
-    dma = df[(df["impl"] == "dma") & df["ok"] & ~df["prerecord"] & (df["submit"] == "python")]
+    # 'auto' chooses variant and direction; signal, prerecord and handshake stay the caller's choice
+    dma = df[(df["impl"] == "dma") & df["ok"] & ~df["prerecord"] & (df["submit"] == "python")
+             & (df["handshake"] == "full")]
     if dma.empty:
         raise ValueError(f"{sweep_csvs}: no correct dma rows to tune from")
     idx = dma.groupby(["op", "mode", "place", "signal", "bytes_per_rank"])["time_us"].idxmin()

@@ -312,6 +312,12 @@ class CudaEngine:
         """Replay the graph recorded for ``key`` (recording it on first use) on the current stream."""
         replay_recorded(self, key, work, label, sync)
 
+    def capture_id(self) -> int:
+        """The id of the capture sequence the current stream is in (unique in the process)."""
+        status_and_id = check_driver(_drv.cuStreamGetCaptureInfo(torch.cuda.current_stream(self.device).cuda_stream),
+                                     "cuStreamGetCaptureInfo")
+        return int(status_and_id[1])
+
     # -- call bracketing -----------------------------------------------------
     def begin_call(self, label: str) -> None:
         if self.watchdog.error is not None:

@@ -28,7 +28,7 @@ from ..plan import NUM_PHASES, Reduce, Ref
 from . import sym_offset
 from .reduce import reduce_operands, sum_slots
 
-PHASE_NAMES = ("READY", "DONE")
+PHASE_NAMES = ("READY", "DONE", "DONE")
 
 
 def _shm_dir() -> str:

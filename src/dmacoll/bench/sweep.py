@@ -33,7 +33,8 @@ from .bandwidth import bandwidths
 
 OPS = ("all_gather", "all_to_all")
 IMPLS = ("nccl", "dma", "symm_mem_lc", "nccl_ce", "peer_copy")
-COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "prerecord", "submit", "world", "bytes_per_rank",
+COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "prerecord", "submit", "handshake", "world",
+           "bytes_per_rank",
            "total_bytes", "dtype", "mode",
            "time_us", "time_us_p10", "time_us_p90", "algbw_GBps", "busbw_GBps", "correct", "status", "error",
            "calls", "repeats"]
@@ -49,6 +50,7 @@ class SweepConfig:
     signals: tuple[str, ...] = ("memop",)
     prerecord: tuple[bool, ...] = (False,)  # True: eager calls replay a graph recorded on first use
     submit: tuple[str, ...] = ("python",)  # native: driver commands issued by the C library (eager only)
+    handshakes: tuple[str, ...] = ("full",)  # lean (push only): calls alternate between two outputs
     min_bytes: int = 1 << 10
     max_bytes: int = 256 << 20
     modes: tuple[str, ...] = ("graph", "eager")
@@ -77,16 +79,19 @@ class Point:
     signal: str = ""
     prerecord: bool = False
     submit: str = "python"
+    handshake: str = "full"
 
 
 def points(cfg: SweepConfig, op: str, world: int) -> list[Point]:
     out = []
     for impl in cfg.impls:
         if impl == "dma":
-            out += [Point(op, "dma", v, d, p, sig, pre, sub) for v in cfg.variants for d in cfg.directions
+            out += [Point(op, "dma", v, d, p, sig, pre, sub, h) for v in cfg.variants for d in cfg.directions
                     for p in cfg.places for sig in cfg.signals for pre in cfg.prerecord for sub in cfg.submit
+                    for h in cfg.handshakes
                     if (p == "out" or op == "all_gather") and not (pre and sub == "native")
-                    and not (sig == "kernel" and sub == "native")]  # native issues driver calls only
+                    and not (sig == "kernel" and sub == "native")  # native issues driver calls only
+                    and not (h == "lean" and (d != "push" or pre))]  # lean: push, and never prerecorded
         elif impl == "symm_mem_lc" and op != "all_gather":
             continue  # torch's low-contention op exists for all-gather only
         else:
@@ -122,6 +127,8 @@ class Runner:
         if comm is not None:  # only dma and peer_copy use dmacoll's symmetric heap
             self.sym_in = comm.empty(big, dtype=torch.uint8)
             self.sym_out = comm.empty(world * big, dtype=torch.uint8)
+            # handshake='lean' alternates between two outputs
+            self.sym_out2 = comm.empty(world * big, dtype=torch.uint8) if "lean" in cfg.handshakes else None
         self.priv_in = torch.empty(big, dtype=torch.uint8, device=self.device)
         self.priv_out = torch.empty(world * big, dtype=torch.uint8, device=self.device)
         self.cpu_group = dist.new_group(backend="gloo")
@@ -130,10 +137,11 @@ class Runner:
     def barrier(self) -> None:
         dist.barrier(group=self.cpu_group)
 
-    def buffers(self, pt: Point, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def buffers(self, pt: Point, nbytes: int, second: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output, input) of a point; ``second``: the other output of a lean point (same input)."""
         out_bytes = nbytes * self.world if pt.op == "all_gather" else nbytes
         sym = pt.impl in ("dma", "peer_copy")
-        out = (self.sym_out if sym else self.priv_out)[:out_bytes].view(self.dtype)
+        out = (self.sym_out2 if second else self.sym_out if sym else self.priv_out)[:out_bytes].view(self.dtype)
         if pt.place == "in":
             n = nbytes // out.element_size()
             return out, out[self.rank * n: (self.rank + 1) * n]
@@ -146,13 +154,23 @@ class Runner:
             self._baselines = baselines.Baselines(self.comm, max_bytes=self.cfg.max_bytes)
         return self._baselines
 
-    def call(self, pt: Point, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], Optional[torch.Tensor]]:
-        if pt.impl == "dma":
-            method = self.comm.all_gather if pt.op == "all_gather" else self.comm.all_to_all
-            native = {"submit": "native"} if pt.submit == "native" else {}
-            return lambda: method(out, inp, variant=pt.variant, direction=pt.direction, signal=pt.signal,
-                                  prerecord=pt.prerecord, **native)
-        return self.baselines().call(pt.impl, pt.op, out, inp)
+    def call(self, pt: Point, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], Optional[torch.Tensor]]:
+        """A call of the point on its (output, input) pairs: lean points alternate between two, the
+        first call with the full handshake (the call before it may have written the same output)."""
+        out, inp = pairs[0]
+        if pt.impl != "dma":
+            return self.baselines().call(pt.impl, pt.op, out, inp)
+        method = self.comm.all_gather if pt.op == "all_gather" else self.comm.all_to_all
+        opts = dict(variant=pt.variant, direction=pt.direction, signal=pt.signal, prerecord=pt.prerecord,
+                    **({"submit": "native"} if pt.submit == "native" else {}))
+        if pt.handshake == "full":
+            return lambda: method(out, inp, **opts)
+        calls = iter(range(1 << 62))
+
+        def lean() -> torch.Tensor:
+            k = next(calls)
+            return method(*pairs[k % 2], handshake="lean" if k else "full", **opts)
+        return lean
 
 
 def _verify(pt: Point, result: torch.Tensor, expected: torch.Tensor, world: int, rank: int) -> bool:
@@ -191,10 +209,12 @@ class BoundPoint:
 
     def __init__(self, runner: Runner, pt: Point, nbytes: int, data: Inputs):
         self.runner, self.pt, self.data = runner, pt, data
-        self.out, self.inp = runner.buffers(pt, nbytes)
+        self.pairs = [runner.buffers(pt, nbytes, second) for second in (False, True)[:1 + (pt.handshake == "lean")]]
+        self.out, self.inp = self.pairs[0]
         self.mine = data.inputs[runner.rank]
-        self.inp.copy_(self.mine)
-        self.fn = runner.call(pt, self.out, self.inp)
+        for _, inp in self.pairs:
+            inp.copy_(self.mine)
+        self.fn = runner.call(pt, self.pairs)
         self.result: Optional[torch.Tensor] = None
 
     def run_once(self) -> None:
@@ -203,10 +223,12 @@ class BoundPoint:
 
     def check(self, rerun: Callable[[], None]) -> bool:
         """Poison the outputs, run once more (``rerun``: a call or a graph replay), compare byte for byte."""
-        for t in {id(self.out): self.out, id(self.result): self.result}.values():
+        outs = [out for out, _ in self.pairs] + [self.result]
+        for t in {id(t): t for t in outs}.values():
             if t is not None:
                 t.view(torch.uint8).fill_(POISON)
-        self.inp.copy_(self.mine)  # in place: the input sits inside the poisoned output
+        for _, inp in self.pairs:
+            inp.copy_(self.mine)  # in place: the input sits inside the poisoned output
         torch.cuda.synchronize()
         self.runner.barrier()
         rerun()
@@ -233,7 +255,7 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
     # Every implementation runs on one non-default stream: NCCL's copy-engine path rejects the
     # legacy default stream (cudaMemcpyBatchAsync does), and it is what applications use anyway.
     torch.cuda.set_stream(torch.cuda.Stream())
-    heap = cfg.max_bytes * (world + 1) + (1 << 20)
+    heap = cfg.max_bytes * (world + 1 + world * ("lean" in cfg.handshakes)) + (1 << 20)
     # NCCL's copy-engine path switches torch's symmetric-memory backend globally: run it alone
     uses_heap = {"dma", "peer_copy"} & set(cfg.impls)
     comm = Communicator(heap_bytes=heap, staging_bytes=1 << 20, timeout_s=60) if uses_heap else None
@@ -263,7 +285,7 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
         rows.append(row)
         if rank == 0:
             print(f"[{i:4d}/{len(plan)} {time.monotonic() - started:6.0f}s] {op:10s} {pt.impl:11s} "
-                  f"{pt.variant:5s} {pt.direction:4s} {pt.place:3s} {pt.signal:5s} {'pre' if pt.prerecord else 'nat' if pt.submit == 'native' else '   '} "
+                  f"{pt.variant:5s} {pt.direction:4s} {pt.place:3s} {pt.signal:5s} {'pre' if pt.prerecord else 'nat' if pt.submit == 'native' else '   '} {pt.handshake:4s} "
                   f"{nbytes:>10d} B {mode:5s} "
                   f"{row['time_us']:10.2f} us  {row['status']}{'' if row['correct'] else ' WRONG'}", flush=True)
     if comm is not None:
@@ -278,7 +300,7 @@ def merge(per_rank: list[dict], cfg: SweepConfig, pt: Point, nbytes: int, mode: 
     failed = [r for r in per_rank if r["status"] != "ok"]
     total = bandwidths(pt.op, pt.impl, nbytes, world, 1.0)[0]
     row = {"op": pt.op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction, "place": pt.place,
-           "signal": pt.signal, "prerecord": pt.prerecord, "submit": pt.submit,
+           "signal": pt.signal, "prerecord": pt.prerecord, "submit": pt.submit, "handshake": pt.handshake,
            "world": world, "bytes_per_rank": nbytes, "total_bytes": total, "dtype": cfg.dtype, "mode": mode,
            "calls": cfg.calls, "repeats": cfg.repeats}
     if failed:
