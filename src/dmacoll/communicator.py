@@ -281,6 +281,8 @@ class Communicator:
             options.get("variant", self.variant), options.get("direction", self.direction),
             options.get("sync", self.sync), options.get("signal", self.signal))
         native = self._submit(options.get("submit", self.submit), signal) == "native"
+        if native:
+            self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
         handshake = self._handshake(options.get("handshake", self.handshake))
         if signal == "kernel" and self.backend == "hip":
             raise InvalidArgument("signal='kernel' uses PyTorch's CUDA signal pads; on backend='hip' use signal='memop' "

@@ -252,12 +252,16 @@ class CudaEngine:
         fields.value = op.value
         return p
 
-    def run_native(self, program, bases: Mapping[str, object], epoch: int) -> None:
-        """Issue ``program`` through the native library (submit='native'; see native.py)."""
+    def ensure_native(self) -> None:
+        """Load the native library now (raises BackendUnavailable if it is not built), before any GPU work."""
         if self._native is None:
             from .native import NativeSubmitter
 
             self._native = NativeSubmitter(self)
+
+    def run_native(self, program, bases: Mapping[str, object], epoch: int) -> None:
+        """Issue ``program`` through the native library (submit='native'; see native.py)."""
+        self.ensure_native()
         self._native.run(program, bases, epoch)
 
     def side_streams_for(self, n: int) -> list[torch.cuda.Stream]:
