@@ -53,9 +53,9 @@ def test_speedup_table_switches_one_feature_at_a_time():
     key = ("all_gather", "graph", 1 << 20)
     pick = lambda **kw: dma[(dma[list(kw)] == pd.Series(kw)).all(axis=1)]  # noqa: E731
     base = pick(op=key[0], mode=key[1], bytes_per_rank=key[2], variant="pcpy", direction="push", place="out",
-                signal="memop", prerecord=False)["time_us"].item()
+                signal="memop", prerecord=False, handshake="full")["time_us"].item()
     b2b = pick(op=key[0], mode=key[1], bytes_per_rank=key[2], variant="b2b", direction="push", place="out",
-               signal="memop", prerecord=False)["time_us"].item()
+               signal="memop", prerecord=False, handshake="full")["time_us"].item()
     assert table.loc[key, "pcpy_us"] == round(base, 2)
     assert table.loc[key, "b2b"] == round(base / b2b, 2)
     measured = [f for f in report.FEATURES if f in table]  # features a sweep did not measure have no column

@@ -64,7 +64,7 @@ def test_mi300x_config_dry_runs_the_full_dag(tmp_path):
     for rule in ("operator_sweep", "breakdown", "power", "c3", "claims", "index"):
         assert f"rule {rule}:" in r.stdout
     assert "nccl_ce" not in r.stdout  # RCCL has no copy-engine mode
-    assert "--submit python --min-bytes" in r.stdout  # native submission drives the CUDA driver: not here
+    assert "--submit python --handshakes full lean --min-bytes" in r.stdout  # native drives the CUDA driver: not here
 
 
 def test_amd_dmalatte_baseline_is_built_swept_and_parsed_when_configured(tmp_path):

@@ -25,11 +25,13 @@ rule operator_sweep:
         signals=" ".join(OP["signals"]),
         prerecord=" ".join(OP["prerecord"]),
         submit=" ".join(OP["submit"]),
+        handshakes=" ".join(OP["handshakes"]),
     conda:
         "../../envs/cuda.yaml"
     shell:
         "{params.py} -m dmacoll sweep --ops {wildcards.op} --impls {params.impls} --modes {params.modes} "
         "--signals {params.signals} --prerecord {params.prerecord} --submit {params.submit} "
+        "--handshakes {params.handshakes} "
         "--min-bytes {params.min_bytes} --max-bytes {params.max_bytes} --repeats {params.repeats} --calls {params.calls} "
         "--out {output.csv} 2>&1 | tee {log}"
 
