@@ -65,7 +65,8 @@ def test_shapes_parse_and_classify():
 def test_default_run_fits_six_minutes_and_every_option_is_planned():
     est = g.estimate_seconds(g.DEFAULTS)
     assert 60 < est["seconds"] < 360
-    assert est["options"] == ["baseline", "priority", "partition 0.75", "partition 0.875", "dma", "dma_partition"]
+    assert est["options"] == ["baseline", "priority", "partition 0.75", "partition 0.875", "dma", "dma_priority",
+                               "dma_partition"]
     assert est["scenarios"] == len(g.DEFAULT_SHAPES) * 4 * 3
     assert g.options(["dma"], [0.5]) == [("dma", None)]
 

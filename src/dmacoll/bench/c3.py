@@ -19,6 +19,9 @@ Strategies (each a switch):
   down to the split granule of 8), leaving the other SMs to NCCL;
 * ``dma``: the dmacoll Communicator's collective (variant auto) on copy engines (its reduce_scatter and
   all_reduce add the received chunks to the own one with a small kernel, so they do use SMs briefly);
+* ``dma_priority``: dma captured on and replayed from the greatest-priority stream, launched first (as
+  ``priority``): the reduce ops' sum kernel, queued behind the copies, then takes SMs as the compute's blocks
+  retire instead of after the compute;
 * ``dma_partition``: dma, and the compute on a green context of all SMs but fewer than 8 (ConCCL measures it).
 
 Times are medians of ``repeats``, CUDA events, each repeat released by one event after a short GPU sleep (so
@@ -41,7 +44,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable, Optional
 
-from .c3_grid import C3_COLUMNS, GRAPH_OF, NAN, NCCL_STRATEGIES, Shape, choose_comm, comp_reps, metrics_row, \
+from .c3_grid import C3_COLUMNS, COMM_FIRST, GRAPH_OF, NAN, NCCL_STRATEGIES, Shape, choose_comm, comp_reps, metrics_row, \
     option_fields, options, scenario_fields, skipped_row
 
 __all__ = ["C3_COLUMNS", "run_c3"]
@@ -380,9 +383,10 @@ def measure_point(rk: Rank, op: str, size: int, calls: int, base: dict, comp, t_
              "dma": any(s not in NCCL_STRATEGIES for s, _ in opts)}
     reason = {"nccl": "", "dma": dma_reason(rk.runner.comm, op)}
     graphs: dict[str, tuple] = {}  # name -> (bound, graph, stream)
+    wanted = {GRAPH_OF[s] for s, _ in opts} | {"nccl"}  # NCCL's serial time is every strategy's yardstick
     for impl, name, stream in (("nccl", "nccl", rk.comm_stream), ("nccl", "nccl_hi", rk.comm_hi),
-                               ("dma", "dma", rk.comm_stream)):
-        if not impls[impl] or reason[impl] or (name == "nccl_hi" and "priority" not in cfg["strategies"]):
+                               ("dma", "dma", rk.comm_stream), ("dma", "dma_hi", rk.comm_hi)):
+        if not impls[impl] or reason[impl] or name not in wanted:
             continue
 
         def setup(impl=impl, name=name, stream=stream):
@@ -411,7 +415,7 @@ def measure_point(rk: Rank, op: str, size: int, calls: int, base: dict, comp, t_
             continue
         _, graph, stream = graphs[name]
         parts = [("comp", comp, green.stream if green else rk.comp_stream), ("comm", graph.replay, stream)]
-        together = timed(parts[::-1] if strategy == "priority" else parts, cfg["repeats"], rk.barrier, rk.hold)
+        together = timed(parts[::-1] if strategy in COMM_FIRST else parts, cfg["repeats"], rk.barrier, rk.hold)
         rows.append({**row, **metrics_row(t_comp, t_comm[name], t_comm.get("nccl", NAN), comp_here[frac], together),
                      "correct": None, "skipped": ""})
     checks = {}

@@ -9,12 +9,14 @@ from typing import Optional
 from .overlap import c3_metrics
 
 OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
-STRATEGIES = ("baseline", "priority", "partition", "dma", "dma_partition")
+STRATEGIES = ("baseline", "priority", "partition", "dma", "dma_priority", "dma_partition")
 NCCL_STRATEGIES = ("baseline", "priority", "partition")
 GREEN_STRATEGIES = ("partition", "dma_partition")
-# the collective graph each strategy replays: NCCL on a default-priority stream, NCCL captured on the
-# high-priority stream, or dmacoll's
-GRAPH_OF = {"baseline": "nccl", "priority": "nccl_hi", "partition": "nccl", "dma": "dma", "dma_partition": "dma"}
+# the collective graph each strategy replays: NCCL or dmacoll's, captured on a default-priority stream or
+# (``_hi``) on the greatest-priority one
+GRAPH_OF = {"baseline": "nccl", "priority": "nccl_hi", "partition": "nccl", "dma": "dma", "dma_priority": "dma_hi",
+            "dma_partition": "dma"}
+COMM_FIRST = ("priority", "dma_priority")  # strategies that launch the collective before the compute
 LADDER = tuple(1 << p for p in range(16, 29, 2))  # 64 KB .. 256 MB per rank, x4 steps
 # LLM GEMMs (Llama-3 8B / 70B: hidden 4096 / 8192, MLP 14336 / 28672) at 512..16384 tokens, and two adds
 DEFAULT_SHAPES = (
