@@ -134,17 +134,22 @@ def _check_two_shot(rank, world):
     """Every all-reduce through the two-exchange algorithm (small sizes take the one-shot one by default)."""
     from dmacoll import communicator
 
-    communicator.ONE_SHOT_MAX_BYTES = 0
+    communicator.one_shot_all_reduce = lambda nbytes, world: False
+    built = []
+    two_exchanges = communicator.all_reduce_plans
+    communicator.all_reduce_plans = lambda *a, **k: built.append(1) or two_exchanges(*a, **k)
     args = dict(backend="host", timeout_s=60, variants=list(VARIANTS), directions=["push", "pull"],
                 dtypes=["bfloat16", "int32"], counts=[1, 7, 4099], ops=("all_reduce",), seed=5,
                 syncs=["reset", "epoch"], reference="cpu")
-    return _check_rank(rank, world, args)
+    return _check_rank(rank, world, args), len(built)
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_two_shot_all_reduce(world):
-    cases = [r for rank in run_ranks(_check_two_shot, world) for r in rank]
+    per_rank = run_ranks(_check_two_shot, world)
+    cases = [r for rows, _ in per_rank for r in rows]
     assert cases and all(r["ok"] for r in cases), [r for r in cases if not r["ok"]][:3]
+    assert all(built > 0 for _, built in per_rank)  # the two-exchange plans really ran
 
 
 def _check_with_a_wrong_reduction(rank, world):

@@ -252,6 +252,15 @@ def test_all_reduce_plans_in_place(layout, variant, direction, op):
     assert all(np.array_equal(g, w) for g, w in zip(got, want))
 
 
+def test_one_shot_limit_is_larger_at_two_ranks():
+    from dmacoll.plan import ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES_WORLD2, one_shot_all_reduce
+
+    assert ONE_SHOT_MAX_BYTES_WORLD2 > ONE_SHOT_MAX_BYTES
+    assert one_shot_all_reduce(2 << 20, 2) and not one_shot_all_reduce((2 << 20) + 2, 2)
+    assert one_shot_all_reduce(512 << 10, 3) and not one_shot_all_reduce(1 << 20, 3)
+    assert not one_shot_all_reduce(1 << 20, 8)
+
+
 def test_one_shot_all_reduce_is_one_exchange_of_whole_tensors():
     for r, (plans, _) in enumerate(reduce_plans("all_reduce_one_shot", 4, 10, "pcpy", "push", REDUCE_LAYOUTS["sym"])):
         (plan,) = plans

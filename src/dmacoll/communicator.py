@@ -22,11 +22,9 @@ from . import tuning, validate
 from .backends import make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
 from .executor import GATES, SIGNAL_MODES, SYNC_MODES, Program, flag_words, lower, run
-from .plan import DIRECTIONS, DONE, DONE_ALT, FULL, ONE_SHOT_MAX_BYTES, VARIANTS, Exchange, Handshake, Layout, Plan, \
-    Scratch, Wait, \
-    all_gather_exchange, \
-    all_reduce_one_shot_plans, all_reduce_plans, all_to_all_exchange, build_plan, chunk_elements, \
-    reduce_scatter_plans, staging_bytes
+from .plan import DIRECTIONS, DONE, DONE_ALT, FULL, VARIANTS, Exchange, Handshake, Layout, Plan, Scratch, Wait, \
+    all_gather_exchange, all_reduce_one_shot_plans, all_reduce_plans, all_to_all_exchange, build_plan, \
+    chunk_elements, one_shot_all_reduce, reduce_scatter_plans, staging_bytes
 
 ALIGN = 512
 REDUCE_OPS = ("reduce_scatter", "all_reduce")
@@ -184,12 +182,12 @@ class Communicator:
         """Elementwise sum over ranks. In place by default (``tensor`` holds this rank's values and
         receives the sum, like ``torch.distributed.all_reduce``); with ``input``, ``tensor`` is the output.
 
-        Up to ``plan.ONE_SHOT_MAX_BYTES`` (512 KiB): one exchange of whole tensors, then a local sum
-        (fewest handshakes). Larger: a reduce-scatter then an all-gather of the summed chunks, two
+        Small (``plan.one_shot_all_reduce``: up to 512 KiB, at two ranks 2 MiB): one exchange of whole
+        tensors, then a local sum (fewest handshakes). Larger: a reduce-scatter then an all-gather of the summed chunks, two
         exchanges run back to back (least traffic). Chunks are ``torch.tensor_split(tensor.view(-1),
         world)``'s: uneven when the size is not divisible by the world (the first ``numel % world`` ranks sum one element more), no padding.
         Dtypes as for ``reduce_scatter``. Staging: about the tensor's size (plus the input for pull
-        from a private input, plus a chunk for a private output)."""
+        from a private input, plus a chunk for a private output; twice the tensor for the one exchange)."""
         self._check_reduce("all_reduce")
         input = tensor if input is None else input
         validate.check_all_reduce(tensor, input, self.device)
@@ -197,7 +195,7 @@ class Communicator:
         chunks = tuple(n * size for n in chunk_elements(input.numel(), self.world))
         in_place = input.data_ptr() == tensor.data_ptr() and input.numel() > 0
         nbytes = sum(chunks)
-        one_shot = nbytes <= ONE_SHOT_MAX_BYTES
+        one_shot = one_shot_all_reduce(nbytes, self.world)
 
         def plans(v: str, d: str, layout: Layout, _: Handshake):
             built = (all_reduce_one_shot_plans(nbytes, self.world, self.rank, dtype, v, d, layout, self.engines)

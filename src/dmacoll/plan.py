@@ -33,7 +33,7 @@ our own chunk straight from the input (no device-local copy: on Hopper a local
 copy waits for a concurrent GEMM, a peer copy does not; see ``results/reference/
 h200x2/c3/evidence``); all-reduce is that plan followed by
 a second plan, an all-gather of the reduced chunks (see ``reduce_scatter_plans``
-and ``all_reduce_plans``); up to ``ONE_SHOT_MAX_BYTES`` all-reduce is instead one
+and ``all_reduce_plans``); small all-reduces (``one_shot_all_reduce``) are instead one
 exchange of whole tensors and a local sum (``all_reduce_one_shot_plans``).
 """
 from __future__ import annotations
@@ -389,6 +389,14 @@ def reduce_scatter_plans(world: int, nbytes: int, rank: int, dtype: str, variant
 
 
 ONE_SHOT_MAX_BYTES = 512 << 10  # all-reduce: up to this size, one exchange of whole tensors (latency-bound)
+# At two ranks one exchange moves as many bytes per link as two (n vs 2 n (w - 1) / w) for half the flag
+# crossings; it only doubles the local sum (n elements instead of n / 2, ~1 us per MB on H200).
+ONE_SHOT_MAX_BYTES_WORLD2 = 2 << 20
+
+
+def one_shot_all_reduce(nbytes: int, world: int) -> bool:
+    """Whether an all-reduce of ``nbytes`` takes the one-exchange plan (``all_reduce_one_shot_plans``)."""
+    return nbytes <= (ONE_SHOT_MAX_BYTES_WORLD2 if world == 2 else ONE_SHOT_MAX_BYTES)
 
 
 def all_reduce_one_shot_plans(nbytes: int, world: int, rank: int, dtype: str, variant: str = "pcpy",
