@@ -258,21 +258,26 @@ def pipeline_buffers(comm, in_bytes: int, out_bytes: int) -> tuple[list[torch.Te
             [comm.empty(max(1, out_bytes), dtype=torch.uint8) for _ in range(2)])
 
 
+def pipeline_cases(op: str, variant: str, dtype: str, count: int, calls: int, seed: int) -> list[Case]:
+    """The calls of a lean pipeline: the first with the full handshake (whatever came before it may have
+    written the same buffer), the others lean."""
+    return [Case(op, variant, "push", dtype, count, "alternating", seed=seed + k, handshake="lean" if k else "full")
+            for k in range(calls)]
+
+
 def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int, seed: int,
                  late_consumer: bool = False, same_output: bool = False, graph: bool = False,
                  buffers: Optional[tuple[list[torch.Tensor], list[torch.Tensor]]] = None
                  ) -> tuple[list[Optional[str]], list[bool]]:
-    """``handshake='lean'`` used as promised: ``calls`` back-to-back push calls into two alternating symmetric
-    outputs (one, with ``same_output``: a broken promise), the first call with the full handshake, each output read (copied out) right after its
-    call and before the next one; every copy compared with the CPU reference. ``late_consumer``: the last
+    """``handshake='lean'`` used as promised: ``calls`` back-to-back push calls (``pipeline_cases``) into two
+    alternating symmetric outputs (one, with ``same_output``: a broken promise), each output read (copied out)
+    right after its call and before the next one; every copy compared with the CPU reference. ``late_consumer``: the last
     rank reads each output ~50 ms late, which exposes a peer writing too early. ``graph`` (cuda): the calls,
     input refills and reads captured once, replayed on fresh inputs. ``buffers``: from ``pipeline_buffers``
     (default: allocated here). Returns an error or None per call, and per call (of the last pass) whether
     it skipped READY with some peer."""
     world, rank = comm.world, comm.rank
-    # the first call starts the run: whatever came before it may have written the same buffer
-    cases = [Case(op, variant, "push", dtype, count, "alternating", seed=seed + k, handshake="lean" if k else "full")
-             for k in range(calls)]
+    cases = pipeline_cases(op, variant, dtype, count, calls, seed)
     sizes = [numels(c, rank, world) for c in cases]
     n_in, n_out = max(s[0] for s in sizes), max(s[1] for s in sizes)
     torch_dtype = DTYPES[dtype]
@@ -335,8 +340,7 @@ def run_pipelines(comm, ops: Iterable[str], variants: Iterable[str], dtypes: Ite
     rows = []
     for i, (op, v, dt, n) in enumerate(grid):
         errors, _ = run_pipeline(comm, op, v, dt, n, calls, seed + 1000 * i, buffers=buffers)
-        for k, error in enumerate(errors):
-            case = Case(op, v, "push", dt, n, "alternating", seed=seed + 1000 * i + k, handshake="lean" if k else "full")
+        for case, error in zip(pipeline_cases(op, v, dt, n, calls, seed + 1000 * i), errors):
             rows.append({**asdict(case), "rank": comm.rank, "ok": error is None, "error": error or ""})
     return rows
 

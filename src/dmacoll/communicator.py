@@ -183,9 +183,10 @@ class Communicator:
         receives the sum, like ``torch.distributed.all_reduce``); with ``input``, ``tensor`` is the output.
 
         Small (``plan.one_shot_all_reduce``: up to 512 KiB, at two ranks 2 MiB): one exchange of whole
-        tensors, then a local sum (fewest handshakes). Larger: a reduce-scatter then an all-gather of the summed chunks, two
-        exchanges run back to back (least traffic). Chunks are ``torch.tensor_split(tensor.view(-1),
-        world)``'s: uneven when the size is not divisible by the world (the first ``numel % world`` ranks sum one element more), no padding.
+        tensors, then a local sum (fewest handshakes). Larger: a reduce-scatter then an all-gather of the
+        summed chunks, two exchanges run back to back (least traffic). Chunks are
+        ``torch.tensor_split(tensor.view(-1), world)``'s: uneven when the size is not divisible by the world
+        (the first ``numel % world`` ranks sum one element more), no padding.
         Dtypes as for ``reduce_scatter``. Staging: about the tensor's size (plus the input for pull
         from a private input, plus a chunk for a private output; twice the tensor for the one exchange)."""
         self._check_reduce("all_reduce")

@@ -17,7 +17,7 @@ Protocol, for every peer pair, two flags per call:
   may change again.
 
 A push may drop the READY handshake with a peer when an earlier call already proves the
-receiver's output free (``build_plan``'s ``ready_implied``; ``Communicator``'s
+receiver's output free (``Handshake``, an argument of ``build_plan``; ``Communicator``'s
 ``handshake="lean"``): one flag crossing per call instead of two.
 
 A plan has three phases: ``pre`` and ``post`` run on the caller's queue,
