@@ -8,11 +8,13 @@ three bf16 8192^3 GEMMs on another stream, medians of 7, one GPU:
   (64 KiB rows), ``cuMemcpyBatchAsync`` with ``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE``, a memcpy node of a
   captured CUDA graph, a copy into a CUDA VMM mapping (``cuMemCreate``, as symmetric memory is), and a bounce
   through pinned host memory (device -> host -> device, two copies that must use copy engines);
-* ``order``: ``gemm_first`` (the GEMMs queued before the copy, default-priority copy stream) or ``copy_first``
-  (the copy queued first, on a stream of the device's greatest priority), both released together by one GPU
-  sleep so the host has queued both before either starts (as ``dmacoll c3`` does).
+* ``order``: ``alone``; ``together`` (GEMMs and copy queued, then released at once by one GPU sleep, as
+  ``dmacoll c3`` releases a compute and a collective); ``gemm_running`` (the copy issued 100 us after the
+  release, while the first GEMM runs, as every call after the first of a back-to-back series is);
+  ``gemm_running_high`` (the same from a stream of the device's greatest priority).
 
-Columns: ``copy_us`` release -> copy end; ``gemm_us`` release -> GEMMs' end (empty alone).
+Columns: ``copy_us`` copy issue -> copy end; ``gemm_us`` release -> GEMMs' end (empty alone; the GEMMs alone
+are in the sidecar's config, ``gemm_alone_us``).
 
 Usage: python3 tools/probe_local_copy_paths.py OUT.csv
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 N = 64 << 20
+ORDERS = ("alone", "together", "gemm_running", "gemm_running_high")
 ROW = 64 << 10
 
 
@@ -96,6 +99,10 @@ def main() -> int:
         _ok(drv.cuMemcpyAsync(host.data_ptr(), s, N, stream.cuda_stream))
         _ok(drv.cuMemcpyAsync(d, host.data_ptr(), N, stream.cuda_stream))
 
+    def replay_on(graph, stream):
+        with torch.cuda.stream(stream):  # replay() launches on the current stream
+            graph.replay()
+
     graphs = {}
     for name, stream in (("normal", normal), ("high", high)):
         g = torch.cuda.CUDAGraph()
@@ -109,42 +116,54 @@ def main() -> int:
         "cuMemcpy2DAsync": copy2d,
         "batch_prefer_overlap": lambda st: _ok(drv.cuMemcpyBatchAsync(
             [drv.CUdeviceptr(d)], [drv.CUdeviceptr(s)], [N], 1, [attrs], [0], 1, st.cuda_stream)),
-        "graph_memcpy_node": lambda st: graphs["high" if st is high else "normal"].replay(),
+        "graph_memcpy_node": lambda st: replay_on(graphs["high" if st is high else "normal"], st),
         "to_vmm_mapping": lambda st: _ok(drv.cuMemcpyAsync(vmm, s, N, st.cuda_stream)),
         "host_bounce": bounce,
     }
-    hold = int(200 * sleep_cycles_per_us())  # 200 us: both sides are queued before the release
+    cycles = sleep_cycles_per_us()
+    hold, delay = int(200 * cycles), int(100 * cycles)
 
     def time_one(issue, order: str) -> tuple[float, float]:
-        copy_stream = high if order == "copy_first" else normal
+        """(copy issue -> copy end, release -> GEMMs' end) in us."""
+        copy_stream = high if order.endswith("_high") else normal
         torch.cuda.synchronize()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-        with torch.cuda.stream(copy_stream):
+        release, copy_start, copy_end, gemm_end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
+        # Both streams sleep from the same instant (one block each on an idle GPU), so both sides are queued
+        # before either starts; no cross-stream wait, which would need an SM while the GEMM holds them all.
+        with torch.cuda.stream(comp):
             torch.cuda._sleep(hold)
-        ev[0].record(copy_stream)
-        comp.wait_event(ev[0])
-
-        def gemms():
+        release.record(comp)
+        if order != "alone":
             with torch.cuda.stream(comp):
                 for _ in range(3):
                     torch.mm(a, a, out=c)
-            ev[2].record(comp)
-
-        if order == "gemm_first":
-            gemms()
+            gemm_end.record(comp)
+        with torch.cuda.stream(copy_stream):  # gemm_running: the first GEMM holds the SMs when the copy comes
+            torch.cuda._sleep(hold + (delay if order.startswith("gemm_running") else 0))
+        copy_start.record(copy_stream)
         issue(copy_stream)
-        ev[1].record(copy_stream)
-        if order == "copy_first":
-            gemms()
+        copy_end.record(copy_stream)
         torch.cuda.synchronize()
-        gemm = ev[0].elapsed_time(ev[2]) * 1e3 if order != "alone" else float("nan")
-        return ev[0].elapsed_time(ev[1]) * 1e3, gemm
+        gemm = release.elapsed_time(gemm_end) * 1e3 if order != "alone" else float("nan")
+        return copy_start.elapsed_time(copy_end) * 1e3, gemm
 
-    for _ in range(3):
-        torch.mm(a, a, out=c)
+    def gemms_alone() -> float:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(comp)
+        with torch.cuda.stream(comp):
+            for _ in range(3):
+                torch.mm(a, a, out=c)
+        end.record(comp)
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3
+
+    gemms_alone()  # warm-up
+    gemm_alone_us = statistics.median(gemms_alone() for _ in range(7))
+    print(f"three GEMMs alone: {gemm_alone_us:.1f} us", flush=True)
     rows = []
     for name, issue in ways.items():
-        for order in ("alone", "gemm_first", "copy_first"):
+        for order in ORDERS:
             timed = [time_one(issue, order) for _ in range(7)]
             if name == "to_vmm_mapping":  # read the mapping back into dst
                 _ok(drv.cuMemcpy(d, vmm, N))
@@ -158,7 +177,8 @@ def main() -> int:
                   f"{'ok' if correct else 'WRONG'}", flush=True)
     release_vmm()
     provenance.write_table(Path(sys.argv[1]), rows, ["way", "order", "copy_us", "gemm_us", "correct"],
-                           {"bytes": N, "row_bytes_2d": ROW, "gemm": "3x bf16 8192^3", "repeats": 7})
+                           {"bytes": N, "row_bytes_2d": ROW, "gemm": "3x bf16 8192^3", "repeats": 7,
+                            "gemm_alone_us": round(gemm_alone_us, 1)})
     return 0
 
 
