@@ -14,28 +14,26 @@
   one (``backends/reduce.py``), small kernels on the caller's stream after the DONE waits.
 * Queues: the caller's current stream plus side streams, forked and joined
   with events; everything is capturable in a CUDA graph.
-* Timeouts: a GPU wait cannot time out by itself, so a watchdog thread tracks
-  each eager call's completion event; past the deadline it records the error,
-  releases the stuck waits by writing the flags from a side stream (the GPU
-  never stays hung) and the communicator raises on its next use.
+* Timeouts: ``backends/watchdog.py`` tracks each eager call's completion event;
+  past the deadline it records the error and releases the stuck waits by
+  writing the flags from a side stream (the GPU never stays hung); the
+  communicator raises on its next use.
 """
 from __future__ import annotations
 
-import threading
-import time
 import warnings
-from collections import deque
 from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError
+from ..errors import BackendUnavailable, DmaCollError
 from ..executor import MemOp, gate_index, gate_ops, one_index
 from ..plan import Reduce, Ref
 from . import sym_offset
 from .graphs import replay_recorded
 from .reduce import reduce_step
+from .watchdog import Watchdog
 
 try:  # cuda-bindings >= 12.8 layout; older releases exposed `cuda.cuda`
     from cuda.bindings import driver as _drv
@@ -60,60 +58,6 @@ def available() -> Optional[str]:
     if torch.version.hip:
         return "this torch is a ROCm build; use the hip backend"
     return None
-
-
-class Watchdog:
-    """Tracks eager calls; on a timeout releases the GPU and records the error."""
-
-    def __init__(self, engine: "CudaEngine", poll_s: float = 0.005):
-        self.engine = engine
-        self.pending: deque = deque()
-        self.error: Optional[DmaCollTimeoutError] = None
-        self.poll_s = poll_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="dmacoll-watchdog", daemon=True)
-        self._thread.start()
-
-    def track(self, event: torch.cuda.Event, label: str, sync: str, value: int) -> None:
-        self.pending.append((event, time.monotonic() + self.engine.timeout_s, label, sync, value))
-
-    def _loop(self) -> None:
-        # Relaxed capture mode for this thread: querying events must not invalidate a graph
-        # capture that the application runs on another thread (global mode forbids it).
-        check_driver(_drv.cuThreadExchangeStreamCaptureMode(
-            _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuThreadExchangeStreamCaptureMode")
-        torch.cuda.set_device(self.engine.device)
-        while not self._stop.wait(self.poll_s):
-            while self.pending:
-                event, deadline, label, sync, value = self.pending[0]
-                if event.query():
-                    self.pending.popleft()
-                elif time.monotonic() > deadline:
-                    self._expire(label, sync, value)
-                else:
-                    break
-
-    def _expire(self, label: str, sync: str, value: int) -> None:
-        eng = self.engine
-        # The release stream is non-blocking: it runs even if the stuck stream is the legacy default one.
-        with torch.cuda.stream(eng.release_stream):
-            words = eng.flag_view.cpu().tolist()
-            eng.flag_view.fill_(value)  # satisfies every wait of this rank: the stuck stream drains
-            eng.pad_view(eng.rank).fill_(1)  # the same for waiting flag kernels (signal="kernel") ...
-            for peer in range(eng.world):  # ... and signalling ones stuck on an unconsumed earlier signal
-                eng.pad_view(peer).view(-1, eng.world)[:, eng.rank].zero_()
-        eng.release_stream.synchronize()
-        self.error = DmaCollTimeoutError(
-            f"rank {eng.rank}: {label} did not complete within {eng.timeout_s:g} s; flag words were {words}. "
-            "A peer died, hangs, or the ranks called collectives in a different order. The stuck GPU waits "
-            "were released; this communicator is unusable, create a new one.")
-        print(f"[dmacoll] {self.error}", flush=True)
-        while self.pending:
-            self.pending.popleft()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1.0)
 
 
 class CudaEngine:
@@ -153,7 +97,7 @@ class CudaEngine:
         self.side_streams: list[torch.cuda.Stream] = []
         self.release_stream = torch.cuda.Stream(self.device)
         self.main_queue: torch.cuda.Stream = torch.cuda.current_stream(self.device)
-        self.watchdog = Watchdog(self)
+        self.watchdog = Watchdog(self, "dmacoll-watchdog")
         self._geq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
         self._eq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ)
         self._batches: dict[tuple, list] = {}  # memop arrays by content (epoch values make new ones)
@@ -323,6 +267,26 @@ class CudaEngine:
         return int(status_and_id[1])
 
     # -- call bracketing -----------------------------------------------------
+    # -- watchdog hooks (see backends/watchdog.py) ----------------------------
+    def enter_watchdog_thread(self) -> None:
+        check_driver(_drv.cuThreadExchangeStreamCaptureMode(
+            _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuThreadExchangeStreamCaptureMode")
+        torch.cuda.set_device(self.device)
+
+    def read_own_flags(self) -> list[int]:
+        with torch.cuda.stream(self.release_stream):  # non-blocking: runs even behind a stuck legacy stream
+            words = self.flag_view.cpu().tolist()
+        return words
+
+    def release_waits(self, value: int) -> None:
+        """Satisfy every wait of this rank (flag memops and signal-pad kernels) from the release stream."""
+        with torch.cuda.stream(self.release_stream):
+            self.flag_view.fill_(value)  # every flag wait of this rank: the stuck stream drains
+            self.pad_view(self.rank).fill_(1)  # the same for waiting flag kernels (signal="kernel") ...
+            for peer in range(self.world):  # ... and signalling ones stuck on an unconsumed earlier signal
+                self.pad_view(peer).view(-1, self.world)[:, self.rank].zero_()
+        self.release_stream.synchronize()
+
     def begin_call(self, label: str) -> None:
         if self.watchdog.error is not None:
             raise self.watchdog.error
@@ -333,7 +297,7 @@ class CudaEngine:
             return  # replays are not tracked; see Communicator.watch
         done = torch.cuda.Event()
         done.record(self.main_queue)
-        self.watchdog.track(done, label, sync, value)
+        self.watchdog.track(done, label, value)
 
     def close(self) -> None:
         self.watchdog.close()

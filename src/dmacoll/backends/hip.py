@@ -20,21 +20,19 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
-import time
-from collections import deque
 from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..errors import DmaCollTimeoutError, InvalidArgument
+from ..errors import InvalidArgument
 from ..executor import MemOp, gate_index, gate_ops, one_index
 from ..plan import Reduce, Ref
 from . import hip_api, hip_memory, sym_offset
 from .hip_api import HipApi, HipError
 from .graphs import replay_recorded
 from .reduce import reduce_step
+from .watchdog import Watchdog
 
 MASK32 = 0xFFFFFFFF
 
@@ -54,58 +52,6 @@ def available() -> Optional[str]:
 
 def batch_copies_requested(env: Mapping[str, str] = os.environ) -> bool:
     return env.get("DMACOLL_HIP_BATCH_COPIES", "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-class Watchdog:
-    """Tracks eager calls; on a timeout releases this rank's stuck waits and records the error
-    (see the cuda backend's Watchdog, which this mirrors)."""
-
-    def __init__(self, engine: "HipEngine", poll_s: float = 0.005, start: bool = True):
-        self.engine = engine
-        self.pending: deque = deque()
-        self.error: Optional[DmaCollTimeoutError] = None
-        self.poll_s = poll_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="dmacoll-hip-watchdog", daemon=True)
-        if start:
-            self._thread.start()
-
-    def track(self, event, label: str, sync: str, value: int) -> None:
-        self.pending.append((event, time.monotonic() + self.engine.timeout_s, label, sync, value))
-
-    def _loop(self) -> None:
-        api = self.engine.api
-        mode = ctypes.c_int(api.const("hipStreamCaptureModeRelaxed"))  # in/out: the call swaps modes
-        try:  # relaxed capture mode: polling events must not break an application's graph capture
-            api.hipThreadExchangeStreamCaptureMode(ctypes.addressof(mode))
-        except (HipError, TypeError, AttributeError):
-            pass  # a binding without the call, or another argument shape: keep the global mode
-        torch.cuda.set_device(self.engine.device)
-        while not self._stop.wait(self.poll_s):
-            while self.pending:
-                event, deadline, label, sync, value = self.pending[0]
-                if event.query():
-                    self.pending.popleft()
-                elif time.monotonic() > deadline:
-                    self.expire(label, value)
-                else:
-                    break
-
-    def expire(self, label: str, value: int) -> None:
-        eng = self.engine
-        words = eng.read_own_flags()
-        eng.release_waits(value)  # every wait of this rank is satisfied: the stuck streams drain
-        self.error = DmaCollTimeoutError(
-            f"rank {eng.rank}: {label} did not complete within {eng.timeout_s:g} s; flag words were {words}. "
-            "A peer died, hangs, or the ranks called collectives in a different order. The stuck GPU waits "
-            "were released; this communicator is unusable, create a new one.")
-        print(f"[dmacoll] {self.error}", flush=True)
-        self.pending.clear()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=1.0)
 
 
 class HipEngine:
@@ -131,7 +77,7 @@ class HipEngine:
         self._init_issuing(api, rank, world, self.memory.heap_ptrs, self.memory.flag_addrs,
                            torch.cuda.current_stream(self.device), batch_copies_requested())
         self.release_stream = torch.cuda.Stream(self.device)
-        self.watchdog = Watchdog(self)
+        self.watchdog = Watchdog(self, "dmacoll-hip-watchdog")
 
     def _init_issuing(self, api: HipApi, rank: int, world: int, heap_ptrs: Sequence[int],
                       flag_addrs: Sequence[Sequence[int]], main_queue, batch: bool = False) -> None:
@@ -159,7 +105,7 @@ class HipEngine:
         eng = cls.__new__(cls)
         eng._init_issuing(api, rank, world, heap_ptrs, flag_addrs, main_queue, batch)
         eng.heap, eng.device, eng.timeout_s = heap, device, 1.0
-        eng.watchdog = Watchdog(eng, start=False)
+        eng.watchdog = Watchdog(eng, "dmacoll-hip-watchdog", start=False)
         return eng
 
     # -- addresses ---------------------------------------------------------
@@ -245,7 +191,15 @@ class HipEngine:
         for done in joins:
             main.wait_event(done)
 
-    # -- watchdog helpers --------------------------------------------------
+    # -- watchdog hooks (see backends/watchdog.py) ----------------------------
+    def enter_watchdog_thread(self) -> None:
+        mode = ctypes.c_int(self.api.const("hipStreamCaptureModeRelaxed"))  # in/out: the call swaps modes
+        try:  # relaxed capture mode: polling events must not break an application's graph capture
+            self.api.hipThreadExchangeStreamCaptureMode(ctypes.addressof(mode))
+        except (HipError, TypeError, AttributeError):
+            pass  # a binding without the call, or another argument shape: keep the global mode
+        torch.cuda.set_device(self.device)
+
     def read_own_flags(self) -> list[int]:
         out = []
         word = ctypes.c_uint32(0)
@@ -305,7 +259,7 @@ class HipEngine:
             return  # replays are not tracked; see Communicator.watch
         done = torch.cuda.Event()
         done.record(self.main_queue)
-        self.watchdog.track(done, label, sync, value)
+        self.watchdog.track(done, label, value)
 
     def close(self) -> None:
         self.watchdog.close()

@@ -1,0 +1,76 @@
+"""The GPU backends' shared timeout watchdog, driven with a fake engine and fake events (no GPU)."""
+from __future__ import annotations
+
+import threading
+import time
+
+from dmacoll.backends.watchdog import Watchdog
+from dmacoll.errors import DmaCollTimeoutError
+
+
+class FakeEvent:
+    def __init__(self, done: bool = False):
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+class FakeEngine:
+    def __init__(self, timeout_s: float):
+        self.rank, self.timeout_s, self.device = 1, timeout_s, None
+        self.words = [3, 0, 7]
+        self.released: list[int] = []
+        self.thread_entered = threading.Event()
+
+    def enter_watchdog_thread(self) -> None:
+        self.thread_entered.set()
+
+    def read_own_flags(self) -> list[int]:
+        return list(self.words)
+
+    def release_waits(self, value: int) -> None:
+        self.released.append(value)
+
+
+def test_completed_calls_retire_and_pending_ones_wait_for_their_deadline():
+    eng = FakeEngine(timeout_s=60)
+    dog = Watchdog(eng, "test-watchdog", start=False)
+    done, running = FakeEvent(done=True), FakeEvent()
+    dog.track(done, "all_gather call #1", 5)
+    dog.track(running, "all_gather call #2", 6)
+    dog.poll()
+    assert [p[2] for p in dog.pending] == ["all_gather call #2"]
+    assert dog.error is None and eng.released == []
+    running.done = True
+    dog.poll()
+    assert not dog.pending and dog.error is None
+
+
+def test_a_call_past_its_deadline_releases_the_waits_and_records_the_error():
+    eng = FakeEngine(timeout_s=0.0)
+    dog = Watchdog(eng, "test-watchdog", start=False)
+    dog.track(FakeEvent(), "all_to_all call #4", 9)
+    dog.track(FakeEvent(), "all_to_all call #5", 10)
+    time.sleep(0.001)
+    dog.poll()
+    assert eng.released == [9]  # the oldest stuck call's value satisfies every wait of this rank
+    assert isinstance(dog.error, DmaCollTimeoutError)
+    message = str(dog.error)
+    assert "rank 1" in message and "all_to_all call #4" in message and str(eng.words) in message
+    assert not dog.pending  # the communicator is unusable: nothing more is tracked
+
+
+def test_the_thread_sets_itself_up_and_expires_a_stuck_call():
+    eng = FakeEngine(timeout_s=0.05)
+    dog = Watchdog(eng, "test-watchdog", poll_s=0.001)
+    try:
+        assert eng.thread_entered.wait(5)
+        dog.track(FakeEvent(), "reduce_scatter call #1", 2)
+        deadline = time.monotonic() + 5
+        while dog.error is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert isinstance(dog.error, DmaCollTimeoutError) and eng.released == [2]
+    finally:
+        dog.close()
+    assert not dog._thread.is_alive()
