@@ -445,7 +445,7 @@ def test_recorded_hip_calls_perform_the_collectives(world, fake_torch, monkeypat
             for r in range(world):
                 engines[r].main_queue = FakeStream(1000 + r, log)
                 run(programs[r], engines[r], bases[r], epoch=call)
-                engines[r]._flush_all()  # as end_call does
+                engines[r].flush_batched()  # as end_call does
             simulate([log], mem, rng)
             for q in range(world):
                 for p in range(world):
@@ -469,7 +469,7 @@ def test_batched_copies_are_the_same_copies_in_one_call_per_run(fake_torch):
     log, _, main = fake_torch()
     eng = hip_engine(1, 4, main, module=FakeHipWithBatch(log), batch=True)
     run(lower(plan, "reset"), eng, BASES)
-    eng._flush_all()  # what end_call does
+    eng.flush_batched()  # what end_call does
     batches = [len(e[1]) for e in log if e[0] == "batch"]
     assert batches == [3, 2]  # the three peer copies back to back; the staged chunks moved out (2 runs)
     flat = [x for e in log for x in ([("copy", *c, e[2]) for c in e[1]] if e[0] == "batch" else [e])]
@@ -490,7 +490,7 @@ def test_batching_needs_the_call_and_falls_back_on_another_signature(fake_torch)
     eng = hip_engine(0, 3, main, module=OtherShape(log), batch=True)
     assert eng.batch
     run(lower(plan, "reset"), eng, BASES)
-    eng._flush_all()
+    eng.flush_batched()
     assert not eng.batch and log == plain  # the first flush found the mismatch: copies one by one
 
 

@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollError
-from ..executor import MemOp, gate_index, gate_ops, one_index
+from ..executor import MemOp, one_index
 from ..plan import Reduce, Ref
 from . import sym_offset
-from .graphs import replay_recorded
 from .reduce import reduce_step
+from .stream_engine import StreamEngine
 from .watchdog import Watchdog
 
 try:  # cuda-bindings >= 12.8 layout; older releases exposed `cuda.cuda`
@@ -60,7 +60,7 @@ def available() -> Optional[str]:
     return None
 
 
-class CudaEngine:
+class CudaEngine(StreamEngine):
     """Symmetric heap, side streams and driver calls for one rank."""
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
@@ -229,44 +229,12 @@ class CudaEngine:
         for done in joins:
             main.wait_event(done)
 
-    # -- prelaunch gates: calls made while a gate is open go onto a gate stream behind a wait ----
-    def submit(self, work: Callable[[], None]) -> None:
-        work()  # enqueued on the current stream, which is the gate stream while a gate is open
-
-    def gate_open(self, slot: int) -> None:
-        if slot not in self._gate_streams:
-            self._gate_streams[slot] = torch.cuda.Stream(self.device)
-        stream = self._gate_streams[slot]
-        stream.wait_stream(torch.cuda.current_stream(self.device))  # after this communicator's earlier calls
-        self.memops(stream, gate_ops(self.world, self.rank, slot))
-        self._gate_context = torch.cuda.stream(stream)
-        self._gate_context.__enter__()
-
-    def gate_close(self, slot: int) -> None:
-        self._gate_context.__exit__(None, None, None)
-        done = torch.cuda.Event()
-        done.record(self._gate_streams[slot])
-        self._gate_done[slot] = done
-
-    def gate_release(self, slot: int, stream: Optional[torch.cuda.Stream] = None) -> None:
-        """One flag write on ``stream`` (a producer's): the gated commands start when it executes."""
-        index = gate_index(self.world, slot)
-        self.memops(stream or torch.cuda.current_stream(self.device), (MemOp(False, self.rank, index, 1),))
-
-    def gate_wait(self, slot: int, stream: Optional[torch.cuda.Stream] = None) -> None:
-        (stream or torch.cuda.current_stream(self.device)).wait_event(self._gate_done.pop(slot))
-
-    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
-        """Replay the graph recorded for ``key`` (recording it on first use) on the current stream."""
-        replay_recorded(self, key, work, label, sync)
-
     def capture_id(self) -> int:
         """The id of the capture sequence the current stream is in (unique in the process)."""
         status_and_id = check_driver(_drv.cuStreamGetCaptureInfo(torch.cuda.current_stream(self.device).cuda_stream),
                                      "cuStreamGetCaptureInfo")
         return int(status_and_id[1])
 
-    # -- call bracketing -----------------------------------------------------
     # -- watchdog hooks (see backends/watchdog.py) ----------------------------
     def enter_watchdog_thread(self) -> None:
         check_driver(_drv.cuThreadExchangeStreamCaptureMode(
@@ -287,17 +255,3 @@ class CudaEngine:
                 self.pad_view(peer).view(-1, self.world)[:, self.rank].zero_()
         self.release_stream.synchronize()
 
-    def begin_call(self, label: str) -> None:
-        if self.watchdog.error is not None:
-            raise self.watchdog.error
-        self.main_queue = torch.cuda.current_stream(self.device)
-
-    def end_call(self, label: str, sync: str, value: int) -> None:
-        if torch.cuda.is_current_stream_capturing():
-            return  # replays are not tracked; see Communicator.watch
-        done = torch.cuda.Event()
-        done.record(self.main_queue)
-        self.watchdog.track(done, label, value)
-
-    def close(self) -> None:
-        self.watchdog.close()

@@ -9,8 +9,9 @@
 * Flags: ``hipStreamWriteValue32`` / ``hipStreamWaitValue32``, one call per operation. Not
   ``hipStreamBatchMemOp``: ROCm runs a batch as one work-item per operation of a single kernel,
   so a wait and the re-arm behind it would not be ordered.
-* Queues, prelaunch gates, ``prerecord`` graphs and the watchdog mirror the cuda backend (torch's
-  ``torch.cuda`` streams, events and graphs are HIP ones on a ROCm build). Unverified: whether a
+* Prelaunch gates, call bracketing, ``prerecord`` graphs (``stream_engine.StreamEngine``) and the
+  watchdog (``watchdog.Watchdog``) are the cuda backend's (torch's ``torch.cuda`` streams, events and
+  graphs are HIP ones on a ROCm build). Unverified: whether a
   HIP graph captures the stream memory operations (the CLR sources read enqueue them without a
   capture hook); graph mode and prerecord must be checked on an MI300X first.
 
@@ -26,12 +27,12 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgument
-from ..executor import MemOp, gate_index, gate_ops, one_index
+from ..executor import MemOp, one_index
 from ..plan import Reduce, Ref
 from . import hip_api, hip_memory, sym_offset
 from .hip_api import HipApi, HipError
-from .graphs import replay_recorded
 from .reduce import reduce_step
+from .stream_engine import StreamEngine
 from .watchdog import Watchdog
 
 MASK32 = 0xFFFFFFFF
@@ -54,7 +55,7 @@ def batch_copies_requested(env: Mapping[str, str] = os.environ) -> bool:
     return env.get("DMACOLL_HIP_BATCH_COPIES", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-class HipEngine:
+class HipEngine(StreamEngine):
     """Symmetric heap, flag words, side streams and HIP calls for one rank."""
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
@@ -152,7 +153,8 @@ class HipEngine:
             for c in copies:
                 self.api.hipMemcpyAsync(*c, self._kind, stream)
 
-    def _flush_all(self) -> None:
+    def flush_batched(self) -> None:
+        """Issue every queue's held-back copies (before a gate closes and at a call's end)."""
         for queue, _ in list(self._pending.values()):
             self.flush(queue)
 
@@ -215,54 +217,13 @@ class HipEngine:
             self.api.hipStreamWriteValue32(stream.cuda_stream, addr, value, 0)
         stream.synchronize()
 
-    # -- prelaunch gates (as on cuda) ---------------------------------------
-    def submit(self, work: Callable[[], None]) -> None:
-        work()
-
-    def gate_open(self, slot: int) -> None:
-        if slot not in self._gate_streams:
-            self._gate_streams[slot] = torch.cuda.Stream(self.device)
-        stream = self._gate_streams[slot]
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        self.memops(stream, gate_ops(self.world, self.rank, slot))
-        self._gate_context = torch.cuda.stream(stream)
-        self._gate_context.__enter__()
-
-    def gate_close(self, slot: int) -> None:
-        self._flush_all()
-        self._gate_context.__exit__(None, None, None)
-        done = torch.cuda.Event()
-        done.record(self._gate_streams[slot])
-        self._gate_done[slot] = done
-
-    def gate_release(self, slot: int, stream=None) -> None:
-        self.memops(stream or torch.cuda.current_stream(self.device),
-                    (MemOp(False, self.rank, gate_index(self.world, slot), 1),))
-
-    def gate_wait(self, slot: int, stream=None) -> None:
-        (stream or torch.cuda.current_stream(self.device)).wait_event(self._gate_done.pop(slot))
-
-    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
-        """prerecord=True: replay the HIP graph recorded for ``key`` (recorded on first use)."""
-        replay_recorded(self, key, work, label, sync)
-
     # -- call bracketing -----------------------------------------------------
     def begin_call(self, label: str) -> None:
-        if self.watchdog.error is not None:
-            raise self.watchdog.error
+        super().begin_call(label)
         self._pending.clear()  # copies left by a call that raised midway must not run later
-        self.main_queue = torch.cuda.current_stream(self.device)
-
-    def end_call(self, label: str, sync: str, value: int) -> None:
-        self._flush_all()
-        if torch.cuda.is_current_stream_capturing():
-            return  # replays are not tracked; see Communicator.watch
-        done = torch.cuda.Event()
-        done.record(self.main_queue)
-        self.watchdog.track(done, label, value)
 
     def close(self) -> None:
-        self.watchdog.close()
+        super().close()
         memory = getattr(self, "memory", None)
         if memory is not None:
             torch.cuda.synchronize(self.device)

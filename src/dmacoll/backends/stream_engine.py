@@ -1,0 +1,81 @@
+"""What the two GPU engines (cuda, and hip on a ROCm build of torch) share above their driver calls.
+
+Both run on ``torch.cuda`` streams and events (HIP ones on ROCm), so prelaunch gates, the bracketing of a
+call (the watchdog tracks each eager call's end), and ``prerecord=True`` graph replays are one code. An engine
+sets ``device``, ``rank``, ``world``, ``watchdog``, ``main_queue``, ``_gate_streams``, ``_gate_done`` and
+``_graphs`` and provides ``memops(queue, ops)``; ``flush_batched()`` issues anything it holds back (hip's batched
+copies).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from ..executor import MemOp, gate_index, gate_ops
+
+
+class StreamEngine:
+    def flush_batched(self) -> None:
+        """Issue commands held back for batching; none by default."""
+
+    # -- prelaunch gates: calls made while a gate is open go onto a gate stream behind a wait ----
+    def submit(self, work: Callable[[], None]) -> None:
+        work()  # enqueued on the current stream, which is the gate stream while a gate is open
+
+    def gate_open(self, slot: int) -> None:
+        if slot not in self._gate_streams:
+            self._gate_streams[slot] = torch.cuda.Stream(self.device)
+        stream = self._gate_streams[slot]
+        stream.wait_stream(torch.cuda.current_stream(self.device))  # after this communicator's earlier calls
+        self.memops(stream, gate_ops(self.world, self.rank, slot))
+        self._gate_context = torch.cuda.stream(stream)
+        self._gate_context.__enter__()
+
+    def gate_close(self, slot: int) -> None:
+        self.flush_batched()
+        self._gate_context.__exit__(None, None, None)
+        done = torch.cuda.Event()
+        done.record(self._gate_streams[slot])
+        self._gate_done[slot] = done
+
+    def gate_release(self, slot: int, stream: Optional[torch.cuda.Stream] = None) -> None:
+        """One flag write on ``stream`` (a producer's): the gated commands start when it executes."""
+        self.memops(stream or torch.cuda.current_stream(self.device),
+                    (MemOp(False, self.rank, gate_index(self.world, slot), 1),))
+
+    def gate_wait(self, slot: int, stream: Optional[torch.cuda.Stream] = None) -> None:
+        (stream or torch.cuda.current_stream(self.device)).wait_event(self._gate_done.pop(slot))
+
+    # -- prerecord=True ----------------------------------------------------------------------------
+    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
+        """Replay the graph recorded for ``key`` (recording it on first use, on a side stream that waits
+        for the current one) on the current stream, then bracket the call as usual."""
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.graph(graph, stream=side):
+                work()
+            self._graphs[key] = graph
+        graph.replay()
+        self.main_queue = torch.cuda.current_stream(self.device)
+        self.end_call(label, sync, 1)
+
+    # -- call bracketing -----------------------------------------------------------------------------
+    def begin_call(self, label: str) -> None:
+        if self.watchdog.error is not None:
+            raise self.watchdog.error  # a timeout the watchdog saw since the last call
+        self.main_queue = torch.cuda.current_stream(self.device)
+
+    def end_call(self, label: str, sync: str, value: int) -> None:
+        self.flush_batched()
+        if torch.cuda.is_current_stream_capturing():
+            return  # replays are not tracked; see Communicator.watch
+        done = torch.cuda.Event()
+        done.record(self.main_queue)
+        self.watchdog.track(done, label, value)
+
+    def close(self) -> None:
+        self.watchdog.close()

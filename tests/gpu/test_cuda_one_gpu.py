@@ -1,0 +1,79 @@
+"""The cuda engine's stream machinery on one GPU (a world of one rank): the watchdog, prelaunch gates and
+prerecorded graphs (``backends/watchdog.py``, ``backends/stream_engine.py``). The two-GPU versions, through
+collectives, are in test_cuda_backend.py.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dmacoll.launch import run_ranks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _engine(timeout_s: float = 30.0):
+    import torch.distributed as dist
+
+    from dmacoll.backends.cuda import CudaEngine
+    from dmacoll.executor import flag_words
+
+    return CudaEngine(dist.group.WORLD, nbytes=1 << 20, flag_words=flag_words(1), timeout_s=timeout_s)
+
+
+def _stuck_wait(rank: int, world: int) -> dict:
+    from dmacoll import DmaCollTimeoutError
+    from dmacoll.executor import MemOp
+
+    eng = _engine(timeout_s=1.0)
+    info: dict = {}
+    eng.begin_call("stuck call")
+    eng.memops(torch.cuda.current_stream(), [MemOp(wait=True, rank=0, index=5, value=1)])  # never written
+    eng.end_call("stuck call", "reset", 1)
+    t0 = time.monotonic()
+    torch.cuda.synchronize()  # returns once the watchdog wrote the flags
+    info["released_after_s"] = time.monotonic() - t0
+    info["word"] = int(eng.flag_view[5])
+    try:
+        eng.begin_call("next call")
+    except DmaCollTimeoutError as e:
+        info["error"] = str(e)
+    eng.close()
+    return info
+
+
+def test_a_wait_nobody_satisfies_is_released_and_reported():
+    info = run_ranks(_stuck_wait, 1, device="cuda", timeout_s=120)[0]
+    assert 0.9 < info["released_after_s"] < 10.0
+    assert info["word"] == 1  # the watchdog satisfied the wait by writing the awaited value
+    assert "stuck call did not complete within 1 s" in info["error"]
+
+
+def _gate_and_prerecord(rank: int, world: int) -> dict:
+    eng = _engine()
+    x = torch.zeros(1, dtype=torch.int32, device="cuda")
+    x.fill_(0), x.add_(1), x.zero_(), x.item()  # load the kernels now: a lazy load behind a closed gate deadlocks
+    info: dict = {}
+    eng.gate_open(2)
+    x.fill_(7)  # on the gate stream, behind the gate's wait
+    eng.gate_close(2)
+    time.sleep(0.2)
+    info["before_release"] = x.item()  # read on the default stream, which does not wait for the gate
+    eng.gate_release(2)
+    eng.gate_wait(2)
+    info["after_release"] = x.item()
+    for _ in range(3):  # recorded on first use, replayed each time
+        eng.begin_call("prerecorded")
+        eng.replay_recorded(("add",), lambda: x.add_(1), "prerecorded", "reset")
+    torch.cuda.synchronize()
+    info["after_replays"] = x.item()
+    info["graphs"] = len(eng._graphs)
+    eng.close()
+    return info
+
+
+def test_a_gate_holds_work_until_released_and_prerecorded_calls_replay():
+    info = run_ranks(_gate_and_prerecord, 1, device="cuda", timeout_s=120)[0]
+    assert info == {"before_release": 0, "after_release": 7, "after_replays": 10, "graphs": 1}
