@@ -1,5 +1,5 @@
-"""The cuda engine's stream machinery on one GPU (a world of one rank): the watchdog, prelaunch gates and
-prerecorded graphs (``backends/watchdog.py``, ``backends/stream_engine.py``). The two-GPU versions, through
+"""The cuda engine's stream machinery on one GPU (a world of one rank): the watchdog, prelaunch gates,
+prerecorded graphs and forked queues (``backends/watchdog.py``, ``backends/stream_engine.py``). The two-GPU versions, through
 collectives, are in test_cuda_backend.py.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_a_wait_nobody_satisfies_is_released_and_reported():
     assert "stuck call did not complete within 1 s" in info["error"]
 
 
-def _gate_and_prerecord(rank: int, world: int) -> dict:
+def _stream_machinery(rank: int, world: int) -> dict:
     eng = _engine()
     x = torch.zeros(1, dtype=torch.int32, device="cuda")
     x.fill_(0), x.add_(1), x.zero_(), x.item()  # load the kernels now: a lazy load behind a closed gate deadlocks
@@ -70,10 +70,23 @@ def _gate_and_prerecord(rank: int, world: int) -> dict:
     torch.cuda.synchronize()
     info["after_replays"] = x.item()
     info["graphs"] = len(eng._graphs)
+    y = torch.zeros(3, dtype=torch.int32, device="cuda")
+
+    def task(i: int):
+        def run(stream) -> None:
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(2_000_000)  # about a millisecond: the join must wait for it
+                y[i].fill_(i + 1)
+        return run
+
+    eng.begin_call("parallel")
+    eng.parallel([task(0), task(1), task(2)])  # the main queue and two side streams, joined back
+    info["parallel"] = y.tolist()  # read on the main queue
     eng.close()
     return info
 
 
-def test_a_gate_holds_work_until_released_and_prerecorded_calls_replay():
-    info = run_ranks(_gate_and_prerecord, 1, device="cuda", timeout_s=120)[0]
-    assert info == {"before_release": 0, "after_release": 7, "after_replays": 10, "graphs": 1}
+def test_gates_prerecorded_replays_and_forked_queues():
+    info = run_ranks(_stream_machinery, 1, device="cuda", timeout_s=120)[0]
+    assert info == {"before_release": 0, "after_release": 7, "after_replays": 10, "graphs": 1,
+                    "parallel": [1, 2, 3]}

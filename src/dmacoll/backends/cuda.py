@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -207,27 +207,6 @@ class CudaEngine(StreamEngine):
         """Issue ``program`` through the native library (submit='native'; see native.py)."""
         self.ensure_native()
         self._native.run(program, bases, epoch)
-
-    def side_streams_for(self, n: int) -> list[torch.cuda.Stream]:
-        while len(self.side_streams) < n:
-            self.side_streams.append(torch.cuda.Stream(self.device))
-        return self.side_streams[:n]
-
-    def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None:
-        self.side_streams_for(len(tasks) - 1)
-        main = self.main_queue
-        fork = torch.cuda.Event()
-        fork.record(main)
-        joins = []
-        for task, stream in zip(tasks[1:], self.side_streams):
-            stream.wait_event(fork)
-            task(stream)
-            done = torch.cuda.Event()
-            done.record(stream)
-            joins.append(done)
-        tasks[0](main)
-        for done in joins:
-            main.wait_event(done)
 
     def capture_id(self) -> int:
         """The id of the capture sequence the current stream is in (unique in the process)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -130,10 +130,10 @@ class HipEngine(StreamEngine):
 
     def reduce(self, queue, step: Reduce, bases: Mapping[str, object]) -> None:
         """A torch kernel on ``queue`` after what is queued there (as on cuda)."""
-        self.flush(queue)
+        self.flush_queue(queue)
         reduce_step(queue, step, self.heap, self.rank, bases)
 
-    def flush(self, queue) -> None:
+    def flush_queue(self, queue) -> None:
         """Issue the copies batched on ``queue`` (one hipMemcpyBatchAsync; a single copy as is)."""
         entry = self._pending.pop(queue.cuda_stream, None)
         if not entry or not entry[1]:
@@ -156,10 +156,10 @@ class HipEngine(StreamEngine):
     def flush_batched(self) -> None:
         """Issue every queue's held-back copies (before a gate closes and at a call's end)."""
         for queue, _ in list(self._pending.values()):
-            self.flush(queue)
+            self.flush_queue(queue)
 
     def memops(self, queue, ops: Sequence[MemOp]) -> None:
-        self.flush(queue)  # flags go behind the data queued before them
+        self.flush_queue(queue)  # flags go behind the data queued before them
         stream = queue.cuda_stream
         for op in ops:
             addr = self.flag_addrs[op.rank][op.index]
@@ -172,26 +172,6 @@ class HipEngine(StreamEngine):
                 self.api.hipStreamWaitValue32(stream, addr, op.value, self._geq if op.geq else self._eq, MASK32)
             else:
                 self.api.hipStreamWriteValue32(stream, addr, op.value, 0)
-
-    def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None:
-        while len(self.side_streams) < len(tasks) - 1:
-            self.side_streams.append(torch.cuda.Stream(self.device))
-        main = self.main_queue
-        self.flush(main)  # the fork event must come after the main queue's copies
-        fork = torch.cuda.Event()
-        fork.record(main)
-        joins = []
-        for task, stream in zip(tasks[1:], self.side_streams):
-            stream.wait_event(fork)
-            task(stream)
-            self.flush(stream)
-            done = torch.cuda.Event()
-            done.record(stream)
-            joins.append(done)
-        tasks[0](main)
-        self.flush(main)
-        for done in joins:
-            main.wait_event(done)
 
     # -- watchdog hooks (see backends/watchdog.py) ----------------------------
     def enter_watchdog_thread(self) -> None:

@@ -3,12 +3,12 @@
 Both run on ``torch.cuda`` streams and events (HIP ones on ROCm), so prelaunch gates, the bracketing of a
 call (the watchdog tracks each eager call's end), and ``prerecord=True`` graph replays are one code. An engine
 sets ``device``, ``rank``, ``world``, ``watchdog``, ``main_queue``, ``_gate_streams``, ``_gate_done`` and
-``_graphs`` and provides ``memops(queue, ops)``; ``flush_batched()`` issues anything it holds back (hip's batched
-copies).
+``_graphs``, ``side_streams`` and provides ``memops(queue, ops)``; ``flush_queue(queue)`` and ``flush_batched()``
+issue what it holds back on one queue or on all (hip's batched copies).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -16,8 +16,37 @@ from ..executor import MemOp, gate_index, gate_ops
 
 
 class StreamEngine:
+    def flush_queue(self, queue) -> None:
+        """Issue the commands held back on ``queue`` for batching; none by default."""
+
     def flush_batched(self) -> None:
-        """Issue commands held back for batching; none by default."""
+        """Issue the commands held back on every queue; none by default."""
+
+    # -- queues: the caller's stream plus side streams forked from it and joined back -----------------
+    def side_streams_for(self, n: int) -> list:
+        while len(self.side_streams) < n:
+            self.side_streams.append(torch.cuda.Stream(self.device))
+        return self.side_streams[:n]
+
+    def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None:
+        """``tasks[0]`` on the main queue, each other task on a side stream forked from it and joined back."""
+        sides = self.side_streams_for(len(tasks) - 1)
+        main = self.main_queue
+        self.flush_queue(main)  # the fork must come after the main queue's held-back commands
+        fork = torch.cuda.Event()
+        fork.record(main)
+        joins = []
+        for task, stream in zip(tasks[1:], sides):
+            stream.wait_event(fork)
+            task(stream)
+            self.flush_queue(stream)
+            done = torch.cuda.Event()
+            done.record(stream)
+            joins.append(done)
+        tasks[0](main)
+        self.flush_queue(main)
+        for done in joins:
+            main.wait_event(done)
 
     # -- prelaunch gates: calls made while a gate is open go onto a gate stream behind a wait ----
     def submit(self, work: Callable[[], None]) -> None:
