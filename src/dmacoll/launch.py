@@ -8,6 +8,7 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing as mp
 import os
+import pickle
 import tempfile
 import traceback
 from typing import Any, Callable
@@ -46,7 +47,9 @@ def _child(fn: Callable, rank: int, world: int, init_method: str, device: str, a
     try:
         init_rank(rank, world, init_method, device)
         out = fn(rank, world, *args)
-        results.put((rank, "ok", out))
+        # by value: torch's queue pickler would pass tensors as file descriptors that the parent fetches
+        # from this process, which may have exited by then
+        results.put((rank, "ok", pickle.dumps(out)))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
@@ -95,7 +98,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu
         while len(out) < world:
             try:
                 rank, status, value = results.get(timeout=1.0)
-                out[rank] = (status, value)
+                out[rank] = (status, pickle.loads(value) if status == "ok" else value)
             except queue.Empty:
                 dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in out]
                 if dead or time.monotonic() > deadline:
