@@ -66,9 +66,42 @@ def test_default_run_fits_six_minutes_and_every_option_is_planned():
     est = g.estimate_seconds(g.DEFAULTS)
     assert 60 < est["seconds"] < 360
     assert est["options"] == ["baseline", "priority", "partition 0.75", "partition 0.875", "dma", "dma_priority",
-                               "dma_partition"]
+                               "dma_partition", "dma_carveout"]
     assert est["scenarios"] == len(g.DEFAULT_SHAPES) * 4 * 3
     assert g.options(["dma"], [0.5]) == [("dma", None)]
+
+
+def test_each_option_names_where_its_compute_runs():
+    opts = g.options(g.STRATEGIES, [0.75])
+    settings = {s: g.compute_setting(s, f) for s, f in opts}
+    assert settings == {"baseline": None, "priority": None, "partition": 0.75, "dma": None, "dma_priority": None,
+                        "dma_partition": 1.0, "dma_carveout": g.CARVEOUT}
+    assert g.option_fields("dma_carveout", None, "124/132", "b2b/push", 0)["option"] == "dma_carveout 124/132"
+    one = g.estimate_seconds({**g.DEFAULTS, "strategies": ["dma"]})["seconds"]
+    two = g.estimate_seconds({**g.DEFAULTS, "strategies": ["dma", "dma_carveout"]})["seconds"]
+    assert two > one  # the compute is timed alone once more, under the carveout
+
+
+def test_carveout_routes_matmuls_through_cublaslt_and_restores_the_settings(monkeypatch):
+    import torch
+
+    from dmacoll.bench.green import SmCarveout
+
+    state = {"library": "cublas", "carveout": None}
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library",
+                        lambda lib=None: state.update(library=lib) if lib else state["library"])
+    monkeypatch.setattr(torch._C, "_get_sm_carveout_experimental", lambda: state["carveout"], raising=False)
+    monkeypatch.setattr(torch._C, "_set_sm_carveout_experimental", lambda n: state.update(carveout=n), raising=False)
+    seen = []
+    carved = SmCarveout(8).wrap(lambda x: seen.append(dict(state)) or x + 1)
+    assert carved(1) == 2
+    assert seen == [{"library": "cublaslt", "carveout": 8}]
+    assert state == {"library": "cublas", "carveout": None}
+    with pytest.raises(ValueError):
+        SmCarveout(0)
+    monkeypatch.delattr(torch._C, "_set_sm_carveout_experimental")
+    with pytest.raises(BackendUnavailable):
+        SmCarveout(8)
 
 
 def test_sm_splits_round_to_hopper_granules():

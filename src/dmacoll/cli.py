@@ -201,8 +201,8 @@ def cmd_c3(a: argparse.Namespace) -> int:
     from .bench.c3_grid import estimate_seconds
 
     cfg = dict(shapes=a.shapes, ops=a.ops, strategies=a.strategies, targets=a.targets, sm_fractions=a.sm_fractions,
-               repeats=a.repeats, min_comp_us=a.min_comp_us, max_calls=a.max_calls, hold_us=a.hold_us,
-               ladder=a.ladder)
+               carveout_sms=a.carveout_sms, repeats=a.repeats, min_comp_us=a.min_comp_us, max_calls=a.max_calls,
+               hold_us=a.hold_us, ladder=a.ladder)
     est = estimate_seconds(cfg)
     print(f"dmacoll c3: {est['shapes']} shapes, {est['scenarios']} scenarios x options {', '.join(est['options'])}; "
           f"estimated {est['seconds'] / 60:.1f} min", flush=True)
@@ -405,7 +405,7 @@ def add_c3_parser(sub) -> None:
 
     d = g.DEFAULTS
     p = sub.add_parser("c3", help="compute next to a collective per strategy (baseline, priority, SM partition, "
-                                  "dma, dma+partition): ConCCL's C3 metrics")
+                                  "dma, dma+priority, dma+partition, dma+carveout): ConCCL's C3 metrics")
     p.add_argument("--world", type=int, default=0, help="ranks (default: every visible GPU)")
     p.add_argument("--shapes", nargs="+", type=shape, default=d["shapes"],
                    help="gemm:MxNxK (bf16 (MxK)@(KxN)) or membound:MxN (bf16 add)")
@@ -414,6 +414,8 @@ def add_c3_parser(sub) -> None:
     p.add_argument("--targets", nargs="+", type=float, default=d["targets"], help="T_comm / T_comp to aim at")
     p.add_argument("--sm-fractions", nargs="+", type=fraction, default=d["sm_fractions"],
                    help="partition: share of the SMs given to the compute")
+    p.add_argument("--carveout-sms", type=int, default=d["carveout_sms"],
+                   help="dma_carveout: SMs the compute's GEMMs leave free (cuBLASLt's SM-count target)")
     p.add_argument("--repeats", type=int, default=d["repeats"])
     p.add_argument("--min-comp-us", type=float, default=d["min_comp_us"], help="repeat the operator up to this")
     p.add_argument("--max-calls", type=int, default=d["max_calls"], help="most collective calls in one graph")

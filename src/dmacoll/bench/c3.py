@@ -23,6 +23,11 @@ Strategies (each a switch):
   ``priority``): the reduce ops' sum kernel, queued behind the copies, then takes SMs as the compute's blocks
   retire instead of after the compute;
 * ``dma_partition``: dma, and the compute on a green context of all SMs but fewer than 8 (ConCCL measures it).
+* ``dma_carveout``: dma, and the compute's GEMMs through cuBLASLt asked to leave ``carveout_sms`` SMs free
+  (``green.SmCarveout``): the dma collective's own SM work (the all-to-all's device-local copy of its own chunk,
+  the reduce ops' sum) finds free SMs at once instead of waiting for a persistent GEMM; unlike a green context
+  the GEMM's grid is sized for the SMs it keeps (``results/reference/h100x1/evidence/``). No effect on the
+  memory-bound add.
 
 Times are medians of ``repeats``, CUDA events, each repeat released by one event after a short GPU sleep (so
 the host has queued both sides before either starts). Metrics (``overlap.c3_metrics``):
@@ -44,8 +49,8 @@ from __future__ import annotations
 import statistics
 from typing import Callable, Optional
 
-from .c3_grid import C3_COLUMNS, COMM_FIRST, GRAPH_OF, NAN, NCCL_STRATEGIES, Shape, choose_comm, comp_reps, metrics_row, \
-    option_fields, options, scenario_fields, skipped_row
+from .c3_grid import C3_COLUMNS, CARVEOUT, CARVEOUT_STRATEGIES, COMM_FIRST, GRAPH_OF, NAN, NCCL_STRATEGIES, Shape, \
+    choose_comm, comp_reps, compute_setting, metrics_row, option_fields, options, scenario_fields, skipped_row
 
 __all__ = ["C3_COLUMNS", "run_c3"]
 
@@ -270,6 +275,11 @@ class Rank:
                     self.green_errors[frac] = err
                 else:
                     self.greens[frac] = gs
+        self.carveout, self.carveout_error, self.carveout_split = None, "", ""
+        if any(s in CARVEOUT_STRATEGIES for s in cfg["strategies"]):
+            self.carveout, self.carveout_error = self.agreed(lambda: self._carveout(cfg["carveout_sms"]))
+            total = torch.cuda.get_device_properties(self.device).multi_processor_count
+            self.carveout_split = f"{total - cfg['carveout_sms']}/{total}"
 
     def _green(self, frac: float):
         import torch
@@ -284,6 +294,25 @@ class Rank:
         x = torch.ones(1 << 20, device=self.device)
         timed([("x", lambda: x.add_(1), gs.stream)], 1, lambda: None, 1000)
         return gs
+
+    def _carveout(self, sms: int):
+        import torch
+
+        from .green import SmCarveout
+
+        carveout = SmCarveout(sms)
+        a = torch.ones(256, 256, device=self.device, dtype=torch.bfloat16)
+        carveout.wrap(torch.mm)(a, a)  # smoke test: cuBLASLt takes the setting here, or the reason is recorded
+        torch.cuda.synchronize(self.device)
+        return carveout
+
+    def setting_error(self, setting) -> str:
+        """Why a compute setting (compute_setting) is unavailable, or ''."""
+        if setting == CARVEOUT:
+            return self.carveout_error if self.carveout is None else ""
+        if setting is not None and setting not in self.greens:
+            return self.green_errors.get(setting, "green context unavailable")
+        return ""
 
     def barrier(self) -> None:
         self.runner.barrier()
@@ -332,6 +361,8 @@ def run_c3(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
             print(f"{op:14s} NCCL us/call: " + ", ".join(f"{s >> 10}K {t:.1f}" for s, t in lad.items()), flush=True)
         for frac, err in rk.green_errors.items():
             print(f"green context for fraction {frac:g} unavailable: {err}", flush=True)
+        if rk.carveout_error:
+            print(f"SM carveout unavailable: {rk.carveout_error}", flush=True)
     rows: list[dict] = []
     for i, text in enumerate(cfg["shapes"]):
         rows += measure_shape(rk, Shape.parse(text), ladders, 1000 * (i + 1))
@@ -344,10 +375,13 @@ def measure_shape(rk: Rank, shape: Shape, ladders: dict, seed: int) -> list[dict
 
     cfg = rk.cfg
     one = compute_op(shape, rk.device)
-    streams = {None: rk.comp_stream, **{f: g.stream for f, g in rk.greens.items()}}
-    for s in streams.values():  # cuBLAS picks its kernels (and workspace) per stream on first use
+    # compute setting -> how the compute is issued: (wrapper of a function, stream)
+    issue = {None: (lambda fn: fn, rk.comp_stream), **{f: (lambda fn: fn, g.stream) for f, g in rk.greens.items()}}
+    if rk.carveout is not None:
+        issue[CARVEOUT] = (rk.carveout.wrap, rk.comp_stream)
+    for wrap, s in issue.values():  # cuBLAS(Lt) picks its kernels (and workspace) per stream and setting
         with torch.cuda.stream(s):
-            one(), one()
+            wrap(one)(), wrap(one)()
     first = rk.alone(one, rk.comp_stream, 3)
     reps = max(rk.gather(comp_reps(first, cfg["min_comp_us"])))
 
@@ -356,14 +390,16 @@ def measure_shape(rk: Rank, shape: Shape, ladders: dict, seed: int) -> list[dict
             one()
 
     t_comp = rk.alone(comp, rk.comp_stream)
-    comp_here = {f: (rk.alone(comp, s) if f is not None else t_comp) for f, s in streams.items()}
+    placements = {k: (wrap(comp), s) for k, (wrap, s) in issue.items()}
+    comp_here = {k: (rk.alone(fn, s) if k is not None else t_comp) for k, (fn, s) in placements.items()}
     t_comp_max = max(rk.gather(t_comp))
     rows = []
     for op in cfg["ops"]:
         for target in cfg["targets"]:
             size, calls = choose_comm(ladders[op], target * t_comp_max, cfg["max_calls"])
             base = scenario_fields(shape, reps, op, rk.world, rk.rank, size, calls, target)
-            rows += measure_point(rk, op, size, calls, base, comp, t_comp, comp_here, seed + 17 * len(rows) + 1)
+            rows += measure_point(rk, op, size, calls, base, placements, t_comp, comp_here,
+                                  seed + 17 * len(rows) + 1)
             if rk.rank == 0:
                 for r in rows[-len(options(cfg["strategies"], cfg["sm_fractions"])):]:
                     note = r["skipped"] or ("ok" if r["correct"] else "WRONG")
@@ -373,9 +409,10 @@ def measure_shape(rk: Rank, shape: Shape, ladders: dict, seed: int) -> list[dict
     return rows
 
 
-def measure_point(rk: Rank, op: str, size: int, calls: int, base: dict, comp, t_comp: float, comp_here: dict,
-                  seed: int) -> list[dict]:
-    """Every strategy for one (shape, op, size, calls): graphs, times alone, times together, checks."""
+def measure_point(rk: Rank, op: str, size: int, calls: int, base: dict, placements: dict, t_comp: float,
+                  comp_here: dict, seed: int) -> list[dict]:
+    """Every strategy for one (shape, op, size, calls): graphs, times alone, times together, checks.
+    ``placements``: compute setting -> (compute function, stream); ``comp_here``: setting -> its time alone."""
     cfg = rk.cfg
     opts = options(cfg["strategies"], cfg["sm_fractions"])
     inputs = draw_inputs(op, size, rk.world, seed, rk.device, rk.runner.dtype)
@@ -402,22 +439,22 @@ def measure_point(rk: Rank, op: str, size: int, calls: int, base: dict, comp, t_
     t_comm = {name: rk.alone(g.replay, s) for name, (_, g, s) in graphs.items()}
     rows = []
     for strategy, frac in opts:
-        name = GRAPH_OF[strategy]
+        name, setting = GRAPH_OF[strategy], compute_setting(strategy, frac)
         green = rk.greens.get(frac) if frac is not None else None
-        row = {**base, **option_fields(strategy, frac, green.split if green else "", variant,
+        split = green.split if green else (rk.carveout_split if setting == CARVEOUT else "")
+        row = {**base, **option_fields(strategy, frac, split, variant,
                                        graphs[name][2].priority if name in graphs else "")}
-        if frac is not None and green is None:
-            why = rk.green_errors.get(frac, "green context unavailable")
-        else:
-            why = "" if name in graphs else (reason.get(name) or reason.get(row["impl"]) or f"{name} not set up")
+        why = rk.setting_error(setting) or (
+            "" if name in graphs else (reason.get(name) or reason.get(row["impl"]) or f"{name} not set up"))
         if why:
             rows.append({**row, **skipped_row(why)})
             continue
         _, graph, stream = graphs[name]
-        parts = [("comp", comp, green.stream if green else rk.comp_stream), ("comm", graph.replay, stream)]
+        comp, comp_stream = placements[setting]
+        parts = [("comp", comp, comp_stream), ("comm", graph.replay, stream)]
         together = timed(parts[::-1] if strategy in COMM_FIRST else parts, cfg["repeats"], rk.barrier, rk.hold)
-        rows.append({**row, **metrics_row(t_comp, t_comm[name], t_comm.get("nccl", NAN), comp_here[frac], together),
-                     "correct": None, "skipped": ""})
+        rows.append({**row, **metrics_row(t_comp, t_comm[name], t_comm.get("nccl", NAN), comp_here[setting],
+                                          together), "correct": None, "skipped": ""})
     checks = {}
     for name, (b, graph, stream) in graphs.items():
         replay = graph.replay

@@ -9,13 +9,15 @@ from typing import Optional
 from .overlap import c3_metrics
 
 OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
-STRATEGIES = ("baseline", "priority", "partition", "dma", "dma_priority", "dma_partition")
+STRATEGIES = ("baseline", "priority", "partition", "dma", "dma_priority", "dma_partition", "dma_carveout")
 NCCL_STRATEGIES = ("baseline", "priority", "partition")
 GREEN_STRATEGIES = ("partition", "dma_partition")
 # the collective graph each strategy replays: NCCL or dmacoll's, captured on a default-priority stream or
 # (``_hi``) on the greatest-priority one
 GRAPH_OF = {"baseline": "nccl", "priority": "nccl_hi", "partition": "nccl", "dma": "dma", "dma_priority": "dma_hi",
-            "dma_partition": "dma"}
+            "dma_partition": "dma", "dma_carveout": "dma"}
+CARVEOUT_STRATEGIES = ("dma_carveout",)  # the compute's GEMMs leave ``carveout_sms`` SMs free (green.SmCarveout)
+CARVEOUT = "carveout"  # the compute setting of CARVEOUT_STRATEGIES (see compute_setting)
 COMM_FIRST = ("priority", "dma_priority")  # strategies that launch the collective before the compute
 LADDER = tuple(1 << p for p in range(16, 29, 2))  # 64 KB .. 256 MB per rank, x4 steps
 # LLM GEMMs (Llama-3 8B / 70B: hidden 4096 / 8192, MLP 14336 / 28672) at 512..16384 tokens, and two adds
@@ -36,7 +38,8 @@ C3_COLUMNS = ["strategy", "option", "compute", "M", "N", "K", "gflop", "intensit
               "correct", "skipped"]
 NAN = float("nan")
 DEFAULTS = {"shapes": list(DEFAULT_SHAPES), "ops": list(OPS), "strategies": list(STRATEGIES),
-            "targets": [0.25, 1.0, 4.0], "sm_fractions": [0.75, 0.875], "repeats": 7, "min_comp_us": 200.0,
+            "targets": [0.25, 1.0, 4.0], "sm_fractions": [0.75, 0.875], "carveout_sms": 8, "repeats": 7,
+            "min_comp_us": 200.0,
             "max_calls": 128, "hold_us": 500.0, "ladder": list(LADDER)}
 
 
@@ -124,7 +127,8 @@ def scenario_fields(shape: Shape, reps: int, op: str, world: int, rank: int, nby
 
 
 def option_fields(strategy: str, frac: Optional[float], split: str, variant: str, priority) -> dict:
-    """What a row says about its strategy; ``option`` names it in tables (a partition with its SM split)."""
+    """What a row says about its strategy; ``option`` names it in tables (a partition or a carveout with its SM
+    split: the compute's SMs / all SMs)."""
     impl = "dma" if GRAPH_OF[strategy] == "dma" else "nccl"
     label = f"{strategy} {split}" if split else (f"{strategy} {frac:g}" if strategy == "partition" else strategy)
     return {"strategy": strategy, "option": label, "impl": impl, "variant": variant if impl == "dma" else "",
@@ -148,6 +152,11 @@ def options(strategies, fractions) -> list[tuple[str, Optional[float]]]:
     return out
 
 
+def compute_setting(strategy: str, frac: Optional[float]):
+    """Where an option runs its compute: None (the whole GPU), a green-context SM fraction, or CARVEOUT."""
+    return CARVEOUT if strategy in CARVEOUT_STRATEGIES else frac
+
+
 def estimate_seconds(cfg: dict) -> dict:
     """Seconds a run takes, from roofline compute times (PEAK_TFLOPS, HBM_TBPS): every timed repeat
     (pessimistic for NCCL strategies: T_c3 = serial), plus guessed fixed costs: 45 s to start the ranks, NCCL
@@ -159,12 +168,12 @@ def estimate_seconds(cfg: dict) -> dict:
     dma = [o for o in opts if o[0] not in NCCL_STRATEGIES]
     graphs = ("baseline" in cfg["strategies"] or "partition" in cfg["strategies"]) + (
         "priority" in cfg["strategies"]) + bool(dma)
-    greens = len({f for _, f in opts if f is not None})
+    settings = len({compute_setting(s, f) for s, f in opts} - {None})  # each times the compute alone once more
     total = 45.0 + len(cfg["ops"]) * len(cfg["ladder"]) * 0.15
     for text in cfg["shapes"]:
         one = estimate_comp_us(Shape.parse(text)) * 1e-6
         t = one * comp_reps(one * 1e6, cfg["min_comp_us"])
-        total += (r + 3) * t * (1 + greens) + 1.0
+        total += (r + 3) * t * (1 + settings) + 1.0
         for target in cfg["targets"]:
             tc = target * t
             per_op = graphs * (r * tc + 0.3 + 2 * tc) + r * (len(nccl) * (t + tc) + len(dma) * max(t, tc))

@@ -104,3 +104,41 @@ def green_stream(num_sms: int, device: int) -> GreenStream:
         except Exception as e:  # noqa: BLE001 - try the next way, report all
             errors.append(f"{how}: {type(e).__name__}: {e}")
     raise BackendUnavailable("no green context: " + "; ".join(errors))
+
+
+class SmCarveout:
+    """Inside ``with SmCarveout(n):`` torch's matmuls go through cuBLASLt asked to leave ``n`` SMs free
+    (``torch._C._set_sm_carveout_experimental``: cuBLASLt's SM-count target; plain cuBLAS ignores it, see
+    ``results/reference/h100x1/evidence/``), so a kernel launched beside a persistent GEMM finds free SMs. Unlike a
+    green context, the GEMM is sized for the SMs it keeps. The previous settings come back on exit."""
+
+    def __init__(self, sms: int):
+        import torch
+
+        if not hasattr(torch._C, "_set_sm_carveout_experimental"):
+            raise BackendUnavailable("this torch has no SM carveout (torch._C._set_sm_carveout_experimental)")
+        if sms < 1:
+            raise ValueError(f"an SM carveout needs at least 1 SM, got {sms}")
+        self.sms = sms
+
+    def wrap(self, fn):
+        """``fn`` run inside this carveout."""
+        def carved(*args, **kwargs):
+            with self:
+                return fn(*args, **kwargs)
+        return carved
+
+    def __enter__(self) -> "SmCarveout":
+        import torch
+
+        self._saved = (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental())
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        torch._C._set_sm_carveout_experimental(self.sms)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        library, sms = self._saved
+        torch.backends.cuda.preferred_blas_library(library)
+        torch._C._set_sm_carveout_experimental(sms)
