@@ -90,3 +90,20 @@ def test_gates_prerecorded_replays_and_forked_queues():
     info = run_ranks(_stream_machinery, 1, device="cuda", timeout_s=120)[0]
     assert info == {"before_release": 0, "after_release": 7, "after_replays": 10, "graphs": 1,
                     "parallel": [1, 2, 3]}
+
+
+def test_sm_carveout_applies_inside_and_restores_outside():
+    from dmacoll.bench.green import SmCarveout
+
+    before = (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental())
+    a = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
+    seen = []
+
+    def gemm():
+        seen.append((torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()))
+        return a @ a
+
+    carved = SmCarveout(8).wrap(gemm)()
+    assert seen == [(torch._C._BlasBackend.Cublaslt, 8)]
+    assert (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()) == before
+    torch.testing.assert_close(carved, a @ a)  # the same product, whichever library computed it
