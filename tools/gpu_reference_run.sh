@@ -13,6 +13,7 @@
 #         batchprobe  which cuMemcpyBatchAsync calls the driver accepts (tools/probe_memcpy_batch.py)
 #         c3       compute next to each collective per overlap strategy, then the strategy heuristic
 #         contention  copy-engine copies (device-local vs to the peer) alone and next to a GEMM
+#         probes   one-GPU probes: device-local copy paths and SM carveouts next to a GEMM, flag crossing latency
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
 #         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll, logits compared
 # Everything (CSV + JSON provenance + logs) is packed into OUTDIR/results.tgz: few files come back.
@@ -73,6 +74,10 @@ case "$part" in
   contention)
     timeout 120 python3 tools/probe_copy_contention.py "$out/copy_contention.csv" 2>&1 | tee "$log/copy_contention.log" \
       | tail -10 ;;
+  probes)
+    for t in local_copy_paths flag_latency sm_carveout; do
+      timeout 120 python3 tools/probe_$t.py "$out/$t.csv" 2>&1 | tee "$log/$t.log" | tail -4
+    done ;;
   ficco)
     timeout ${FICCO_TIMEOUT_S:-240} python3 -m dmacoll ficco --out "$out/ficco.csv" > "$log/ficco.log" 2>&1
     tail -12 "$log/ficco.log" ;;
