@@ -178,7 +178,8 @@ def test_rows_fill_exactly_the_csv_columns(tmp_path):
 SHAPES = ["gemm:512x4096x4096", "gemm:512x28672x8192", "gemm:2048x4096x14336", "gemm:2048x8192x8192",
           "gemm:8192x4096x4096", "gemm:8192x14336x4096", "gemm:16384x8192x8192", "membound:16384x8192",
           "membound:65536x8192"]
-OPTIONS = [("baseline", None, ""), ("priority", None, ""), ("partition", 0.75, "96/132"), ("dma", None, "")]
+OPTIONS = [("baseline", None, ""), ("priority", None, ""), ("partition", 0.75, "96/132"), ("dma", None, ""),
+           ("dma_carveout", None, "124/132")]
 
 
 def synthetic(best_of, seed=0) -> pd.DataFrame:
@@ -274,6 +275,7 @@ def test_notebook_renders_a_synthetic_table(tmp_path):
     summary = ns["summary"].set_index("option")
     assert summary.loc["baseline", "conccl_paper_mi300x"] == 0.21 and summary.loc["dma", "conccl_paper_mi300x"] == 0.72
     assert (summary.loc["dma", "scenarios"], summary.loc["baseline", "scenarios"]) == (108, 107)
+    assert summary.loc["dma_carveout 124/132", "scenarios"] == 108  # a carveout option shows with its split
 
 
 SNAKEMAKE = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or shutil.which("snakemake")
