@@ -238,7 +238,7 @@ def greatest_priority_stream(device):
 
 # -- GPU: the run -------------------------------------------------------------------------------------------------
 class Rank:
-    """This rank's communicator, buffers, streams and green contexts, and rank agreement."""
+    """This rank's communicator, buffers, streams, green contexts and SM carveout, and rank agreement."""
 
     def __init__(self, rank: int, world: int, cfg: dict):
         import torch
