@@ -14,6 +14,10 @@ first of a back-to-back series does): a 64 MB device-local copy (the own chunk) 
 tensors (the reduce ops' sum). Medians of 5. Columns: ``gemm_alone_us``; ``side_alone_us``; ``side_us`` (side
 issue -> end, next to the GEMMs); ``gemm_us`` (release -> GEMMs' end, next to the side job).
 
+GEMM times drift between settings measured one after the other (clocks, power), so what a carveout costs the GEMM
+is measured apart, interleaved: ``OUT_gemm_cost.csv`` has, for C3 GEMM shapes, each of cuBLAS, cuBLASLt and
+cuBLASLt with carveouts 8 and 16 timed in turn, ``ROUNDS`` rounds, and the median ratio to cuBLAS per round.
+
 Usage: python3 tools/probe_sm_carveout.py OUT.csv
 """
 from __future__ import annotations
@@ -25,6 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 REPEATS = 5
+ROUNDS = 15
+COST_SHAPES = ((512, 28672, 8192), (2048, 8192, 8192), (8192, 14336, 4096), (16384, 8192, 8192))  # M, N, K
+COST_SETTINGS = (("cublas", None), ("cublaslt", None), ("cublaslt", 8), ("cublaslt", 16))
 SETTINGS = (  # (name, green-context SMs or None, carveout or None)
     ("full", None, None), ("carveout_4", None, 4), ("carveout_8", None, 8), ("carveout_16", None, 16),
     ("green_128", 128, None), ("green_128_carveout_4", 128, 4), ("green_120_carveout_12", 120, 12))
@@ -106,9 +113,51 @@ def main() -> int:
                       f"{side_alone:6.0f} us, next to the GEMMs {r['side_us']:7.0f} us | GEMMs then {r['gemm_us']:7.0f} us"
                       f"{'' if r['correct'] else '  WRONG'}", flush=True)
     torch._C._set_sm_carveout_experimental(None)
-    provenance.write_table(Path(sys.argv[1]), rows, COLUMNS,
+    out = Path(sys.argv[1])
+    provenance.write_table(out, rows, COLUMNS,
                            {"gemm": "3x bf16 8192^3", "repeats": REPEATS, "sms": total, "side_delay_us": 100})
+    provenance.write_table(out.with_name(out.stem + "_gemm_cost.csv"), gemm_cost(timed), COST_COLUMNS,
+                           {"shapes": COST_SHAPES, "rounds": ROUNDS, "gemms_per_time": 3})
+    torch.backends.cuda.preferred_blas_library("cublas")
     return 0
+
+
+COST_COLUMNS = ["M", "N", "K", "blas", "carveout", "gemm_us", "ratio_to_cublas"]
+
+
+def gemm_cost(timed) -> list[dict]:
+    """Per shape: every COST_SETTINGS timed in turn for ROUNDS rounds (3 GEMMs each time); medians, and the
+    median over rounds of each setting's time / cuBLAS's time in the same round."""
+    import torch
+
+    rows = []
+    stream = torch.cuda.Stream()
+    for m, n, k in COST_SHAPES:
+        a = torch.randn(m, k, device=0, dtype=torch.bfloat16)
+        b = torch.randn(k, n, device=0, dtype=torch.bfloat16)
+        c = torch.empty(m, n, device=0, dtype=torch.bfloat16)
+
+        def three():
+            for _ in range(3):
+                torch.mm(a, b, out=c)
+
+        times = {s: [] for s in COST_SETTINGS}
+        for r in range(ROUNDS + 1):
+            for blas, carveout in COST_SETTINGS:
+                torch.backends.cuda.preferred_blas_library(blas)
+                torch._C._set_sm_carveout_experimental(carveout)
+                t = timed(three, stream)
+                if r:  # round 0 warms every setting up
+                    times[(blas, carveout)].append(t)
+        torch._C._set_sm_carveout_experimental(None)
+        base = times[COST_SETTINGS[0]]
+        for (blas, carveout), ts in times.items():
+            rows.append({"M": m, "N": n, "K": k, "blas": blas, "carveout": carveout or 0,
+                         "gemm_us": statistics.median(ts),
+                         "ratio_to_cublas": statistics.median(t / t0 for t, t0 in zip(ts, base))})
+            print(f"{m}x{n}x{k} {blas:8s} carveout {carveout or 0:2d}: 3 GEMMs {rows[-1]['gemm_us']:8.1f} us, "
+                  f"x{rows[-1]['ratio_to_cublas']:.3f} of cuBLAS", flush=True)
+    return rows
 
 
 if __name__ == "__main__":
