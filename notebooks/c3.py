@@ -17,9 +17,10 @@
 #
 # * **baseline**: NCCL, both streams at default priority; **priority**: NCCL on the highest-priority stream,
 #   launched first; **partition k/n**: the compute confined to k of n SMs (green context), NCCL gets the rest;
+#   **carveout k/n**: NCCL, the compute's GEMMs sized by cuBLASLt for k of n SMs (the rest stay free);
 #   **dma**: dmacoll's copy-engine collective; **dma_priority**: dma from the greatest-priority stream, launched
-#   first; **dma_partition**: dma with the compute on all SMs but a few; **dma_carveout**: dma with the compute's
-#   GEMMs told (cuBLASLt's SM-count target) to leave a few SMs free for the collective's own small kernels.
+#   first; **dma_partition**: dma with the compute on all SMs but a few; **dma_carveout**: dma with the compute
+#   as in carveout, the free SMs serving the collective's own small kernels.
 # * Fraction of ideal (ConCCL) = (serial - T_c3) / (serial - max(T_comp, T_comm)), serial = T_comp + T_comm,
 #   all alone-times from the same run; 1 = perfect overlap, 0 = no gain over running one after the other.
 #   Times are the slowest rank's (a step ends when every rank is done).
@@ -52,8 +53,8 @@ coll = h.collapse(raw)
 coll["shape"] = [h.shape_label(r.compute, r.M, r.N, r.K) for r in coll.itertuples()]
 # ConCCL (ISPASS 2025), Fig. averages on MI300X; prioritization and partitioning are one combined number there
 PAPER = {"baseline": 0.21, "priority": 0.42, "partition": 0.42, "dma": 0.72}
-ORDER = {s: i for i, s in enumerate(["baseline", "priority", "partition", "dma", "dma_priority", "dma_partition",
-                                     "dma_carveout"])}
+ORDER = {s: i for i, s in enumerate(["baseline", "priority", "partition", "carveout", "dma", "dma_priority",
+                                     "dma_partition", "dma_carveout"])}
 
 
 def save(fig, name: str) -> None:

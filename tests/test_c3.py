@@ -65,8 +65,8 @@ def test_shapes_parse_and_classify():
 def test_default_run_fits_six_minutes_and_every_option_is_planned():
     est = g.estimate_seconds(g.DEFAULTS)
     assert 60 < est["seconds"] < 360
-    assert est["options"] == ["baseline", "priority", "partition 0.75", "partition 0.875", "dma", "dma_priority",
-                               "dma_partition", "dma_carveout"]
+    assert est["options"] == ["baseline", "priority", "partition 0.75", "partition 0.875", "carveout", "dma",
+                               "dma_priority", "dma_partition", "dma_carveout"]
     assert est["scenarios"] == len(g.DEFAULT_SHAPES) * 4 * 3
     assert g.options(["dma"], [0.5]) == [("dma", None)]
 
@@ -74,8 +74,8 @@ def test_default_run_fits_six_minutes_and_every_option_is_planned():
 def test_each_option_names_where_its_compute_runs():
     opts = g.options(g.STRATEGIES, [0.75])
     settings = {s: g.compute_setting(s, f) for s, f in opts}
-    assert settings == {"baseline": None, "priority": None, "partition": 0.75, "dma": None, "dma_priority": None,
-                        "dma_partition": 1.0, "dma_carveout": g.CARVEOUT}
+    assert settings == {"baseline": None, "priority": None, "partition": 0.75, "carveout": g.CARVEOUT, "dma": None,
+                        "dma_priority": None, "dma_partition": 1.0, "dma_carveout": g.CARVEOUT}
     assert g.option_fields("dma_carveout", None, "124/132", "b2b/push", 0)["option"] == "dma_carveout 124/132"
     one = g.estimate_seconds({**g.DEFAULTS, "strategies": ["dma"]})["seconds"]
     two = g.estimate_seconds({**g.DEFAULTS, "strategies": ["dma", "dma_carveout"]})["seconds"]

@@ -405,7 +405,8 @@ def add_c3_parser(sub) -> None:
 
     d = g.DEFAULTS
     p = sub.add_parser("c3", help="compute next to a collective per strategy (baseline, priority, SM partition, "
-                                  "dma, dma+priority, dma+partition, dma+carveout): ConCCL's C3 metrics")
+                                  "SM carveout, dma, dma+priority, dma+partition, dma+carveout): ConCCL's C3 "
+                                  "metrics")
     p.add_argument("--world", type=int, default=0, help="ranks (default: every visible GPU)")
     p.add_argument("--shapes", nargs="+", type=shape, default=d["shapes"],
                    help="gemm:MxNxK (bf16 (MxK)@(KxN)) or membound:MxN (bf16 add)")
@@ -415,7 +416,7 @@ def add_c3_parser(sub) -> None:
     p.add_argument("--sm-fractions", nargs="+", type=fraction, default=d["sm_fractions"],
                    help="partition: share of the SMs given to the compute")
     p.add_argument("--carveout-sms", type=int, default=d["carveout_sms"],
-                   help="dma_carveout: SMs the compute's GEMMs leave free (cuBLASLt's SM-count target)")
+                   help="carveout, dma_carveout: SMs the compute's GEMMs leave free (cuBLASLt's SM-count target)")
     p.add_argument("--repeats", type=int, default=d["repeats"])
     p.add_argument("--min-comp-us", type=float, default=d["min_comp_us"], help="repeat the operator up to this")
     p.add_argument("--max-calls", type=int, default=d["max_calls"], help="most collective calls in one graph")

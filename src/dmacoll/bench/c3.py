@@ -17,17 +17,18 @@ Strategies (each a switch):
   priorities, so the priority of the stream a kernel is captured on is what counts);
 * ``partition``: NCCL; the compute on a green context of k SMs (k from ``sm_fractions`` of the SMs, rounded
   down to the split granule of 8), leaving the other SMs to NCCL;
+* ``carveout``: NCCL, and the compute's GEMMs through cuBLASLt asked to leave ``carveout_sms`` SMs free
+  (``green.SmCarveout``: cuBLASLt's SM-count target, what PyTorch offers for FSDP-style overlap); NCCL's kernels
+  find those SMs free; unlike a green context the GEMM's grid is sized for the SMs it keeps;
 * ``dma``: the dmacoll Communicator's collective (variant auto) on copy engines (its reduce_scatter and
   all_reduce add the received chunks to the own one with a small kernel, so they do use SMs briefly);
 * ``dma_priority``: dma captured on and replayed from the greatest-priority stream, launched first (as
   ``priority``): the reduce ops' sum kernel, queued behind the copies, then takes SMs as the compute's blocks
   retire instead of after the compute;
 * ``dma_partition``: dma, and the compute on a green context of all SMs but fewer than 8 (ConCCL measures it).
-* ``dma_carveout``: dma, and the compute's GEMMs through cuBLASLt asked to leave ``carveout_sms`` SMs free
-  (``green.SmCarveout``): the dma collective's own SM work (the all-to-all's device-local copy of its own chunk,
-  the reduce ops' sum) finds free SMs at once instead of waiting for a persistent GEMM; unlike a green context
-  the GEMM's grid is sized for the SMs it keeps (``results/reference/h100x1/evidence/``). No effect on the
-  memory-bound add.
+* ``dma_carveout``: dma with the compute as in ``carveout``: the dma collective's own SM work (the all-to-all's
+  device-local copy of its own chunk, the reduce ops' sum) finds free SMs at once instead of waiting for a
+  persistent GEMM (``results/reference/h100x1/evidence/``). A carveout does nothing to the memory-bound add.
 
 Times are medians of ``repeats``, CUDA events, each repeat released by one event after a short GPU sleep (so
 the host has queued both sides before either starts). Metrics (``overlap.c3_metrics``):

@@ -9,14 +9,14 @@ from typing import Optional
 from .overlap import c3_metrics
 
 OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
-STRATEGIES = ("baseline", "priority", "partition", "dma", "dma_priority", "dma_partition", "dma_carveout")
-NCCL_STRATEGIES = ("baseline", "priority", "partition")
+STRATEGIES = ("baseline", "priority", "partition", "carveout", "dma", "dma_priority", "dma_partition", "dma_carveout")
+NCCL_STRATEGIES = ("baseline", "priority", "partition", "carveout")
 GREEN_STRATEGIES = ("partition", "dma_partition")
 # the collective graph each strategy replays: NCCL or dmacoll's, captured on a default-priority stream or
 # (``_hi``) on the greatest-priority one
-GRAPH_OF = {"baseline": "nccl", "priority": "nccl_hi", "partition": "nccl", "dma": "dma", "dma_priority": "dma_hi",
-            "dma_partition": "dma", "dma_carveout": "dma"}
-CARVEOUT_STRATEGIES = ("dma_carveout",)  # the compute's GEMMs leave ``carveout_sms`` SMs free (green.SmCarveout)
+GRAPH_OF = {"baseline": "nccl", "priority": "nccl_hi", "partition": "nccl", "carveout": "nccl", "dma": "dma",
+            "dma_priority": "dma_hi", "dma_partition": "dma", "dma_carveout": "dma"}
+CARVEOUT_STRATEGIES = ("carveout", "dma_carveout")  # the compute's GEMMs leave ``carveout_sms`` SMs free
 CARVEOUT = "carveout"  # the compute setting of CARVEOUT_STRATEGIES (see compute_setting)
 COMM_FIRST = ("priority", "dma_priority")  # strategies that launch the collective before the compute
 LADDER = tuple(1 << p for p in range(16, 29, 2))  # 64 KB .. 256 MB per rank, x4 steps
