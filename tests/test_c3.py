@@ -298,3 +298,119 @@ def test_rule_runs_the_cli_with_its_config(tmp_path):
     assert argv[argv.index("--out") + 1] == f"{tmp_path}/c3/c3.csv"
     assert argv[argv.index("--repeats") + 1] == "3"
     assert cli.main(argv + ["--dry-run"]) == 0
+
+
+# -- the GPU harness's plumbing, with fakes for everything that touches a GPU ---------------------------------------
+class _FakeBound:
+    def __init__(self, runner, op, impl, nbytes, inputs, group=None):
+        self.impl, self.run = impl, (lambda: None)
+
+    def check(self, replay, stream) -> bool:
+        return True
+
+
+def _fake_wrap(fn):
+    def carved():
+        return fn()
+    carved.carved_from = fn
+    return carved
+
+
+def _fake_rank(strategies, carveout_ok=True):
+    from types import SimpleNamespace
+
+    from dmacoll.bench import c3
+
+    rk = c3.Rank.__new__(c3.Rank)
+    rk.cfg = {**g.DEFAULTS, "strategies": strategies, "sm_fractions": [0.75], "repeats": 3}
+    rk.rank, rk.world, rk.device, rk.hold, rk.hi_group = 0, 2, "cpu", 0, None
+    rk.runner = SimpleNamespace(comm=SimpleNamespace(all_gather=1, last_choice=("b2b", "push")), dtype=None)
+    rk.comp_stream, rk.comm_stream, rk.comm_hi = (SimpleNamespace(name=n, priority=p) for n, p in
+                                                  (("comp", 0), ("comm", 0), ("comm_hi", -5)))
+    rk.greens = {0.75: SimpleNamespace(stream=SimpleNamespace(name="green", priority=0), split="96/132")}
+    rk.green_errors = {}
+    rk.carveout_split = "124/132"
+    rk.carveout, rk.carveout_error = (SimpleNamespace(wrap=_fake_wrap), "") if carveout_ok else (
+        None, "BackendUnavailable: no carveout here")
+    rk.gather = lambda value: [value, value]
+    rk.barrier = lambda: None
+    rk.alone = lambda fn, stream, repeats=None: 50.0
+    return rk
+
+
+def test_every_option_runs_its_compute_where_its_setting_says(monkeypatch):
+    from dmacoll.bench import c3
+
+    launched = []
+
+    def fake_timed(parts, repeats, barrier, hold):
+        launched.append([(name, fn, getattr(stream, "name", "")) for name, fn, stream in parts])
+        return {"comp": 110.0, "comm": 90.0, "total": 120.0}
+
+    monkeypatch.setattr(c3, "timed", fake_timed)
+    monkeypatch.setattr(c3, "Bound", _FakeBound)
+    monkeypatch.setattr(c3, "capture_on", lambda fn, calls, stream, warmup=1: type("G", (), {"replay": "graph"})())
+    monkeypatch.setattr(c3, "draw_inputs", lambda *a: [])
+    rk = _fake_rank(list(g.STRATEGIES))
+    comp = lambda: None  # noqa: E731
+    placements = {None: (comp, rk.comp_stream), 0.75: (comp, rk.greens[0.75].stream),
+                  1.0: (comp, rk.comp_stream), g.CARVEOUT: (rk.carveout.wrap(comp), rk.comp_stream)}
+    rk.greens[1.0] = rk.greens[0.75]
+    comp_here = {None: 100.0, 0.75: 130.0, 1.0: 104.0, g.CARVEOUT: 103.0}
+    rows = c3.measure_point(rk, "all_gather", 1 << 20, 3, {}, placements, 100.0, comp_here, 7)
+    by = {r["option"]: r for r in rows}
+    assert set(by) == {"baseline", "priority", "partition 96/132", "carveout 124/132", "dma", "dma_priority",
+                       "dma_partition 96/132", "dma_carveout 124/132"}
+    assert all(r["skipped"] == "" and r["correct"] for r in rows)
+    comp_of = {r["option"]: parts for r, parts in zip(rows, launched)}
+    for option in ("carveout 124/132", "dma_carveout 124/132"):
+        assert getattr(dict((n, f) for n, f, _ in comp_of[option])["comp"], "carved_from", None) is comp
+    assert dict((n, f) for n, f, _ in comp_of["dma"])["comp"] == comp
+    assert [n for n, _, _ in comp_of["dma_priority"]] == ["comm", "comp"]  # launched first
+    assert by["carveout 124/132"]["t_comp_strategy_us"] == 103.0 and by["partition 96/132"]["t_comp_strategy_us"] == 130
+    assert by["carveout 124/132"]["impl"] == "nccl" and by["dma_carveout 124/132"]["impl"] == "dma"
+
+
+def test_options_whose_carveout_is_unavailable_are_recorded_as_skipped(monkeypatch):
+    from dmacoll.bench import c3
+
+    monkeypatch.setattr(c3, "timed", lambda *a: {"comp": 110.0, "comm": 90.0, "total": 120.0})
+    monkeypatch.setattr(c3, "Bound", _FakeBound)
+    monkeypatch.setattr(c3, "capture_on", lambda fn, calls, stream, warmup=1: type("G", (), {"replay": "graph"})())
+    monkeypatch.setattr(c3, "draw_inputs", lambda *a: [])
+    rk = _fake_rank(["dma", "dma_carveout", "carveout"], carveout_ok=False)
+    placements = {None: ("comp-fn", rk.comp_stream)}
+    rows = c3.measure_point(rk, "all_gather", 1 << 20, 3, {}, placements, 100.0, {None: 100.0}, 7)
+    by = {r["strategy"]: r for r in rows}
+    assert by["dma"]["skipped"] == "" and by["dma"]["correct"]
+    for s in ("carveout", "dma_carveout"):
+        assert by[s]["skipped"] == "BackendUnavailable: no carveout here" and by[s]["correct"] is False
+
+
+def test_each_shape_times_its_compute_once_per_setting(monkeypatch):
+    import contextlib
+
+    import torch
+
+    from dmacoll.bench import c3
+
+    monkeypatch.setattr(c3, "compute_op", lambda shape, device: (lambda: None))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    seen = {}
+
+    def fake_point(rk, op, size, calls, base, placements, t_comp, comp_here, seed):
+        seen.update(placements=placements, comp_here=comp_here)
+        return []
+
+    monkeypatch.setattr(c3, "measure_point", fake_point)
+    rk = _fake_rank(["dma", "dma_carveout", "partition"])
+    rk.cfg["ops"], rk.cfg["targets"] = ["all_gather"], [1.0]
+    timed_on = []
+    rk.alone = lambda fn, stream, repeats=None: timed_on.append((fn, stream.name)) or 80.0
+    c3.measure_shape(rk, g.Shape.parse("gemm:512x4096x4096"), {"all_gather": {1 << 20: 80.0}}, 1)
+    placements = seen["placements"]
+    assert set(placements) == {None, 0.75, g.CARVEOUT}
+    assert hasattr(placements[g.CARVEOUT][0], "carved_from") and placements[g.CARVEOUT][1] is rk.comp_stream
+    assert placements[0.75][1] is rk.greens[0.75].stream
+    assert seen["comp_here"] == {None: 80.0, 0.75: 80.0, g.CARVEOUT: 80.0}
+    assert [s for _, s in timed_on] == ["comp", "comp", "green", "comp"]  # one op; whole GPU; green; carveout
