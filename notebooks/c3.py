@@ -57,11 +57,6 @@ ORDER = {s: i for i, s in enumerate(["baseline", "priority", "partition", "carve
                                      "dma_partition", "dma_carveout"])}
 
 
-def save(fig, name: str) -> None:
-    report.save_figure(fig, out, name)
-    plt.show()
-
-
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
     df.to_csv(out / f"{name}.csv", index=False)
     (out / f"{name}.md").write_text(report.markdown(df) + "\n")
@@ -98,7 +93,7 @@ ax.set_xlabel("")
 ax.tick_params(axis="x", rotation=30)
 ax.legend(fontsize=8)
 ax.set_title("C3: share of the ideal overlap realized")
-save(fig, "fraction_of_ideal")
+report.save_figure(fig, out, "fraction_of_ideal")
 summary
 
 # %% [markdown]
@@ -111,7 +106,7 @@ table(per_shape.round(3).reset_index(), "fraction_per_shape")
 fig, ax = plt.subplots(figsize=(1.3 * len(per_shape.columns) + 3, 0.45 * len(per_shape) + 1.5))
 sns.heatmap(per_shape, annot=True, fmt=".2f", cmap="RdYlGn", vmin=-0.5, vmax=1, ax=ax)
 ax.set_title(f"fraction of ideal, mean over ops and ratios, {platform_label}")
-save(fig, "fraction_per_shape")
+report.save_figure(fig, out, "fraction_per_shape")
 
 ops = [o for o in ["all_gather", "all_to_all", "reduce_scatter", "all_reduce"] if o in set(coll["op"])]
 g = sns.catplot(data=coll, x="target_ratio", y="speedup_vs_nccl_serial", hue="option", col="op", kind="point",
@@ -119,7 +114,7 @@ g = sns.catplot(data=coll, x="target_ratio", y="speedup_vs_nccl_serial", hue="op
                 col_wrap=min(4, len(ops)))
 g.set_axis_labels("target T_comm / T_comp", "speedup over serial NCCL")
 g.figure.suptitle(f"C3 speedup over compute-then-NCCL, mean over shapes, {platform_label}", y=1.03)
-save(g.figure, "speedup_per_ratio")
+report.save_figure(g.figure, out, "speedup_per_ratio")
 
 # %% [markdown]
 # ## Picking a strategy at run time

@@ -35,7 +35,6 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
@@ -44,11 +43,6 @@ from dmacoll import report  # noqa: E402
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
 PAPER = {"latency": 1.5, "throughput": 1.9}  # DMA-Latte (MICRO 2026), MI300X vs vLLM: "up to"
-
-
-def save(fig, name: str) -> None:
-    report.save_figure(fig, out, name)
-    plt.show()
 
 
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -96,7 +90,7 @@ for y, yscale, ylabel, title, name in (
     g.set(xscale="log", yscale=yscale)
     g.set_axis_labels("batch size", ylabel)
     g.figure.suptitle(f"{title}, {platform_label}", y=1.02)
-    save(g.figure, name)
+    report.save_figure(g.figure, out, name)
 
 # %% [markdown]
 # ## Against the paper's claim
@@ -129,7 +123,7 @@ if "decode_speedup" in summary:
     g.set_axis_labels("batch size", "NCCL time / dma time  (> 1: dma faster)")
     g.figure.suptitle(f"dmacoll over NCCL (mean over prompt lengths), {platform_label}; dashed: DMA-Latte paper "
                       "1.5x latency, dotted: 1.9x throughput (MI300X vs vLLM)", y=1.04, fontsize=9)
-    save(g.figure, "speedup")
+    report.save_figure(g.figure, out, "speedup")
 claims
 
 # %% [markdown]
@@ -174,7 +168,7 @@ if frames["vllm"]:
         g = sns.catplot(data=lat, x="batch", y="value", hue="plugin", col="model", kind="bar", height=3, aspect=1.2)
         g.set_axis_labels("batch size", "request latency (ms)")
         g.figure.suptitle(f"vllm bench latency, {platform_label}", y=1.03)
-        save(g.figure, "vllm_latency")
+        report.save_figure(g.figure, out, "vllm_latency")
     display_vllm = pivot
 else:
     print("no vLLM runs (enable them with vllm: {enabled: true} in the config)")

@@ -48,11 +48,6 @@ coll["scenario"] = coll["model"] + " " + coll["pattern"] + " " + coll["tokens"].
 PAPER_MAX_SPEEDUP = 1.6  # FiCCO paper, MI300X: "up to 1.6x"
 
 
-def save(fig, name: str) -> None:
-    report.save_figure(fig, out, name)
-    plt.show()
-
-
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
     df.to_csv(out / f"{name}.csv", index=False)
     (out / f"{name}.md").write_text(report.markdown(df) + "\n")
@@ -80,7 +75,7 @@ ax.set_xlabel("")
 ax.tick_params(axis="x", rotation=35)
 ax.legend(fontsize=7, ncol=2)
 ax.set_title(f"FiCCO schedules, {platform_label}")
-save(fig, "speedup")
+report.save_figure(fig, out, "speedup")
 summary = (coll.groupby("option").agg(scenarios=("t_us", "size"), speedup_mean=("speedup_vs_nccl_serial", "mean"),
                                       speedup_max=("speedup_vs_nccl_serial", "max"),
                                       speedup_vs_own_serial=("speedup_vs_serial", "mean"))
@@ -106,7 +101,7 @@ for ax in g.axes.flat:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.tick_params(axis="x", rotation=35)
 g.figure.suptitle(f"FiCCO loss breakdown (1 = no loss), {platform_label}", y=1.03)
-save(g.figure, "losses")
+report.save_figure(g.figure, out, "losses")
 losses
 
 # %% [markdown]

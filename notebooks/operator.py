@@ -30,7 +30,6 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
@@ -64,7 +63,6 @@ def facet_plot(y: str, ylabel: str, name: str) -> None:
     g.set_axis_labels("message size per rank (MB)", ylabel)
     g.figure.suptitle(f"{ylabel}, {platform_label}", y=1.02)
     report.save_figure(g, out, name)
-    plt.show()
 
 
 facet_plot("time_us", "time per call (us)", "latency")

@@ -53,11 +53,6 @@ def label(df: pd.DataFrame) -> pd.Series:
     return df["impl"] + df["variant"].fillna("").map(lambda v: f" {v}" if v else "")
 
 
-def save(fig, name: str) -> None:
-    report.save_figure(fig, out, name)
-    plt.show()
-
-
 # %%
 runs = power[power["impl"] != "idle"].copy()
 runs["impl"] = label(runs)
@@ -82,7 +77,7 @@ sns.barplot(data=summary, x="size", y="dynamic_energy_per_call_uj", hue="impl", 
 axes[1].set_yscale("log")
 axes[1].set_ylabel("energy per call above idle (uJ, log)")
 fig.suptitle(f"power and energy per collective (both ops), {platform_label}")
-save(fig, "power")
+report.save_figure(fig, out, "power")
 
 # %%
 sm["impl"] = label(sm)
@@ -101,5 +96,5 @@ long = inter[inter["rank"] == 0].melt(id_vars=["compute", "impl", "size"], value
 g = sns.catplot(data=long, x="size", y="slowdown", hue="impl", col="compute", row="who", kind="bar", height=3,
                 aspect=1.5, errorbar=None)
 g.figure.suptitle(f"slowdown when running together (1 = none), rank 0, {platform_label}", y=1.02)
-save(g.figure, "interference")
+report.save_figure(g.figure, out, "interference")
 inter[cols].round(3)

@@ -51,4 +51,3 @@ for (op, mode), part in table.groupby(["op", "mode"]):
     ax.set_title(f"{op}, {mode}: speedup over pcpy (> 1 faster), {platform_label}")
     ax.set_xlabel("message size per rank")
     report.save_figure(fig, out, f"speedup_{op}_{mode}")
-    plt.show()

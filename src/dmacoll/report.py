@@ -178,9 +178,12 @@ def print_provenance(paths: list[str]) -> None:
 
 
 def save_figure(fig, outdir: str | Path, name: str) -> None:
-    """A notebook figure as PNG (for the HTML pages) and PDF (for papers)."""
+    """A notebook figure as PNG (for the HTML pages) and PDF (for papers), then shown in the notebook."""
+    import matplotlib.pyplot as plt
+
     for ext in ("png", "pdf"):
         fig.savefig(Path(outdir) / f"{name}.{ext}", bbox_inches="tight")
+    plt.show()
 
 
 def markdown(df: pd.DataFrame) -> str:
