@@ -2,9 +2,9 @@
 
 Both run on ``torch.cuda`` streams and events (HIP ones on ROCm), so prelaunch gates, the bracketing of a
 call (the watchdog tracks each eager call's end), and ``prerecord=True`` graph replays are one code. An engine
-sets ``device``, ``rank``, ``world``, ``watchdog``, ``main_queue``, ``_gate_streams``, ``_gate_done`` and
-``_graphs``, ``side_streams`` and provides ``memops(queue, ops)``; ``flush_queue(queue)`` and ``flush_batched()``
-issue what it holds back on one queue or on all (hip's batched copies).
+sets ``device``, ``rank``, ``world``, ``watchdog``, ``main_queue``, ``side_streams``, ``_gate_streams``,
+``_gate_done`` and ``_graphs``, and provides ``memops(queue, ops)``; it may override ``flush_queue(queue)`` and
+``flush_batched()``, which issue what it holds back on one queue or on all (hip's batched copies).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A stream whose kernels run on only ``num_sms`` SMs: a CUDA green context.
+"""Fewer SMs for the compute: a stream confined to ``num_sms`` SMs (a CUDA green context, ``green_stream``), or
+GEMMs sized to leave SMs free (``SmCarveout``).
 
 PyTorch's ``torch.cuda.green_contexts.GreenContext`` (torch >= 2.9, with ``Stream()`` from 2.10) when it is
 there, else the driver API through cuda-bindings (cuDevSmResourceSplitByCount -> cuDevResourceGenerateDesc ->
