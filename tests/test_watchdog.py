@@ -30,6 +30,8 @@ class FakeEngine:
         return list(self.words)
 
     def release_waits(self, value: int) -> None:
+        # a host thread blocked on the GPU resumes now: the error must already be there for its next call
+        self.error_when_released = self.dog.error
         self.released.append(value)
 
 
@@ -49,13 +51,13 @@ def test_completed_calls_retire_and_pending_ones_wait_for_their_deadline():
 
 def test_a_call_past_its_deadline_releases_the_waits_and_records_the_error():
     eng = FakeEngine(timeout_s=0.0)
-    dog = Watchdog(eng, "test-watchdog", start=False)
+    dog = eng.dog = Watchdog(eng, "test-watchdog", start=False)
     dog.track(FakeEvent(), "all_to_all call #4", 9)
     dog.track(FakeEvent(), "all_to_all call #5", 10)
     time.sleep(0.001)
     dog.poll()
     assert eng.released == [9]  # the oldest stuck call's value satisfies every wait of this rank
-    assert isinstance(dog.error, DmaCollTimeoutError)
+    assert isinstance(dog.error, DmaCollTimeoutError) and eng.error_when_released is dog.error
     message = str(dog.error)
     assert "rank 1" in message and "all_to_all call #4" in message and str(eng.words) in message
     assert not dog.pending  # the communicator is unusable: nothing more is tracked
@@ -63,7 +65,7 @@ def test_a_call_past_its_deadline_releases_the_waits_and_records_the_error():
 
 def test_the_thread_sets_itself_up_and_expires_a_stuck_call():
     eng = FakeEngine(timeout_s=0.05)
-    dog = Watchdog(eng, "test-watchdog", poll_s=0.001)
+    dog = eng.dog = Watchdog(eng, "test-watchdog", poll_s=0.001)
     try:
         assert eng.thread_entered.wait(5)
         dog.track(FakeEvent(), "reduce_scatter call #1", 2)

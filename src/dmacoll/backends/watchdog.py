@@ -54,13 +54,14 @@ class Watchdog:
     def expire(self, label: str, value: int) -> None:
         eng = self.engine
         words = eng.read_own_flags()
-        eng.release_waits(value)
         self.error = DmaCollTimeoutError(
             f"rank {eng.rank}: {label} did not complete within {eng.timeout_s:g} s; flag words were {words}. "
             "A peer died, hangs, or the ranks called collectives in a different order. The stuck GPU waits "
             "were released; this communicator is unusable, create a new one.")
-        print(f"[dmacoll] {self.error}", flush=True)
         self.pending.clear()
+        # only now release: a host thread blocked on the GPU resumes at once and its next call must see the error
+        eng.release_waits(value)
+        print(f"[dmacoll] {self.error}", flush=True)
 
     def close(self) -> None:
         self._stop.set()
