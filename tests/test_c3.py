@@ -214,6 +214,14 @@ def test_heuristic_learns_a_known_rule_and_generalizes_to_held_out_shapes():
     test = res["scores"].set_index(["model", "set"])
     assert test.loc[("rule", "test"), "accuracy"] == 1.0 and test.loc[("rule", "test"), "within_5pct"] == 1.0
     assert test.loc[("always baseline", "test"), "accuracy"] == 0.0
+    # the best option ends at 1.02 x the longest part: (serial - 1.02 longest) / (serial - longest) per scenario
+    coll = h.collapse(synthetic(known))
+    best = coll[coll["t_c3_us"] == coll.groupby(h.KEYS)["t_c3_us"].transform("min")]
+    assert test.loc[("rule", "train"), "mean_fraction_of_ideal"] > test.loc[("always baseline", "train"),
+                                                                             "mean_fraction_of_ideal"]
+    held = best.set_index(h.SHAPE).index.isin(res["held_out"])
+    assert test.loc[("rule", "test"), "mean_fraction_of_ideal"] == pytest.approx(
+        best[held]["fraction_of_ideal"].mean())
     # every third shape from the second, sorted: stated in the module, deterministic
     shapes = sorted({tuple([s.split(":")[0]] + [int(x) for x in s.split(":")[1].split("x")] + [0] * (
         s.startswith("membound"))) for s in SHAPES})

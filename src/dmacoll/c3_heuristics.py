@@ -20,7 +20,8 @@ tree, then the earlier test / option in a fixed order, so the result is determin
 
 Split: by shape. The distinct shapes (compute, M, N, K) sorted; every third from the second is held out (all
 its ops and ratios); the rest train. Scores on a set: accuracy = the pick is the best option (within 0.1%);
-within_5pct = the pick's T_c3 is within 5% of the best; mean regret.
+within_5pct = the pick's T_c3 is within 5% of the best; mean regret; and the mean fraction of ideal (ConCCL's
+metric) the picks realize, to set next to the single strategies' means.
 """
 from __future__ import annotations
 
@@ -162,12 +163,24 @@ def learn(feats: pd.DataFrame, times: pd.DataFrame, depth: int = 2, min_leaf: in
     return best(np.ones(len(feats), dtype=bool), depth)[0]
 
 
+def pick(table: pd.DataFrame, picks: np.ndarray) -> np.ndarray:
+    """Each scenario's value in its picked option's column."""
+    col = {name: i for i, name in enumerate(table.columns)}
+    return table.to_numpy()[np.arange(len(table)), [col[p] for p in picks]]
+
+
+def picked_fractions(coll: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
+    """Fraction of ideal per scenario and option, shaped like ``times``; an option that did not run counts as
+    the baseline, as in ``scenarios``."""
+    frac = coll.pivot_table(index=KEYS, columns="option", values="fraction_of_ideal", aggfunc="first")
+    frac = frac.reindex(index=times.index, columns=times.columns)
+    fallback = frac["baseline"] if "baseline" in frac else frac.min(axis=1)
+    return frac.apply(lambda col: col.fillna(fallback))
+
+
 def score(picks: np.ndarray, times: pd.DataFrame) -> dict:
-    t = times.to_numpy()
-    col = {name: i for i, name in enumerate(times.columns)}
-    chosen = t[np.arange(len(t)), [col[p] for p in picks]]
-    best = t.min(axis=1)
-    return {"scenarios": len(t), "accuracy": float(np.mean(chosen <= best * (1 + BEST_TOL))),
+    chosen, best = pick(times, picks), times.to_numpy().min(axis=1)
+    return {"scenarios": len(times), "accuracy": float(np.mean(chosen <= best * (1 + BEST_TOL))),
             "within_5pct": float(np.mean(chosen <= best * (1 + NEAR_TOL))),
             "mean_regret": float(np.mean(chosen / best - 1))}
 
@@ -181,12 +194,15 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 3, min_
         raise ValueError("need at least two shapes to hold one out")
     rule = learn(feats[~test], times[~test], depth, min_leaf, min_gain)
     single = learn(feats[~test], times[~test], 0)
+    fractions = picked_fractions(coll, times)
     rows = []
     for name, model in (("rule", rule), ("always " + str(single.pick), single)) + (
             (("always baseline", Node(pick="baseline")),) if "baseline" in times and single.pick != "baseline"
             else ()):
         for part, m in (("train", ~test), ("test", test)):
-            rows.append({"model": name, "set": part, **score(model.predict(feats[m]), times[m])})
+            picks = model.predict(feats[m])
+            rows.append({"model": name, "set": part, **score(picks, times[m]),
+                         "mean_fraction_of_ideal": float(np.mean(pick(fractions[m], picks)))})
     best = times.idxmin(axis=1)
     return {"rule": rule, "text": rule.text(), "scores": pd.DataFrame(rows),
             "held_out": sorted(set(feats.index[test].droplevel(["op", "target_ratio"]))),
