@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Batched runs on a lent GPU machine (every visible GPU is a rank); parts run in the order given (keep each call inside the 10-minute limit).
 # Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> bash tools/gpu_reference_run.sh OUTDIR PART...
-#   PART: tests    the GPU tests (tests/gpu)
+#   PART: tests    the GPU tests (tests/gpu; the submit=native ones need the library: give `build tests`)
 #         check    `dmacoll check --backend cuda` against NCCL
 #         operator the reference sweep (every variant, signal and prerecord choice) and NCCL's copy-engine path
 #         breakdown control/schedule/copy/sync phases of one peer copy (CUPTI)
