@@ -114,11 +114,17 @@ def test_summarize_and_parse_size():
 
 
 def test_claims_cover_c3_when_given_and_say_not_run_otherwise(tmp_path):
+    from dmacoll import c3_heuristics as h
     from dmacoll import claims
 
     c3 = str(ROOT / "results/reference/h200x2/c3/c3.csv")
     rows = {r["id"]: r for r in claims.evaluate(SWEEPS, c3_csv=c3)}
     assert rows["conccl-c3-dma"]["status"] in ("pass", "fail") and 0 < rows["conccl-c3-dma"]["reproduced"] <= 1.2
+    best = rows["conccl-c3-dma-best"]["reproduced"]
+    assert best >= rows["conccl-c3-dma"]["reproduced"]
+    coll = h.collapse(h.load([c3]))
+    means = coll[coll["strategy"].str.startswith("dma")].groupby("option")["fraction_of_ideal"].mean()
+    assert best == round(means.max(), 3) and rows["conccl-c3-baseline"]["reproduced"] < best
     assert rows["dmalatte-power-large"]["status"] == "not run"  # no power CSV given
     assert {r["id"]: r for r in claims.evaluate(SWEEPS)}["conccl-c3-dma"]["status"] == "not run"
 
