@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Batched runs on a lent GPU machine (every visible GPU is a rank); parts run in the order given (keep each call inside the 10-minute limit).
 # Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> bash tools/gpu_reference_run.sh OUTDIR PART...
-#   PART: tests    the GPU tests (tests/gpu; the submit=native ones need the library: give `build tests`)
+#   PART: tests    the GPU tests (tests/gpu; builds the native library first if it is missing)
 #         check    `dmacoll check --backend cuda` against NCCL
 #         operator the reference sweep (every variant, signal and prerecord choice) and NCCL's copy-engine path
 #         breakdown control/schedule/copy/sync phases of one peer copy (CUPTI)
@@ -34,6 +34,7 @@ echo "== part $part ($(date -u +%T))"
 case "$part" in
   tests)
     # GPU_TESTS (optional): a pytest -k expression; a hung test fails after DMACOLL_RANK_TIMEOUT_S with stacks
+    [ -f build/native/libdmacoll_submit.so ] || python3 -m dmacoll build --out build/native > "$log/build.log" 2>&1
     DMACOLL_RANK_TIMEOUT_S=${DMACOLL_RANK_TIMEOUT_S:-150} timeout ${TESTS_TIMEOUT_S:-540} python3 -m pytest -q \
       --durations=0 -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$out/pytest_gpu.log" | tail -25 ;;
   check)
