@@ -169,7 +169,7 @@ def pick(table: pd.DataFrame, picks: np.ndarray) -> np.ndarray:
     return table.to_numpy()[np.arange(len(table)), [col[p] for p in picks]]
 
 
-def picked_fractions(coll: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
+def fractions_by_option(coll: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
     """Fraction of ideal per scenario and option, shaped like ``times``; an option that did not run counts as
     the baseline, as in ``scenarios``."""
     frac = coll.pivot_table(index=KEYS, columns="option", values="fraction_of_ideal", aggfunc="first")
@@ -194,7 +194,7 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 3, min_
         raise ValueError("need at least two shapes to hold one out")
     rule = learn(feats[~test], times[~test], depth, min_leaf, min_gain)
     single = learn(feats[~test], times[~test], 0)
-    fractions = picked_fractions(coll, times)
+    fractions = fractions_by_option(coll, times)
     rows = []
     for name, model in (("rule", rule), ("always " + str(single.pick), single)) + (
             (("always baseline", Node(pick="baseline")),) if "baseline" in times and single.pick != "baseline"
