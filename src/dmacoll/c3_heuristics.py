@@ -72,11 +72,17 @@ def collapse(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def by_option(coll: pd.DataFrame, value: str, worst) -> pd.DataFrame:
+    """``value`` per scenario (rows) and option (columns); an option that did not run in a scenario gets the
+    baseline's value there (a runtime that cannot run its pick runs the default), else ``worst`` of the row."""
+    table = coll.pivot_table(index=KEYS, columns="option", values=value, aggfunc="first")
+    fallback = table["baseline"] if "baseline" in table else worst(table, axis=1)
+    return table.apply(lambda col: col.fillna(fallback))
+
+
 def scenarios(coll: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(features, T_c3 per option) indexed by scenario; missing options filled with the baseline's time."""
-    times = coll.pivot_table(index=KEYS, columns="option", values="t_c3_us", aggfunc="first")
-    fallback = times["baseline"] if "baseline" in times else times.max(axis=1)
-    times = times.apply(lambda col: col.fillna(fallback)).dropna()
+    times = by_option(coll, "t_c3_us", pd.DataFrame.max).dropna()
     feats = coll.groupby(KEYS).agg(bound=("bound", "first"), gflop=("gflop", "first"),
                                    ratio_nccl=("ratio_nccl", "median")).reindex(times.index)
     target = feats.index.get_level_values("target_ratio").to_series(index=feats.index).astype(float)
@@ -169,15 +175,6 @@ def pick(table: pd.DataFrame, picks: np.ndarray) -> np.ndarray:
     return table.to_numpy()[np.arange(len(table)), [col[p] for p in picks]]
 
 
-def fractions_by_option(coll: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
-    """Fraction of ideal per scenario and option, shaped like ``times``; an option that did not run counts as
-    the baseline, as in ``scenarios``."""
-    frac = coll.pivot_table(index=KEYS, columns="option", values="fraction_of_ideal", aggfunc="first")
-    frac = frac.reindex(index=times.index, columns=times.columns)
-    fallback = frac["baseline"] if "baseline" in frac else frac.min(axis=1)
-    return frac.apply(lambda col: col.fillna(fallback))
-
-
 def score(picks: np.ndarray, times: pd.DataFrame) -> dict:
     chosen, best = pick(times, picks), times.to_numpy().min(axis=1)
     return {"scenarios": len(times), "accuracy": float(np.mean(chosen <= best * (1 + BEST_TOL))),
@@ -194,7 +191,8 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 3, min_
         raise ValueError("need at least two shapes to hold one out")
     rule = learn(feats[~test], times[~test], depth, min_leaf, min_gain)
     single = learn(feats[~test], times[~test], 0)
-    fractions = fractions_by_option(coll, times)
+    fractions = by_option(coll, "fraction_of_ideal", pd.DataFrame.min).reindex(index=times.index,
+                                                                               columns=times.columns)
     rows = []
     for name, model in (("rule", rule), ("always " + str(single.pick), single)) + (
             (("always baseline", Node(pick="baseline")),) if "baseline" in times and single.pick != "baseline"

@@ -102,9 +102,8 @@ def _c3_fraction(c3: pd.DataFrame, option: str) -> Optional[float]:
 def _c3_best_dma(c3: pd.DataFrame) -> Optional[float]:
     """The greatest mean fraction of ideal among the dma strategies (one option each, the same in every
     scenario: not a per-scenario pick)."""
-    means = [_c3_fraction(c3, o) for o in c3[c3["strategy"].str.startswith("dma")]["option"].unique()]
-    means = [m for m in means if m is not None]
-    return max(means) if means else None
+    options = c3[c3["strategy"].str.startswith("dma")]["option"].unique()
+    return max((_c3_fraction(c3, o) for o in options), default=None)
 
 
 C3_CLAIMS = [
