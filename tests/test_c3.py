@@ -346,7 +346,8 @@ def _fake_rank(strategies, carveout_ok=True):
     return rk
 
 
-def test_every_option_runs_its_compute_where_its_setting_says(monkeypatch):
+def _fake_point_gpu(monkeypatch) -> list:
+    """measure_point's GPU work faked; returns the list that collects each timed launch's (name, fn, stream)."""
     from dmacoll.bench import c3
 
     launched = []
@@ -359,6 +360,13 @@ def test_every_option_runs_its_compute_where_its_setting_says(monkeypatch):
     monkeypatch.setattr(c3, "Bound", _FakeBound)
     monkeypatch.setattr(c3, "capture_on", lambda fn, calls, stream, warmup=1: type("G", (), {"replay": "graph"})())
     monkeypatch.setattr(c3, "draw_inputs", lambda *a: [])
+    return launched
+
+
+def test_every_option_runs_its_compute_where_its_setting_says(monkeypatch):
+    from dmacoll.bench import c3
+
+    launched = _fake_point_gpu(monkeypatch)
     rk = _fake_rank(list(g.STRATEGIES))
     comp = lambda: None  # noqa: E731
     placements = {None: (comp, rk.comp_stream), 0.75: (comp, rk.greens[0.75].stream),
@@ -382,10 +390,7 @@ def test_every_option_runs_its_compute_where_its_setting_says(monkeypatch):
 def test_options_whose_carveout_is_unavailable_are_recorded_as_skipped(monkeypatch):
     from dmacoll.bench import c3
 
-    monkeypatch.setattr(c3, "timed", lambda *a: {"comp": 110.0, "comm": 90.0, "total": 120.0})
-    monkeypatch.setattr(c3, "Bound", _FakeBound)
-    monkeypatch.setattr(c3, "capture_on", lambda fn, calls, stream, warmup=1: type("G", (), {"replay": "graph"})())
-    monkeypatch.setattr(c3, "draw_inputs", lambda *a: [])
+    _fake_point_gpu(monkeypatch)
     rk = _fake_rank(["dma", "dma_carveout", "carveout"], carveout_ok=False)
     placements = {None: ("comp-fn", rk.comp_stream)}
     rows = c3.measure_point(rk, "all_gather", 1 << 20, 3, {}, placements, 100.0, {None: 100.0}, 7)
