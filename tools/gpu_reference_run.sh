@@ -14,6 +14,8 @@
 #         c3       compute next to each collective per overlap strategy, then the strategy heuristic
 #         contention  copy-engine copies (device-local vs to the peer) alone and next to a GEMM
 #         probes   one-GPU probes: device-local copy paths and SM carveouts next to a GEMM, flag crossing latency
+#         fewsm    one-GPU probe: copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a
+#                  carved-out GEMM (tools/probe_few_sm_kernels.py)
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
 #         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll, logits compared
 # Everything (CSV + JSON provenance + logs) is packed into OUTDIR/results.tgz: few files come back.
@@ -79,6 +81,9 @@ case "$part" in
     for t in local_copy_paths flag_latency sm_carveout; do
       timeout 120 python3 tools/probe_$t.py "$out/$t.csv" 2>&1 | tee "$log/$t.log" | tail -4
     done ;;
+  fewsm)
+    timeout 240 python3 tools/probe_few_sm_kernels.py "$out/few_sm_kernels.csv" 2>&1 | tee "$log/few_sm_kernels.log" \
+      | tail -40 ;;
   ficco)
     timeout ${FICCO_TIMEOUT_S:-240} python3 -m dmacoll ficco --out "$out/ficco.csv" > "$log/ficco.log" 2>&1
     tail -12 "$log/ficco.log" ;;

@@ -1,0 +1,200 @@
+"""How fast can the copy-engine collectives' own SM work run on the few SMs a carved-out GEMM leaves? (one GPU)
+
+With ``dma_carveout`` (``dmacoll c3``) cuBLASLt leaves 8 SMs free, and the dma all-to-all's 64 MB own-chunk copy
+takes 276 us there (35 us on an idle H200), the reduce ops' bf16 add of 16 Mi elements 198 us
+(``results/reference/h200x1/evidence/sm_carveout.csv``): both about 60 GB/s of memory traffic per SM, slower
+than the NVLink copy they run beside. This asks whether a kernel written for few SMs (16-byte accesses, several
+independent loads in flight per thread, a small grid) moves more per SM than the driver's copy kernel and
+torch's elementwise add.
+
+Side jobs: ``driver_copy`` (``cuMemcpyAsync`` device to device, what the cuda backend issues), ``torch_add``
+(what ``backends/reduce.py`` issues), and NVRTC-compiled ``copy_u4`` / ``add_bf16`` kernels over a grid of
+(threads per block, loads in flight per thread, blocks). Each side job is timed alone on an idle GPU and next
+to three bf16 8192^3 GEMMs through cuBLASLt with a carveout of 8 or 16 SMs, arriving 100 us after the GEMMs
+start (as ``tools/probe_sm_carveout.py``). Medians of 5. Columns: ``side_us`` (issue -> end), ``gb_per_s``
+(bytes read + written / side_us), ``gemm_us`` (release -> GEMMs' end, empty alone), ``correct`` (the output
+compared with torch's).
+
+Usage: python3 tools/probe_few_sm_kernels.py OUT.csv
+"""
+from __future__ import annotations
+
+import ctypes
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+REPEATS = 5
+CARVEOUTS = (None, 8, 16)  # None: the side job alone on an idle GPU
+THREADS = (256, 512, 1024)
+UNROLLS = (4, 8)
+BLOCKS = (8, 16, 32, 264)
+COLUMNS = ["carveout", "side", "threads", "unroll", "blocks", "side_us", "gb_per_s", "gemm_us", "correct"]
+
+SOURCE = r"""
+// bf16 <-> float by bit moves; round to nearest even (inputs here are finite)
+__device__ __forceinline__ float lo(unsigned int w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ unsigned int rne(float f) {
+    unsigned int u = __float_as_uint(f);
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ unsigned int add2(unsigned int a, unsigned int b) {
+    return rne(lo(a) + lo(b)) | (rne(hi(a) + hi(b)) << 16);
+}
+__device__ __forceinline__ uint4 add8(uint4 a, uint4 b) {
+    uint4 r;
+    r.x = add2(a.x, b.x); r.y = add2(a.y, b.y); r.z = add2(a.z, b.z); r.w = add2(a.w, b.w);
+    return r;
+}
+
+extern "C" __global__ void copy_u4(const uint4* __restrict__ src, uint4* __restrict__ dst, unsigned long long n) {
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) v[u] = src[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) dst[i + u * stride] = v[u];
+    }
+    for (; i < n; i += stride) dst[i] = src[i];
+}
+
+extern "C" __global__ void add_bf16(const uint4* __restrict__ x, const uint4* __restrict__ y,
+                                    uint4* __restrict__ out, unsigned long long n) {
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
+        uint4 a[UNROLL], b[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) { a[u] = x[i + u * stride]; b[u] = y[i + u * stride]; }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) out[i + u * stride] = add8(a[u], b[u]);
+    }
+    for (; i < n; i += stride) out[i] = add8(x[i], y[i]);
+}
+"""
+
+
+def _ok(result, what: str):
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        raise RuntimeError(f"{what}: error {err}")
+    return result[1] if isinstance(result, tuple) and len(result) == 2 else result
+
+
+def compile_kernels(unroll: int, arch: str) -> dict:
+    """The two kernels for one UNROLL, compiled by NVRTC to a cubin for ``arch`` and loaded."""
+    from cuda.bindings import driver as drv
+    from cuda.bindings import nvrtc
+
+    prog = _ok(nvrtc.nvrtcCreateProgram(SOURCE.encode(), b"few_sm.cu", 0, [], []), "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture={arch}".encode(), f"-DUNROLL={unroll}".encode(), b"-O3"]
+    err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+    if int(err) != 0:
+        size = _ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"NVRTC failed: {log.decode(errors='replace')}")
+    size = _ok(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+    cubin = b" " * size
+    _ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    module = _ok(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
+    return {name: _ok(drv.cuModuleGetFunction(module, name.encode()), name) for name in ("copy_u4", "add_bf16")}
+
+
+def launcher(fn, blocks: int, threads: int, ptrs: list, n16: int):
+    from cuda.bindings import driver as drv
+    import torch
+
+    args = (tuple(ptrs) + (n16,), (ctypes.c_void_p,) * len(ptrs) + (ctypes.c_ulonglong,))
+    return lambda: _ok(drv.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0,
+                                          torch.cuda.current_stream().cuda_stream, args, 0), "cuLaunchKernel")
+
+
+def main() -> int:
+    import torch
+
+    from dmacoll.bench import provenance
+    from dmacoll.bench.c3 import sleep_cycles_per_us
+
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    major, minor = torch.cuda.get_device_capability(0)
+    a = torch.randn(8192, 8192, device=0, dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    src = torch.randint(0, 255, (64 << 20,), dtype=torch.uint8, device=0)
+    dst = torch.empty_like(src)
+    x, y = (torch.randn(16 << 20, device=0, dtype=torch.bfloat16) for _ in range(2))
+    z = torch.empty_like(x)
+    want = x + y
+    sides = {("driver_copy", 0, 0, 0): (lambda: dst.copy_(src), lambda: torch.equal(dst, src), 2 * src.numel()),
+             ("torch_add", 0, 0, 0): (lambda: torch.add(x, y, out=z), lambda: torch.equal(z, want), 6 * x.numel())}
+    for unroll in UNROLLS:
+        fns = compile_kernels(unroll, f"sm_{major}{minor}")
+        for threads in THREADS:
+            for blocks in BLOCKS:
+                sides[("copy_u4", threads, unroll, blocks)] = (
+                    launcher(fns["copy_u4"], blocks, threads, [src.data_ptr(), dst.data_ptr()], src.numel() // 16),
+                    lambda: torch.equal(dst, src), 2 * src.numel())
+                sides[("add_bf16", threads, unroll, blocks)] = (
+                    launcher(fns["add_bf16"], blocks, threads, [x.data_ptr(), y.data_ptr(), z.data_ptr()],
+                             x.numel() * 2 // 16),
+                    lambda: torch.equal(z, want), 6 * x.numel())
+    side_stream, comp = torch.cuda.Stream(), torch.cuda.Stream()
+    cycles = sleep_cycles_per_us()
+    hold, delay = int(200 * cycles), int(100 * cycles)
+
+    def gemms():
+        with torch.cuda.stream(comp):
+            for _ in range(3):
+                torch.mm(a, a, out=c)
+
+    def once(side, with_gemms: bool) -> tuple[float, float]:
+        """(side issue -> end, release -> GEMMs' end): both streams sleep from one instant, the side longer."""
+        torch.cuda.synchronize()
+        release, side_start, side_end, gemm_end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
+        if with_gemms:
+            with torch.cuda.stream(comp):
+                torch.cuda._sleep(hold)
+            release.record(comp)
+            gemms()
+            gemm_end.record(comp)
+        with torch.cuda.stream(side_stream):
+            if with_gemms:
+                torch.cuda._sleep(hold + delay)
+            side_start.record(side_stream)
+            side()
+            side_end.record(side_stream)
+        torch.cuda.synchronize()
+        return (side_start.elapsed_time(side_end) * 1e3,
+                release.elapsed_time(gemm_end) * 1e3 if with_gemms else float("nan"))
+
+    rows = []
+    for carveout in CARVEOUTS:
+        torch._C._set_sm_carveout_experimental(carveout)
+        gemms()  # cuBLASLt's choice for this carveout
+        for (name, threads, unroll, blocks), (side, check, nbytes) in sides.items():
+            z.zero_(), dst.zero_()
+            side()  # warm-up
+            times = [once(side, carveout is not None) for _ in range(REPEATS)]
+            side_us = statistics.median(t[0] for t in times)
+            rows.append({"carveout": carveout if carveout is not None else "alone", "side": name, "threads": threads,
+                         "unroll": unroll, "blocks": blocks, "side_us": side_us, "gb_per_s": nbytes / side_us / 1e3,
+                         "gemm_us": statistics.median(t[1] for t in times), "correct": check()})
+            r = rows[-1]
+            print(f"{str(r['carveout']):>5s} {name:12s} t{threads:<5d} u{unroll} b{blocks:<4d} {side_us:8.1f} us "
+                  f"{r['gb_per_s']:7.0f} GB/s  GEMMs {r['gemm_us']:7.0f} us{'' if r['correct'] else '  WRONG'}",
+                  flush=True)
+    torch._C._set_sm_carveout_experimental(None)
+    provenance.write_table(Path(sys.argv[1]), rows, COLUMNS,
+                           {"gemm": "3x bf16 8192^3 cuBLASLt", "repeats": REPEATS, "side_delay_us": 100,
+                            "copy_bytes": src.numel(), "add_elements": x.numel(),
+                            "sms": torch.cuda.get_device_properties(0).multi_processor_count})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
