@@ -92,7 +92,7 @@ def compile_kernels(unroll: int, arch: str) -> dict:
     from cuda.bindings import nvrtc
 
     prog = _ok(nvrtc.nvrtcCreateProgram(SOURCE.encode(), b"few_sm.cu", 0, [], []), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture={arch}".encode(), f"-DUNROLL={unroll}".encode(), b"-O3"]
+    opts = [f"--gpu-architecture={arch}".encode(), f"-DUNROLL={unroll}".encode()]
     err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
     if int(err) != 0:
         size = _ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
