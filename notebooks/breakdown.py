@@ -33,7 +33,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dmacoll import report  # noqa: E402
+from dmacoll.analysis import report  # noqa: E402
+from dmacoll.sizes import human  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
@@ -41,7 +42,7 @@ df = pd.read_csv(csvs[0])
 prov = json.loads(Path(csvs[0]).with_suffix(".json").read_text())
 print(f"{len(df)} rows from {csvs[0]}; git {prov['git_sha'][:10]}, GPUs {prov['hardware']['gpus']}")
 wide = df.pivot(index="bytes", columns="phase", values="time_us")
-wide.index = [report.human(int(b)) for b in wide.index]
+wide.index = [human(int(b)) for b in wide.index]
 wide.to_csv(out / "breakdown_wide.csv")
 (out / "breakdown.md").write_text(report.markdown(wide.round(2).reset_index(names="size")) + "\n")
 wide.round(2)

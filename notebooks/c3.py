@@ -42,8 +42,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll import c3_heuristics as h  # noqa: E402
-from dmacoll import report  # noqa: E402
+from dmacoll.analysis import c3_rules as h  # noqa: E402
+from dmacoll.analysis import report  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)

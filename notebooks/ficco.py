@@ -36,8 +36,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll import ficco_heuristics as fh  # noqa: E402
-from dmacoll import report  # noqa: E402
+from dmacoll.analysis import ficco_rules as fh  # noqa: E402
+from dmacoll.analysis import report  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll import report  # noqa: E402
+from dmacoll.analysis import report  # noqa: E402
+from dmacoll.sizes import human  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
@@ -56,7 +57,7 @@ def label(df: pd.DataFrame) -> pd.Series:
 # %%
 runs = power[power["impl"] != "idle"].copy()
 runs["impl"] = label(runs)
-runs["size"] = runs["bytes_per_rank"].map(lambda b: report.human(int(b)))
+runs["size"] = runs["bytes_per_rank"].map(lambda b: human(int(b)))
 summary = (runs.groupby(["op", "impl", "bytes_per_rank", "size"])
            [["avg_power_w", "idle_power_w", "dynamic_energy_per_call_uj", "dynamic_energy_per_byte_pj"]]
            .median().reset_index())
@@ -88,7 +89,7 @@ sm_table
 
 # %%
 inter["impl"] = label(inter)
-inter["size"] = inter["bytes_per_rank"].map(lambda b: report.human(int(b)))
+inter["size"] = inter["bytes_per_rank"].map(lambda b: human(int(b)))
 cols = ["compute", "impl", "size", "rank", "comp_slowdown", "comm_slowdown", "fraction_of_ideal"]
 (out / "interference.md").write_text(report.markdown(inter[cols].round(3)) + "\n")
 long = inter[inter["rank"] == 0].melt(id_vars=["compute", "impl", "size"], value_vars=["comp_slowdown", "comm_slowdown"],

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dmacoll import c3_heuristics as h
+from dmacoll.analysis import c3_rules as h
 from dmacoll import cli
 from dmacoll.bench import c3_grid as g
 from dmacoll.bench.green import all_but_few, round_sms, sms_for_fraction

@@ -21,7 +21,7 @@ from dmacoll.e2e import vllm_results as vr
 from dmacoll.e2e.bench import compare, derived, point_fields
 from dmacoll.e2e.collectives import make
 from dmacoll.e2e.model import Model, WeightGen, expert_mix, route
-from dmacoll.launch import run_ranks
+from dmacoll.verify.launch import run_ranks
 from test_c3 import run_notebook
 
 ROOT = Path(__file__).resolve().parents[1]

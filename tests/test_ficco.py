@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from dmacoll import cli
-from dmacoll import ficco_heuristics as fh
+from dmacoll.analysis import ficco_rules as fh
 from dmacoll.bench import ficco_grid as g
 
 from test_c3 import ROOT, run_notebook

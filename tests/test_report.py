@@ -5,10 +5,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dmacoll import report
+from dmacoll.analysis import report
 from dmacoll.bench.sweep import COLUMNS, SweepConfig, merge, Point, points
 from dmacoll.bench.timing import summarize
-from dmacoll.cli import parse_size
+from dmacoll.sizes import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / "results/reference/h200x2/operator"
@@ -114,8 +114,8 @@ def test_summarize_and_parse_size():
 
 
 def test_claims_cover_c3_when_given_and_say_not_run_otherwise(tmp_path):
-    from dmacoll import c3_heuristics as h
-    from dmacoll import claims
+    from dmacoll.analysis import c3_rules as h
+    from dmacoll.analysis import claims
 
     c3 = str(ROOT / "results/reference/h200x2/c3/c3.csv")
     rows = {r["id"]: r for r in claims.evaluate(SWEEPS, c3_csv=c3)}
@@ -130,7 +130,7 @@ def test_claims_cover_c3_when_given_and_say_not_run_otherwise(tmp_path):
 
 
 def test_index_page_links_every_rendered_notebook(tmp_path):
-    from dmacoll import index_page
+    from dmacoll.analysis import index_page
 
     (tmp_path / "h200x2" / "notebooks").mkdir(parents=True)
     (tmp_path / "h200x2" / "notebooks" / "operator.html").write_text("<html></html>")

@@ -5,7 +5,8 @@ from pathlib import Path
 import torch
 
 from dmacoll import tuning
-from dmacoll.launch import run_ranks
+from dmacoll.analysis.tuning_table import derive
+from dmacoll.verify.launch import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = [ROOT / "results/reference/h200x2/operator/sweep_all_gather.csv",
@@ -41,7 +42,7 @@ def test_shipped_table_is_derived_from_the_committed_sweep():
     assert shipped is not None and shipped.meta["source"] == [str(p.relative_to(ROOT)) for p in SWEEPS]
     prov = json.loads(SWEEPS[0].with_suffix(".json").read_text())
     assert shipped.meta["source_git_sha"] == prov["git_sha"]
-    derived = tuning.derive([str(p.relative_to(ROOT)) for p in SWEEPS], prov)
+    derived = derive([str(p.relative_to(ROOT)) for p in SWEEPS], prov)
     assert [e.__dict__ for e in derived.entries] == [e.__dict__ for e in shipped.entries]
     assert tuning.find(8, "NVIDIA H200") is None and tuning.find(2, "cpu") is None
 

@@ -73,7 +73,7 @@ case "$part" in
       | tail -40 ;;
   c3)
     timeout ${C3_TIMEOUT_S:-540} python3 -m dmacoll c3 --out "$out/c3.csv" > "$log/c3.log" 2>&1; tail -12 "$log/c3.log"
-    python3 -m dmacoll.c3_heuristics "$out/c3.csv" > "$log/c3_heuristics.log" 2>&1; tail -30 "$log/c3_heuristics.log" ;;
+    python3 -m dmacoll.analysis.c3_rules "$out/c3.csv" > "$log/c3_heuristics.log" 2>&1; tail -30 "$log/c3_heuristics.log" ;;
   contention)
     timeout 120 python3 tools/probe_copy_contention.py "$out/copy_contention.csv" 2>&1 | tee "$log/copy_contention.log" \
       | tail -10 ;;

@@ -133,7 +133,7 @@ def probe_rank(rank: int, world: int, cfg: dict) -> list[dict]:
 
 def main() -> int:
     from dmacoll.bench import provenance
-    from dmacoll.launch import run_ranks
+    from dmacoll.verify.launch import run_ranks
 
     out = Path(sys.argv[1])
     per_rank = run_ranks(probe_rank, 2, {}, device="cuda", timeout_s=300)

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from dmacoll.launch import run_ranks
+from dmacoll.verify.launch import run_ranks
 from dmacoll.plan import VARIANTS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 
 def _correctness(rank: int, world: int, seed: int) -> list[dict]:
     from dmacoll import Communicator
-    from dmacoll.check import cases, run_cases
+    from dmacoll.verify.check import cases, run_cases
 
     comm = Communicator(timeout_s=30)
     cs = cases(VARIANTS, ["push", "pull"], ["float32", "bfloat16", "float16", "int8", "int64", "bool"],
@@ -37,7 +37,7 @@ def test_every_op_variant_dtype_matches_nccl():
 
 def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
     from dmacoll import Communicator
-    from dmacoll.check import DTYPES, random_tensor
+    from dmacoll.verify.check import DTYPES, random_tensor
 
     comm = Communicator(timeout_s=30, signal=signal)
     n = world * 4099  # odd chunks, divisible by world for all_to_all
@@ -175,7 +175,7 @@ def test_prelaunched_gather_starts_when_the_producer_releases_it(kernels):
 
 @pytest.mark.parametrize("signal", ["copy", "kernel"])
 def test_constant_signals_match_nccl(signal):
-    from dmacoll.cli import _check_rank
+    from dmacoll.verify.check import check_rank as _check_rank
 
     args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"),
                 dtypes=["bfloat16", "int8"], counts=[1, 4099, 300001], ops=("all_gather", "all_to_all", "all_to_all_v"),
@@ -187,7 +187,7 @@ def test_constant_signals_match_nccl(signal):
 @pytest.mark.parametrize("signal", ["memop", "copy"])
 def test_native_submission_matches_nccl(signal):
     """submit='native' (the C library `dmacoll build` makes): every op, variant, direction, sync."""
-    from dmacoll.cli import _check_rank
+    from dmacoll.verify.check import check_rank as _check_rank
 
     args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"),
                 dtypes=["bfloat16", "int32"], counts=[1, 4099, 300001],
@@ -273,7 +273,7 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     """handshake='lean' on two alternating outputs, eager and captured, with a late reader on the last rank:
     every call's output against the CPU reference (check.run_pipeline), and READY really skipped."""
     from dmacoll import Communicator
-    from dmacoll.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
+    from dmacoll.verify.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
 
     comm = Communicator(timeout_s=30)
     buffers = pipeline_buffers(comm, 1 << 22, 1 << 22)

@@ -11,7 +11,7 @@ import torch
 
 from dmacoll.e2e.bench import run_e2e
 from dmacoll.e2e.config import DEFAULTS, E2E_COLUMNS
-from dmacoll.launch import run_ranks
+from dmacoll.verify.launch import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]

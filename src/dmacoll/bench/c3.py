@@ -127,7 +127,7 @@ class Bound:
         """Poison the output, restore the input, replay once, compare byte for byte."""
         import torch
 
-        from ..check import POISON
+        from ..verify.check import POISON
 
         self.out.view(torch.uint8).fill_(POISON)
         self.inp.copy_(self.inputs[self.runner.rank])  # an in-place input lies inside the poisoned output

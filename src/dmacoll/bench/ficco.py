@@ -152,7 +152,7 @@ class Problem:
             check = lambda: all(torch.equal(y, self.ref[:, :, off:off + r]) for y, off, r in views)  # noqa: E731
 
         def poison() -> None:
-            from ..check import POISON
+            from ..verify.check import POISON
 
             for t in outputs:
                 t.view(torch.uint8).fill_(POISON)

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from ..check import POISON
+from ..verify.check import POISON
 from . import provenance, timing
 from .bandwidth import bandwidths
 
@@ -150,7 +150,7 @@ class Runner:
 
     def baselines(self):
         if self._baselines is None:
-            from .. import baselines
+            from . import baselines
 
             self._baselines = baselines.Baselines(self.comm, max_bytes=self.cfg.max_bytes)
         return self._baselines

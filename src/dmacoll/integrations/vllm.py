@@ -68,7 +68,7 @@ def max_bytes(environ: Optional[dict] = None) -> int:
     text = (os.environ if environ is None else environ).get(MAX_BYTES_ENV, "")
     if not text:
         return DEFAULT_MAX_BYTES
-    from ..cli import parse_size
+    from ..sizes import parse_size
 
     return parse_size(text)
 

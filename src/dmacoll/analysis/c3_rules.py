@@ -11,12 +11,9 @@ scenario's measured NCCL-alone ratio, else the target ratio).
 Loss: regret of a pick = T_c3(pick) / T_c3(best option) - 1. An option that did not run in a scenario counts
 as the baseline's time there (a runtime that cannot run its pick runs the default).
 
-Rules: a binary decision tree of depth <= ``depth`` (2 by default) whose tests are ``op == x``,
+Rules: ``rules.learn``'s decision tree of depth <= ``depth`` (2 by default) whose tests are ``op == x``,
 ``bound == memory``, ``ratio <= t`` (t in RATIO_CUTS) and ``gflop <= g`` (g in GFLOP_CUTS); each leaf names
-one option. Learning is an exhaustive search for the tree with the least total training regret (exact for
-this family: below a test each side's best subtree is independent); a test is kept only if it lowers the mean
-training regret by at least ``min_gain``; a leaf holds at least ``min_leaf`` scenarios. Ties keep the simpler
-tree, then the earlier test / option in a fixed order, so the result is deterministic.
+one option.
 
 Split: by shape. The distinct shapes (compute, M, N, K) sorted; every third from the second is held out (all
 its ops and ratios); the rest train. Scores on a set: accuracy = the pick is the best option (within 0.1%);
@@ -26,17 +23,17 @@ metric) the picks realize, to set next to the single strategies' means.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
+from .rules import Node, Test, learn, load, pick, score, skipped
+
 SHAPE = ["compute", "M", "N", "K"]
 KEYS = SHAPE + ["op", "target_ratio"]
 RATIO_CUTS = (0.35, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
 GFLOP_CUTS = (10.0, 100.0, 300.0, 1000.0, 3000.0)
-BEST_TOL, NEAR_TOL = 1e-3, 0.05
 
 
 def shape_label(compute: str, m: int, n: int, k: int) -> str:
@@ -44,16 +41,6 @@ def shape_label(compute: str, m: int, n: int, k: int) -> str:
 
 
 # -- the table -------------------------------------------------------------------------------------------------
-def load(paths: Sequence[str]) -> pd.DataFrame:
-    return pd.concat([pd.read_csv(p, keep_default_na=False, na_values=["nan", "NaN", ""]) for p in paths],
-                     ignore_index=True)
-
-
-def skipped(df: pd.DataFrame) -> pd.Series:
-    """Rows that record a reason instead of a measurement."""
-    return df["skipped"].notna() & (df["skipped"].astype(str).str.len() > 0)
-
-
 def collapse(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (scenario, option): measured, correct rows; times the slowest rank's; metrics recomputed."""
     ok = df[~skipped(df) & (df["correct"].astype(str) == "True")]
@@ -99,87 +86,12 @@ def held_out(feats: pd.DataFrame) -> np.ndarray:
 
 
 # -- rules -----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Test:
-    feature: str
-    value: object
-    numeric: bool
-
-    def mask(self, feats: pd.DataFrame) -> np.ndarray:
-        col = feats[self.feature]
-        return (col.to_numpy(dtype=float) <= self.value) if self.numeric else (col == self.value).to_numpy()
-
-    def __str__(self) -> str:
-        return f"{self.feature} <= {self.value:g}" if self.numeric else f"{self.feature} == {self.value}"
-
-
 def candidate_tests(feats: pd.DataFrame) -> list[Test]:
     tests = [Test("op", op, False) for op in sorted(feats["op"].unique())]
     tests += [Test("bound", "memory", False)] if feats["bound"].nunique() > 1 else []
     tests += [Test("ratio", t, True) for t in RATIO_CUTS]
     tests += [Test("gflop", g, True) for g in GFLOP_CUTS]
     return tests
-
-
-@dataclass
-class Node:
-    pick: Optional[str] = None
-    test: Optional[Test] = None
-    yes: Optional["Node"] = None
-    no: Optional["Node"] = None
-
-    def predict(self, feats: pd.DataFrame) -> np.ndarray:
-        if self.test is None:
-            return np.full(len(feats), self.pick, dtype=object)
-        m = self.test.mask(feats)
-        return np.where(m, self.yes.predict(feats), self.no.predict(feats))
-
-    def leaves(self) -> int:
-        return 1 if self.test is None else self.yes.leaves() + self.no.leaves()
-
-    def text(self, indent: str = "") -> str:
-        if self.test is None:
-            return f"{indent}use {self.pick}"
-        return (f"{indent}if {self.test}:\n{self.yes.text(indent + '    ')}\n{indent}else:\n"
-                f"{self.no.text(indent + '    ')}")
-
-
-def learn(feats: pd.DataFrame, times: pd.DataFrame, depth: int = 2, min_leaf: int = 3,
-          min_gain: float = 0.005, candidates: Optional[Sequence[Test]] = None) -> Node:
-    """``candidates``: the tests a node may use (default: ``candidate_tests``, C3's features)."""
-    regret = (times.to_numpy() / times.min(axis=1).to_numpy()[:, None]) - 1.0
-    names = list(times.columns)
-    tests = [(t, t.mask(feats)) for t in (candidate_tests(feats) if candidates is None else candidates)]
-    gain = min_gain * len(feats)
-
-    def best(mask: np.ndarray, d: int) -> tuple[Node, float]:
-        costs = regret[mask].sum(axis=0)
-        tree, cost = Node(pick=names[int(np.argmin(costs))]), float(costs.min())
-        if d == 0:
-            return tree, cost
-        for t, m in tests:
-            yes, no = mask & m, mask & ~m
-            if yes.sum() < min_leaf or no.sum() < min_leaf:
-                continue
-            (ty, cy), (tn, cn) = best(yes, d - 1), best(no, d - 1)
-            if cy + cn < cost - gain:
-                tree, cost = Node(test=t, yes=ty, no=tn), cy + cn
-        return tree, cost
-
-    return best(np.ones(len(feats), dtype=bool), depth)[0]
-
-
-def pick(table: pd.DataFrame, picks: np.ndarray) -> np.ndarray:
-    """Each scenario's value in its picked option's column."""
-    col = {name: i for i, name in enumerate(table.columns)}
-    return table.to_numpy()[np.arange(len(table)), [col[p] for p in picks]]
-
-
-def score(picks: np.ndarray, times: pd.DataFrame) -> dict:
-    chosen, best = pick(times, picks), times.to_numpy().min(axis=1)
-    return {"scenarios": len(times), "accuracy": float(np.mean(chosen <= best * (1 + BEST_TOL))),
-            "within_5pct": float(np.mean(chosen <= best * (1 + NEAR_TOL))),
-            "mean_regret": float(np.mean(chosen / best - 1))}
 
 
 def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 3, min_gain: float = 0.005) -> dict:
@@ -189,8 +101,9 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 3, min_
     test = held_out(feats)
     if test.all() or not test.any():
         raise ValueError("need at least two shapes to hold one out")
-    rule = learn(feats[~test], times[~test], depth, min_leaf, min_gain)
-    single = learn(feats[~test], times[~test], 0)
+    tests = candidate_tests(feats[~test])
+    rule = learn(feats[~test], times[~test], tests, depth, min_leaf, min_gain)
+    single = learn(feats[~test], times[~test], tests, 0)
     fractions = by_option(coll, "fraction_of_ideal", pd.DataFrame.min).reindex(index=times.index,
                                                                                columns=times.columns)
     rows = []
@@ -208,7 +121,7 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 3, min_
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dmacoll.c3_heuristics", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dmacoll.analysis.c3_rules", description=__doc__.split("\n")[0])
     p.add_argument("csv", nargs="+", help="C3 tables from `dmacoll c3`")
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--min-leaf", type=int, default=3)

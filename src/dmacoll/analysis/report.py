@@ -6,23 +6,16 @@ results table is this output pasted between markers by ``dmacoll report readme``
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from .bench.bandwidth import bandwidths
+from ..bench.bandwidth import bandwidths
+from ..sizes import human
 
 README_SIZES = (4 << 10, 1 << 20, 64 << 20, 256 << 20)
 BEGIN, END = "<!-- operator-table:begin -->", "<!-- operator-table:end -->"
-
-
-def human(nbytes: int) -> str:
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
 
 
 def load(paths: list[str]) -> pd.DataFrame:
@@ -225,36 +218,3 @@ def update_readme(readme: Path, block: str) -> bool:
     changed = new != text
     readme.write_text(new)
     return changed
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=("table", "readme", "claims"),
-                   help="table: print/write Markdown; readme: update README; claims: the papers' claims "
-                        "(--out claims.json, Markdown beside it)")
-    p.add_argument("--csv", nargs="+", required=True, help="sweep CSV(s)")
-    p.add_argument("--out", help="write the Markdown here (table)")
-    p.add_argument("--readme", default="README.md")
-    p.add_argument("--power", help="claims: the power CSV of `dmacoll power` (its claims are 'not run' without)")
-    p.add_argument("--c3", help="claims: the CSV of `dmacoll c3` (its claims are 'not run' without)")
-
-
-def main(a: argparse.Namespace) -> int:
-    if a.what == "claims":
-        from . import claims
-
-        out = Path(a.out or "results/local/claims.json")
-        rows = claims.write(a.csv, out, out.with_suffix(".md"), a.power, a.c3)
-        for r in rows:
-            print(f"{r['status']:7s} {r['id']}: {r['reproduced']} (tolerance {r['tolerance']})")
-        return 0
-    block = readme_block(a.csv)
-    if a.what == "readme":
-        changed = update_readme(Path(a.readme), block)
-        print(f"{a.readme}: {'updated' if changed else 'already up to date'}")
-    elif a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(block + "\n")
-        print(f"wrote {a.out}")
-    else:
-        print(block)
-    return 0

@@ -12,8 +12,8 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .errors import BackendUnavailable
-from .plan import Ref
+from ..errors import BackendUnavailable
+from ..plan import Ref
 
 NCCL_CTA_POLICY_ZERO = 0x02  # nccl.h (2.28): no CTAs, copy engines carry the data where NCCL can
 

@@ -124,10 +124,10 @@ C3_CLAIMS = [
 
 def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None, c3_csv: Optional[str] = None) -> list[dict]:
     """Every claim against its data: the sweeps, and where given the power and C3 results ('not run' without)."""
-    from . import c3_heuristics
+    from . import c3_rules
 
     power = pd.read_csv(power_csv, keep_default_na=False, na_values=["nan", ""]) if power_csv else None
-    c3 = c3_heuristics.collapse(c3_heuristics.load([c3_csv])) if c3_csv else None
+    c3 = c3_rules.collapse(c3_rules.load([c3_csv])) if c3_csv else None
     rows = []
     for group, data in ((OPERATOR_CLAIMS, report.load(sweep_csvs)), (POWER_CLAIMS, power), (C3_CLAIMS, c3)):
         for c in group:

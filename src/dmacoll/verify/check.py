@@ -21,7 +21,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from .validate import REDUCE_DTYPES
+from ..validate import REDUCE_DTYPES
 
 DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
@@ -363,3 +363,24 @@ def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = 
     if comm.device.type == "cuda":
         torch.cuda.synchronize(comm.device)
     return results
+
+
+def check_rank(rank: int, world: int, args: dict) -> list[dict]:
+    from ..communicator import Communicator
+
+    signal = args.get("signal", "memop")
+    comm = Communicator(backend=args["backend"], timeout_s=args["timeout_s"], signal=signal,
+                        submit=args.get("submit", "python"))
+    syncs = [s for s in args["syncs"] if signal == "memop" or s == "reset"]  # copy signals carry a constant 1
+    all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
+                      seed=args["seed"], syncs=syncs)
+    try:
+        rows = run_cases(comm, all_cases, nccl=args["reference"] == "nccl", progress=rank == 0)
+        if "push" in args["directions"] and "reset" in syncs:  # handshake='lean': alternating outputs, one dtype
+            if rank == 0:
+                print("  handshake=lean pipelines (push, alternating outputs)", flush=True)
+            rows += run_pipelines(comm, args["ops"], args["variants"], args["dtypes"][:1], args["counts"],
+                                  seed=args["seed"])
+        return rows
+    finally:
+        comm.close()

@@ -8,48 +8,14 @@ import sys
 import time
 from typing import Optional, Sequence
 
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = t[-1] if t and t[-1] in UNITS else ""
-    try:
-        value = int(t[: len(t) - len(unit)]) * UNITS[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4096, 1K, 256M)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
-    return value
-
-
-def _check_rank(rank: int, world: int, args: dict) -> list[dict]:
-    from .check import cases, run_cases, run_pipelines
-    from .communicator import Communicator
-
-    signal = args.get("signal", "memop")
-    comm = Communicator(backend=args["backend"], timeout_s=args["timeout_s"], signal=signal,
-                        submit=args.get("submit", "python"))
-    syncs = [s for s in args["syncs"] if signal == "memop" or s == "reset"]  # copy signals carry a constant 1
-    all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
-                      seed=args["seed"], syncs=syncs)
-    try:
-        rows = run_cases(comm, all_cases, nccl=args["reference"] == "nccl", progress=rank == 0)
-        if "push" in args["directions"] and "reset" in syncs:  # handshake='lean': alternating outputs, one dtype
-            if rank == 0:
-                print("  handshake=lean pipelines (push, alternating outputs)", flush=True)
-            rows += run_pipelines(comm, args["ops"], args["variants"], args["dtypes"][:1], args["counts"],
-                                  seed=args["seed"])
-        return rows
-    finally:
-        comm.close()
+from ..sizes import parse_size
 
 
 def cmd_check(a: argparse.Namespace) -> int:
-    from .launch import run_ranks
-
-    from .backends import resolve
-    from .errors import BackendUnavailable
+    from ..backends import resolve
+    from ..verify.check import check_rank
+    from ..verify.launch import run_ranks
+    from ..errors import BackendUnavailable
 
     try:
         resolve(a.backend)  # before any rank starts: says why a backend cannot run here
@@ -64,7 +30,7 @@ def cmd_check(a: argparse.Namespace) -> int:
     args = dict(backend=a.backend, timeout_s=a.timeout_s, variants=a.variants, directions=a.directions,
                 dtypes=a.dtypes, counts=a.counts, ops=a.ops, seed=seed, syncs=a.syncs, reference=a.reference,
                 signal=a.signal, submit=a.submit)
-    per_rank = run_ranks(_check_rank, a.world, args, device=device)
+    per_rank = run_ranks(check_rank, a.world, args, device=device)
     passed = failed = 0
     for i, first in enumerate(per_rank[0]):
         results = [r[i] for r in per_rank]
@@ -82,8 +48,8 @@ def cmd_check(a: argparse.Namespace) -> int:
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
-    from .bench.sweep import SweepConfig, run_sweep
-    from .launch import run_ranks
+    from ..bench.sweep import SweepConfig, run_sweep
+    from ..verify.launch import run_ranks
 
     if "nccl_ce" in a.impls and {"dma", "peer_copy"} & set(a.impls):
         print("run nccl_ce in a sweep of its own: it switches torch's symmetric-memory backend to NCCL "
@@ -107,8 +73,8 @@ def cmd_tune(a: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from . import tuning
-    from .bench import provenance
+    from ..analysis.tuning_table import derive
+    from ..bench import provenance
 
     out = Path(a.out)
     csvs = a.from_sweep
@@ -121,7 +87,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
             return rc
         csvs = [sweep_csv]
     prov = json.loads(Path(csvs[0]).with_suffix(".json").read_text())
-    table = tuning.derive(csvs, prov)
+    table = derive(csvs, prov)
     provenance.write_atomic(out, table.to_json())
     print(f"wrote {out}: {len(table.entries)} entries from {csvs} (world {table.meta['world']}, "
           f"{table.meta['gpu']}, code {str(table.meta['source_git_sha'])[:10]})")
@@ -144,8 +110,8 @@ def _gpu_world(a: argparse.Namespace, what: str) -> int:
 
 def _gpu_tool(a: argparse.Namespace, what: str, run_rank, columns: list[str], cfg: dict, timeout_s: float) -> int:
     """Run ``run_rank`` on every GPU and write rank 0's rows as a CSV with provenance."""
-    from .bench import provenance
-    from .launch import run_ranks
+    from ..bench import provenance
+    from ..verify.launch import run_ranks
 
     world = _gpu_world(a, what)
     if world < 2:
@@ -157,7 +123,7 @@ def _gpu_tool(a: argparse.Namespace, what: str, run_rank, columns: list[str], cf
 
 def cmd_power(a: argparse.Namespace) -> int:
     """Energy per collective: NVML energy counter around sustained graph-replayed calls."""
-    from .bench.power import POWER_COLUMNS, run_power
+    from ..bench.power import POWER_COLUMNS, run_power
 
     cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, seconds=a.seconds, idle_seconds=a.idle_seconds,
                repeats=a.repeats, dtype=a.dtype)
@@ -166,7 +132,7 @@ def cmd_power(a: argparse.Namespace) -> int:
 
 def cmd_sm_usage(a: argparse.Namespace) -> int:
     """GPU kernels versus copies per collective, from the PyTorch profiler."""
-    from .bench.smusage import SM_COLUMNS, run_sm_usage
+    from ..bench.smusage import SM_COLUMNS, run_sm_usage
 
     cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, calls=a.calls, modes=a.modes)
     return _gpu_tool(a, "sm-usage", run_sm_usage, SM_COLUMNS, cfg, 1800)
@@ -176,8 +142,8 @@ def cmd_breakdown(a: argparse.Namespace) -> int:
     """Control / schedule / copy / sync of one copy-engine transfer, from CUPTI timestamps."""
     import torch
 
-    from .bench import provenance
-    from .bench.breakdown import BREAKDOWN_COLUMNS, run_breakdown
+    from ..bench import provenance
+    from ..bench.breakdown import BREAKDOWN_COLUMNS, run_breakdown
 
     if not torch.cuda.is_available():
         print("dmacoll breakdown needs a CUDA GPU", file=sys.stderr)
@@ -190,7 +156,7 @@ def cmd_breakdown(a: argparse.Namespace) -> int:
 
 def cmd_interference(a: argparse.Namespace) -> int:
     """Slowdown a collective inflicts on a concurrent GEMM / memory-bound kernel, and vice versa."""
-    from .bench.overlap import INTERFERENCE_COLUMNS, run_interference
+    from ..bench.overlap import INTERFERENCE_COLUMNS, run_interference
 
     cfg = dict(compute=a.compute, impls=a.impls, sizes=a.sizes, repeats=a.repeats)
     return _gpu_tool(a, "interference", run_interference, INTERFERENCE_COLUMNS, cfg, 1800)
@@ -198,7 +164,7 @@ def cmd_interference(a: argparse.Namespace) -> int:
 
 def cmd_c3(a: argparse.Namespace) -> int:
     """C3: a GEMM / memory-bound kernel next to a collective, per strategy (ConCCL); --dry-run: the plan only."""
-    from .bench.c3_grid import estimate_seconds
+    from ..bench.c3_grid import estimate_seconds
 
     cfg = dict(shapes=a.shapes, ops=a.ops, strategies=a.strategies, targets=a.targets, sm_fractions=a.sm_fractions,
                carveout_sms=a.carveout_sms, repeats=a.repeats, min_comp_us=a.min_comp_us, max_calls=a.max_calls,
@@ -208,7 +174,7 @@ def cmd_c3(a: argparse.Namespace) -> int:
           f"estimated {est['seconds'] / 60:.1f} min", flush=True)
     if a.dry_run:
         return 0
-    from .bench.c3 import C3_COLUMNS, run_c3
+    from ..bench.c3 import C3_COLUMNS, run_c3
 
     return _gpu_tool(a, "c3", run_c3, C3_COLUMNS, cfg, 3600)
 
@@ -218,7 +184,7 @@ def cmd_e2e(a: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from .e2e import config as e2e
+    from ..e2e import config as e2e
 
     cfg = dict(models=a.models, layers=a.layers, batches=a.batches, prompts=a.prompts, impls=a.impls,
                decode_steps=a.decode_steps, repeats=a.repeats, output_len=a.output_len, chunk_tokens=a.chunk_tokens,
@@ -240,14 +206,14 @@ def cmd_e2e(a: argparse.Namespace) -> int:
         return 2
     if a.dry_run:
         return 0
-    from .e2e.bench import E2E_COLUMNS, run_e2e
+    from ..e2e.bench import E2E_COLUMNS, run_e2e
 
     return _gpu_tool(a, "e2e", run_e2e, E2E_COLUMNS, cfg, 1800)
 
 
 def cmd_build(a: argparse.Namespace) -> int:
     """Compile the native submission library, check it, and record the toolchain."""
-    from .backends import native
+    from ..backends import native
 
     record = native.build(a.out, a.cc)
     print(f"built {record['library']} with {record['compiler_version']}; self-test passed "
@@ -255,17 +221,46 @@ def cmd_build(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_report(a: argparse.Namespace) -> int:
-    from . import report
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", choices=("table", "readme", "claims"),
+                   help="table: print/write Markdown; readme: update README; claims: the papers' claims "
+                        "(--out claims.json, Markdown beside it)")
+    p.add_argument("--csv", nargs="+", required=True, help="sweep CSV(s)")
+    p.add_argument("--out", help="write the Markdown here (table)")
+    p.add_argument("--readme", default="README.md")
+    p.add_argument("--power", help="claims: the power CSV of `dmacoll power` (its claims are 'not run' without)")
+    p.add_argument("--c3", help="claims: the CSV of `dmacoll c3` (its claims are 'not run' without)")
 
-    return report.main(a)
+
+def cmd_report(a: argparse.Namespace) -> int:
+    if a.what == "claims":
+        from ..analysis import claims
+
+        out = Path(a.out or "results/local/claims.json")
+        rows = claims.write(a.csv, out, out.with_suffix(".md"), a.power, a.c3)
+        for r in rows:
+            print(f"{r['status']:7s} {r['id']}: {r['reproduced']} (tolerance {r['tolerance']})")
+        return 0
+    from ..analysis.report import readme_block, update_readme
+
+    block = readme_block(a.csv)
+    if a.what == "readme":
+        changed = update_readme(Path(a.readme), block)
+        print(f"{a.readme}: {'updated' if changed else 'already up to date'}")
+    elif a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(block + "\n")
+        print(f"wrote {a.out}")
+    else:
+        print(block)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .bench.sweep import IMPLS, OPS as SWEEP_OPS
-    from .check import DTYPES, OPS
-    from .executor import SIGNAL_MODES, SYNC_MODES
-    from .plan import DIRECTIONS, VARIANTS
+    from ..bench.sweep import IMPLS, OPS as SWEEP_OPS
+    from ..verify.check import DTYPES, OPS
+    from ..executor import SIGNAL_MODES, SYNC_MODES
+    from ..plan import DIRECTIONS, VARIANTS
 
     p = argparse.ArgumentParser(prog="dmacoll", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -380,15 +375,13 @@ def build_parser() -> argparse.ArgumentParser:
     n.set_defaults(func=cmd_build)
 
     r = sub.add_parser("report", help="render tables from sweep CSVs")
-    from .report import add_arguments
-
-    add_arguments(r)
+    add_report_arguments(r)
     r.set_defaults(func=cmd_report)
     return p
 
 
 def add_c3_parser(sub) -> None:
-    from .bench import c3_grid as g
+    from ..bench import c3_grid as g
 
     def shape(text: str) -> str:
         try:
@@ -429,7 +422,7 @@ def add_c3_parser(sub) -> None:
 
 
 def add_e2e_parser(sub) -> None:
-    from .e2e.config import DEFAULTS as d, MODELS
+    from ..e2e.config import DEFAULTS as d, MODELS
 
     def positive(text: str) -> int:
         v = int(text)
@@ -467,7 +460,7 @@ def add_e2e_parser(sub) -> None:
 
 def cmd_ficco(a: argparse.Namespace) -> int:
     """FiCCO: a collective and its dependent GEMM, serial vs decomposed into overlapped pieces; --dry-run: plan."""
-    from .bench.ficco_grid import PEAK_TFLOPS, estimate_seconds
+    from ..bench.ficco_grid import PEAK_TFLOPS, estimate_seconds
 
     cfg = dict(models=a.models, tokens=a.tokens, patterns=a.patterns, impls=a.impls, factors=a.factors,
                repeats=a.repeats, hold_us=a.hold_us)
@@ -478,13 +471,13 @@ def cmd_ficco(a: argparse.Namespace) -> int:
           f"TFLOP/s)", flush=True)
     if a.dry_run:
         return 0
-    from .bench.ficco import FICCO_COLUMNS, run_ficco
+    from ..bench.ficco import FICCO_COLUMNS, run_ficco
 
     return _gpu_tool(a, "ficco", run_ficco, FICCO_COLUMNS, cfg, 1800)
 
 
 def add_ficco_parser(sub) -> None:
-    from .bench import ficco_grid as g
+    from ..bench import ficco_grid as g
 
     d = g.DEFAULTS
     p = sub.add_parser("ficco", help="FiCCO: all-gather->GEMM, GEMM->reduce-scatter, all-to-all->GEMM, serial vs "

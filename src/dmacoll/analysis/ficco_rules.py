@@ -6,7 +6,7 @@ only measured, correct rows count; an option missing in a scenario counts as NCC
 
 Features, all static sizes a runtime knows before it runs: ``op`` (the pattern), ``gflop`` of the rank's whole
 GEMM, ``tokens``, and ``ratio``, the static T_comm / T_gemm estimate (``ficco_grid.Scenario.est_ratio``).
-Rules: ``c3_heuristics``' exhaustive depth-limited decision tree (least total training regret, regret =
+Rules: ``rules.learn``'s exhaustive depth-limited decision tree (least total training regret, regret =
 T(pick) / T(best) - 1), with this module's candidate tests.
 
 Split: by model. The distinct models sorted by name; the first is held out (all its patterns and token
@@ -21,19 +21,18 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from . import c3_heuristics as h
+from .rules import Node, Test, learn, load, score, skipped
 
 KEYS = ["model", "pattern", "tokens", "world"]
 DEFAULT = "nccl serial"
 GFLOP_CUTS = (50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
 RATIO_CUTS = (0.05, 0.1, 0.2, 0.4, 0.8)
 TOKEN_CUTS = (4096,)
-load, skipped, score, Node, Test = h.load, h.skipped, h.score, h.Node, h.Test
 
 
 def collapse(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (scenario, option) measured and correct on every rank: the slowest rank's times, speedups and losses recomputed from them."""
-    from .bench.ficco_grid import pipeline_time
+    from ..bench.ficco_grid import pipeline_time
 
     good = ~skipped(df) & (df["correct"].astype(str) == "True")
     # a schedule wrong or missing on any rank does not count for its scenario
@@ -90,8 +89,8 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 2, min_
     held = holdout or holdout_model(models)
     test = (feats["model"] == held).to_numpy()
     cands = candidate_tests(feats[~test])
-    rule = h.learn(feats[~test], times[~test], depth, min_leaf, min_gain, candidates=cands)
-    single = h.learn(feats[~test], times[~test], 0, candidates=cands)
+    rule = learn(feats[~test], times[~test], cands, depth, min_leaf, min_gain)
+    single = learn(feats[~test], times[~test], cands, 0)
     refs = [("rule", rule), ("always " + str(single.pick), single)]
     refs += [("always " + DEFAULT, Node(pick=DEFAULT))] if DEFAULT in times and single.pick != DEFAULT else []
     rows = []
@@ -105,7 +104,7 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 2, min_
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dmacoll.ficco_heuristics", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dmacoll.analysis.ficco_rules", description=__doc__.split("\n")[0])
     p.add_argument("csv", nargs="+", help="tables from `dmacoll ficco`")
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--min-leaf", type=int, default=2)

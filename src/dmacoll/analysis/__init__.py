@@ -1,0 +1,1 @@
+"""Reading measured results: loading and schema migrations, tables, claims, learned rules, the index page."""

@@ -1,0 +1,1 @@
+"""Correctness: the cases every backend must pass, and running N ranks."""
