@@ -132,12 +132,12 @@ def test_reduce_world3_constant_signals(signal):
 
 def _check_two_shot(rank, world):
     """Every all-reduce through the two-exchange algorithm (small sizes take the one-shot one by default)."""
-    from dmacoll import communicator
+    from dmacoll.ops import all_reduce
 
-    communicator.one_shot_all_reduce = lambda nbytes, world: False
+    all_reduce.one_shot_all_reduce = lambda nbytes, world: False
     built = []
-    two_exchanges = communicator.all_reduce_plans
-    communicator.all_reduce_plans = lambda *a, **k: built.append(1) or two_exchanges(*a, **k)
+    two_exchanges = all_reduce.all_reduce_plans
+    all_reduce.all_reduce_plans = lambda *a, **k: built.append(1) or two_exchanges(*a, **k)
     args = dict(backend="host", timeout_s=60, variants=list(VARIANTS), directions=["push", "pull"],
                 dtypes=["bfloat16", "int32"], counts=[1, 7, 4099], ops=("all_reduce",), seed=5,
                 syncs=["reset", "epoch"], reference="cpu")
@@ -156,7 +156,7 @@ def _check_with_a_wrong_reduction(rank, world):
     """Every rank's reductions off by one chunk (the slots from one slot later): the check must fail."""
     import dataclasses
 
-    from dmacoll import communicator
+    from dmacoll.ops import all_reduce, reduce_scatter
     from dmacoll.plan import Reduce, Ref
 
     def shifted(build):
@@ -168,9 +168,9 @@ def _check_with_a_wrong_reduction(rank, world):
             return tuple(shift), scratch
         return wrong
 
-    communicator.reduce_scatter_plans = shifted(communicator.reduce_scatter_plans)
-    communicator.all_reduce_plans = shifted(communicator.all_reduce_plans)
-    communicator.all_reduce_one_shot_plans = shifted(communicator.all_reduce_one_shot_plans)
+    reduce_scatter.reduce_scatter_plans = shifted(reduce_scatter.reduce_scatter_plans)
+    all_reduce.all_reduce_plans = shifted(all_reduce.all_reduce_plans)
+    all_reduce.all_reduce_one_shot_plans = shifted(all_reduce.all_reduce_one_shot_plans)
     args = dict(backend="host", timeout_s=60, variants=["b2b"], directions=["push", "pull"],
                 dtypes=["float32", "int32"], counts=[6], ops=REDUCE_OPS, seed=3, syncs=["reset"], reference="cpu")
     return _check_rank(rank, world, args)
@@ -239,8 +239,8 @@ def _reused_output(rank, world, broken_rule):
 
     comm = Communicator(backend="host", timeout_s=30)
     if broken_rule:  # vouch although every call writes the same output
-        flags = comm._flags
-        comm._flags = lambda op, d, h, ctx, out: flags(op, d, h, ctx, out and (-2, -1))
+        flags = comm._lean.flags
+        comm._lean.flags = lambda spec, opts, d, ctx, out: flags(spec, opts, d, ctx, out and (-2, -1))
     try:
         errors, lean = run_pipeline(comm, "all_gather", "pcpy", "float32", 4096, 4, 11, late_consumer=True,
                                     same_output=True)

@@ -7,30 +7,33 @@ Memory of a communicator (the same layout on every rank, so offsets are shared):
 Tensors from ``empty()`` are addressable by peers (zero-copy); other tensors
 are staged through the staging area when the protocol needs peer access
 (push into a private output, pull from a private input).
+
+A call goes through four steps, each a method below: its tensors are checked by the op's spec
+(``ops``) and its options resolved (``Options``); a plan is chosen (the tuning table for 'auto', the
+lean-handshake state for the flags, ``LeanState``) and lowered once per key (the program cache); then it is
+submitted to the engine (now, as a recorded graph's replay, or behind a prelaunch gate).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import warnings
-from typing import Callable, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
-from . import tuning, validate
-from .backends import make_engine, resolve
+from . import ops, tuning, validate
+from .backends import engine_class, make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
 from .executor import GATES, SIGNAL_MODES, SYNC_MODES, Program, flag_words, lower, run
-from .plan import DIRECTIONS, DONE, DONE_ALT, FULL, VARIANTS, Exchange, Handshake, Layout, Plan, Scratch, Wait, \
-    all_gather_exchange, all_reduce_one_shot_plans, all_reduce_plans, all_to_all_exchange, build_plan, \
-    chunk_elements, one_shot_all_reduce, reduce_scatter_plans, staging_bytes
+from .plan import DIRECTIONS, DONE, DONE_ALT, FULL, VARIANTS, Handshake, Layout, Wait
 
 ALIGN = 512
-REDUCE_OPS = ("reduce_scatter", "all_reduce")
-# (variant, direction, layout, handshake) -> (plans run one after the other, staging bytes they need)
-PlanBuilder = Callable[[str, str, Layout, Handshake], tuple[tuple[Plan, ...], int]]
 HANDSHAKES = ("full", "lean")
+SUBMITS = ("python", "native")
 DEFAULT_TIMEOUT_S = float(os.environ.get("DMACOLL_TIMEOUT_S", "120"))
 
 
@@ -38,8 +41,81 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+@dataclass(frozen=True)
+class Options:
+    """A call's options: the communicator's, overridden per call. ``checked`` is the one place they are
+    validated, against what the backend's engine can do."""
+
+    variant: str = "auto"
+    direction: str = "auto"
+    sync: str = "reset"
+    signal: str = "memop"
+    prerecord: bool = False
+    submit: str = "python"
+    handshake: str = "full"
+
+    def override(self, changes: dict, engine) -> "Options":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use "
+                                  + ", ".join(f"{f.name}=" for f in dataclasses.fields(self)))
+        return dataclasses.replace(self, **changes).checked(engine) if changes else self
+
+    def checked(self, engine) -> "Options":
+        for name, allowed in (("variant", VARIANTS + ("auto",)), ("direction", DIRECTIONS + ("auto",)),
+                              ("sync", SYNC_MODES), ("signal", SIGNAL_MODES), ("submit", SUBMITS),
+                              ("handshake", HANDSHAKES)):
+            if getattr(self, name) not in allowed:
+                raise InvalidArgument(f"{name}={getattr(self, name)!r} is not one of {allowed}")
+        if self.signal != "memop" and self.sync == "epoch":
+            raise InvalidArgument(f"signal={self.signal!r} sends a constant 1: it needs sync='reset'")
+        if self.signal == "kernel" and not engine.kernel_signals:
+            raise InvalidArgument(f"signal='kernel' uses PyTorch's CUDA signal pads; on backend={engine.name!r} use "
+                                  "signal='memop' or 'copy'")
+        if self.submit == "native" and not engine.native_submit:
+            raise InvalidArgument(f"submit='native' issues CUDA driver calls: it needs backend='cuda', not "
+                                  f"{engine.name!r}")
+        if self.submit == "native" and self.signal == "kernel":
+            raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy'")
+        return self
+
+
+class LeanState:
+    """handshake='lean' bookkeeping (see the Communicator docstring): what the previous call proved.
+
+    ``previous`` is (context, output start, output end, peers we waited DONE from, its DONE phase) when the
+    previous call was one exchange into a symmetric output, else None."""
+
+    def __init__(self):
+        self.previous: Optional[tuple[object, int, int, frozenset, int]] = None
+
+    def flags(self, spec: ops.OpSpec, options: Options, direction: str, context: object,
+              output: Optional[tuple[int, int]]) -> Handshake:
+        """READY skipped with the peers the previous call vouches for, DONE alternating along such runs.
+        Every condition is the same on every rank (buffer kinds and call options must be), so the ranks
+        of a pair always agree."""
+        prev = self.previous
+        if (options.handshake != "lean" or spec.reduces or direction != "push" or output is None or prev is None
+                or prev[0] != context):
+            return FULL
+        _, prev_start, prev_end, done_peers, prev_done = prev
+        if output[0] < prev_end and prev_start < output[1]:
+            raise InvalidArgument(f"{spec.name} with handshake='lean': the output (heap bytes {output[0]}.."
+                                  f"{output[1]}) overlaps the previous call's ({prev_start}..{prev_end}); alternate "
+                                  "between two output buffers or pass handshake='full' for this call")
+        return Handshake(done_peers, DONE_ALT if prev_done == DONE else DONE)
+
+    def record(self, spec: ops.OpSpec, context: object, output: Optional[tuple[int, int]], done_peers: frozenset,
+               flags: Handshake) -> None:
+        exchange = not spec.reduces and output is not None
+        self.previous = (context, *output, done_peers, flags.done) if exchange else None
+
+
 class Communicator:
     """DMA collectives for the ranks of ``group`` (default: the world group).
+
+    The collectives (``all_gather``, ``all_to_all``, ``all_to_all_v``, ``reduce_scatter``, ``all_reduce``) are
+    methods made from their specs (``dmacoll.ops``); ``collective(name, ...)`` calls any of them by name.
 
     ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue),
     ``multi`` (one handshake, copies split over ``engines`` queues) or ``auto``;
@@ -83,21 +159,20 @@ class Communicator:
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
         validate.check_world(self.world)
-        self.variant, self.direction, self.sync, self.signal = self._options(variant, direction, sync, signal)
         if timeout_s <= 0:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
         if not 1 <= engines <= 16:
             raise InvalidArgument(f"engines must be between 1 and 16, got {engines}")
-        self.engines = engines
-        self.prerecord = prerecord
-        self.handshake = self._handshake(handshake)
         self.backend = resolve(backend)
-        self.submit = self._submit(submit, signal)
+        self.options = Options(variant, direction, sync, signal, prerecord, submit, handshake).checked(
+            engine_class(self.backend))
+        self.engines = engines
         self.staging = _align(flag_words(self.world) * 4)
         self.heap_start = self.staging + _align(staging_bytes)
         total = self.heap_start + _align(heap_bytes)
         self.engine = make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
         self.device = self.engine.device
+        self._ops_group = ops.Group(self.world, self.rank, self.device)
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.tuning = tuning.find(self.world, name, tuning_table or os.environ.get("DMACOLL_TUNING"))
         self._next = self.heap_start
@@ -105,10 +180,9 @@ class Communicator:
         self._epoch = 0
         self._calls = 0
         self._programs: dict[tuple, tuple[tuple[Program, ...], frozenset]] = {}
-        # handshake='lean': (context, output start, output end, peers we waited DONE from, DONE phase) of the
-        # previous call, when it was an exchange into a symmetric output (else None)
-        self._previous: Optional[tuple[object, int, int, frozenset, int]] = None
+        self._lean = LeanState()
         self.last_handshake: Handshake = FULL  # the flags the last call used (for tests and logs)
+        self.last_choice: tuple[str, str, str] = ("", "", "")  # (variant, direction, sync) the last call ran
         self.error: Optional[DmaCollError] = None  # set by a failed call; every later call raises it
         self._gate: Optional[Gate] = None  # the open or pending prelaunch gate
         self._gates_used = 0
@@ -132,196 +206,100 @@ class Communicator:
         flat = self.engine.heap[start: start + nbytes].view(dtype)
         return flat[: torch.Size(shape).numel()].view(shape)
 
-    # -- collectives ---------------------------------------------------------
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, **options: str) -> torch.Tensor:
-        """``output`` = concatenation of every rank's ``input``; in place when
-        ``input`` is this rank's slice of ``output``."""
-        validate.check_all_gather(output, input, self.world, self.device)
-        nbytes = input.numel() * input.element_size()
-        in_place = input.data_ptr() == output.data_ptr() + self.rank * nbytes and nbytes > 0
-        return self._run("all_gather", ("all_gather", nbytes, in_place), in_place, output, input, options,
-                         self._exchange(lambda: all_gather_exchange(self.world, nbytes, in_place)))
-
-    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, **options: str) -> torch.Tensor:
-        """Equal split: chunk p of ``input`` goes to rank p, chunk p of ``output`` comes from rank p."""
-        validate.check_all_to_all(output, input, self.world, self.device)
-        chunk = input.numel() // self.world * input.element_size()
-        return self._run("all_to_all", ("all_to_all", chunk), False, output, input, options,
-                         self._exchange(lambda: all_to_all_exchange([[chunk] * self.world for _ in range(self.world)])))
-
-    def all_to_all_v(self, output: torch.Tensor, input: torch.Tensor, send_counts: Sequence[Sequence[int]],
-                     **options: str) -> torch.Tensor:
-        """``send_counts[i][j]``: elements rank i sends to rank j (the same matrix on every rank).
-        Rank r's input holds its chunks for ranks 0..n-1 in order; its output the chunks
-        from ranks 0..n-1 in order."""
-        counts = validate.split_matrix(send_counts, self.world)
-        validate.check_all_to_all_v(output, input, counts, self.rank, self.device)
-        size = input.element_size()
-        matrix = tuple(tuple(c * size for c in row) for row in counts)
-        return self._run("all_to_all_v", ("all_to_all_v", matrix), False, output, input, options,
-                         self._exchange(lambda: all_to_all_exchange([list(row) for row in matrix])))
-
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, **options: str) -> torch.Tensor:
-        """``output`` (n elements) = the elementwise sum over ranks of chunk ``rank`` of their ``input``
-        (world x n elements), like ``torch.distributed.reduce_scatter_tensor`` with SUM.
-
-        The peers' chunks move on copy engines into a staging block of this rank (one slot per peer);
-        after the DONE waits a small kernel on the caller's stream adds them to the own chunk, read in place.
-        ``output`` may be (part of) ``input``. Dtypes: float32, float64, float16, bfloat16 (summed in
-        float32, rounded once), int32, int64. Staging: world x n elements (plus the input for pull
-        from a private input)."""
-        self._check_reduce("reduce_scatter")
-        validate.check_reduce_scatter(output, input, self.world, self.device)
-        nbytes, dtype = output.numel() * output.element_size(), _dtype_name(output.dtype)
-        return self._run("reduce_scatter", ("reduce_scatter", nbytes, dtype), False, output, input, options,
-                         lambda v, d, layout, _: _with_scratch(reduce_scatter_plans(
-                             self.world, nbytes, self.rank, dtype, v, d, layout, self.engines), layout))
-
-    def all_reduce(self, tensor: torch.Tensor, input: Optional[torch.Tensor] = None,
-                   **options: str) -> torch.Tensor:
-        """Elementwise sum over ranks. In place by default (``tensor`` holds this rank's values and
-        receives the sum, like ``torch.distributed.all_reduce``); with ``input``, ``tensor`` is the output.
-
-        Small (``plan.one_shot_all_reduce``: up to 512 KiB, at two ranks 2 MiB): one exchange of whole
-        tensors, then a local sum (fewest handshakes). Larger: a reduce-scatter then an all-gather of the
-        summed chunks, two exchanges run back to back (least traffic). Chunks are
-        ``torch.tensor_split(tensor.view(-1), world)``'s: uneven when the size is not divisible by the world
-        (the first ``numel % world`` ranks sum one element more), no padding.
-        Dtypes as for ``reduce_scatter``. Staging: about the tensor's size (plus the input for pull
-        from a private input, plus a chunk for a private output; twice the tensor for the one exchange)."""
-        self._check_reduce("all_reduce")
-        input = tensor if input is None else input
-        validate.check_all_reduce(tensor, input, self.device)
-        size, dtype = input.element_size(), _dtype_name(input.dtype)
-        chunks = tuple(n * size for n in chunk_elements(input.numel(), self.world))
-        in_place = input.data_ptr() == tensor.data_ptr() and input.numel() > 0
-        nbytes = sum(chunks)
-        one_shot = one_shot_all_reduce(nbytes, self.world)
-
-        def plans(v: str, d: str, layout: Layout, _: Handshake):
-            built = (all_reduce_one_shot_plans(nbytes, self.world, self.rank, dtype, v, d, layout, self.engines)
-                     if one_shot else all_reduce_plans(chunks, self.rank, dtype, v, d, layout, self.engines))
-            return _with_scratch(built, layout)
-        return self._run("all_reduce", ("all_reduce", nbytes, dtype), in_place, tensor, input, options, plans)
-
-    # -- machinery -------------------------------------------------------------
-    def _options(self, variant: str, direction: str, sync: str, signal: str) -> tuple[str, str, str, str]:
-        for name, value, allowed in (("variant", variant, VARIANTS + ("auto",)),
-                                     ("direction", direction, DIRECTIONS + ("auto",)), ("sync", sync, SYNC_MODES),
-                                     ("signal", signal, SIGNAL_MODES)):
-            if value not in allowed:
-                raise InvalidArgument(f"{name}={value!r} is not one of {allowed}")
-        if signal != "memop" and sync == "epoch":
-            raise InvalidArgument(f"signal={signal!r} sends a constant 1: it needs sync='reset'")
-        return variant, direction, sync, signal
-
-    def _exchange(self, exchange: Callable[[], Exchange]) -> PlanBuilder:
-        """The builder for a collective that is one exchange."""
-        def plans(variant: str, direction: str, layout: Layout, handshake: Handshake) -> tuple[tuple[Plan, ...], int]:
-            ex = exchange()
-            return ((build_plan(ex, self.rank, variant, direction, layout, self.engines, handshake),),
-                    staging_bytes(ex, self.rank, direction, layout))
-        return plans
-
-    def _check_reduce(self, op: str) -> None:
-        if not hasattr(self.engine, "reduce"):
-            raise InvalidArgument(f"{op} is not available on the {self.backend} backend yet (its engine has no "
-                                  "reduce step); use backend='cuda' or backend='host'")
-
-    @staticmethod
-    def _handshake(handshake: str) -> str:
-        if handshake not in HANDSHAKES:
-            raise InvalidArgument(f"handshake={handshake!r} is not one of {HANDSHAKES}")
-        return handshake
-
-    def _flags(self, op: str, direction: str, handshake: str, context: object,
-               output: Optional[tuple[int, int]]) -> Handshake:
-        """The flags of this call: READY skipped with the peers the previous call vouches for
-        (handshake='lean', see the class docstring), DONE alternating along such runs. Every
-        condition is the same on every rank (buffer kinds and call options must be), so the ranks
-        of a pair always agree."""
-        prev = self._previous
-        if (handshake != "lean" or op in REDUCE_OPS or direction != "push" or output is None or prev is None
-                or prev[0] != context):
-            return FULL
-        _, prev_start, prev_end, done_peers, prev_done = prev
-        if output[0] < prev_end and prev_start < output[1]:
-            raise InvalidArgument(f"{op} with handshake='lean': the output (heap bytes {output[0]}..{output[1]}) "
-                                  f"overlaps the previous call's ({prev_start}..{prev_end}); alternate between two "
-                                  "output buffers or pass handshake='full' for this call")
-        return Handshake(done_peers, DONE_ALT if prev_done == DONE else DONE)
-
-    def _context(self, capturing: bool) -> object:
-        """What must match between two calls for one to vouch for the other: eager, or the same capture.
-        An engine that cannot name its capture gets a new context per call (never lean under capture)."""
-        if not capturing:
-            return None
-        capture_id = getattr(self.engine, "capture_id", None)
-        return ("capture", capture_id()) if capture_id is not None else object()
-
-    def _submit(self, submit: str, signal: str) -> str:
-        if submit not in ("python", "native"):
-            raise InvalidArgument(f"submit={submit!r} is not one of ('python', 'native')")
-        if submit == "native" and self.backend != "cuda":
-            raise InvalidArgument(f"submit='native' issues CUDA driver calls: it needs backend='cuda', not "
-                                  f"{self.backend!r}")
-        if submit == "native" and signal == "kernel":
-            raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy'")
-        return submit
-
-    def _run(self, op: str, key: tuple, in_place: bool, output: torch.Tensor, input: torch.Tensor, options: dict,
-             plans: PlanBuilder) -> torch.Tensor:
-        if options:
-            unknown = set(options) - {"variant", "direction", "sync", "signal", "prerecord", "submit", "handshake"}
-            if unknown:
-                raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use variant=, direction=, sync=, "
-                                      "signal=, prerecord=, submit=, handshake=")
-        variant, direction, sync, signal = self._options(
-            options.get("variant", self.variant), options.get("direction", self.direction),
-            options.get("sync", self.sync), options.get("signal", self.signal))
-        native = self._submit(options.get("submit", self.submit), signal) == "native"
-        if native:
-            self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
-        handshake = self._handshake(options.get("handshake", self.handshake))
-        if signal == "kernel" and self.backend == "hip":
-            raise InvalidArgument("signal='kernel' uses PyTorch's CUDA signal pads; on backend='hip' use signal='memop' "
-                                  "or 'copy'")
-        gpu = self.backend in ("cuda", "hip")  # torch.cuda is HIP on ROCm builds: graphs work the same way
-        capturing = gpu and torch.cuda.is_current_stream_capturing()
-        if sync == "epoch" and capturing:
+    # -- collectives -------------------------------------------------------------
+    def collective(self, op: str, output: torch.Tensor, input: Optional[torch.Tensor] = None, *args,
+                   **options) -> torch.Tensor:
+        """Run collective ``op`` (a name in ``dmacoll.ops``); the named methods call this."""
+        spec = ops.get(op)
+        request = spec.bind(self._ops_group, output, input, *args)
+        opts = self.options.override(options, self.engine)
+        self._check_usable(op)
+        capturing = self.engine.is_capturing()
+        if opts.sync == "epoch" and capturing:
             raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
                                   "then deadlock; capture with sync='reset'")
-        prerecord = options.get("prerecord", self.prerecord) and gpu and not capturing
-        if prerecord and sync != "reset":
+        prerecord = opts.prerecord and self.engine.graphs and not capturing
+        if prerecord and opts.sync != "reset":
             raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
+        if opts.submit == "native":
+            self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
+        variant, direction = self._choose(spec, request, opts, capturing)
+        programs = self._plan(spec, request, opts, variant, direction, capturing, prerecord)
+        self._submit(spec, request, opts, programs, variant, direction, prerecord)
+        return output
+
+    def _check_usable(self, op: str) -> None:
         if self.error is not None:
             raise DmaCollError(f"this communicator is unusable after an earlier error ({self.error}); "
                                "create a new one")
         if self._gate is not None and self._gate.closed:
             raise InvalidArgument(f"{op}: a prelaunched collective is still pending; call gate.wait() first "
                                   "(collectives of one communicator run one after another)")
+
+    def _choose(self, spec: ops.OpSpec, request: ops.Request, opts: Options, capturing: bool) -> tuple[str, str]:
+        """(variant, direction): the options', with 'auto' resolved by the tuning table."""
+        variant, direction = opts.variant, opts.direction
         if "auto" in (variant, direction):
-            picked = self.tuning.select(op, input.numel() * input.element_size(), "graph" if capturing else "eager",
-                                        in_place, signal) if self.tuning else tuning.FALLBACK
+            picked = self.tuning.select(spec.tuning_op, request.nbytes, "graph" if capturing else "eager",
+                                        request.in_place, opts.signal) if self.tuning else tuning.FALLBACK
             variant = picked[0] if variant == "auto" else variant
             direction = picked[1] if direction == "auto" else direction
-        output_sym = self.engine.sym_offset(output)
-        output_range = None if output_sym is None else (output_sym, output_sym + output.numel() * output.element_size())
+        return variant, direction
+
+    def _plan(self, spec: ops.OpSpec, request: ops.Request, opts: Options, variant: str, direction: str,
+              capturing: bool, prerecord: bool) -> tuple[Program, ...]:
+        """The call's lowered plans, with the flags the lean-handshake state allows."""
+        out_sym = self.engine.sym_offset(request.output)
+        out_range = None if out_sym is None else (out_sym, out_sym + ops.spec.nbytes(request.output))
         # prerecorded graphs and gated calls replay after whatever came before: they never vouch or skip
         context = object() if prerecord or self._gate is not None else self._context(capturing)
-        flags = self._flags(op, direction, handshake, context, output_range)
-        programs, done_peers = self._programs_for(op, key, plans, variant, direction, sync, signal,
-                                                  self.engine.sym_offset(input), output_sym, flags)
-        exchange = op not in REDUCE_OPS and output_range is not None
-        self._previous = (context, *output_range, done_peers, flags.done) if exchange else None
+        flags = self._lean.flags(spec, opts, direction, context, out_range)
+        key = (spec.name, request.key, variant, direction, opts.sync, opts.signal,
+               self.engine.sym_offset(request.input), out_sym, flags)
+        programs, done_peers = self._programs.get(key) or self._lower(key, spec, request, opts, variant, direction,
+                                                                      flags)
+        self._lean.record(spec, context, out_range, done_peers, flags)
         self.last_handshake = flags
+        return programs
+
+    def _context(self, capturing: bool) -> object:
+        """What must match between two calls for one to vouch for the other: eager, or the same capture.
+        An engine that cannot name its capture gets a new context per call (never lean under capture)."""
+        if not capturing:
+            return None
+        capture = self.engine.capture_id()
+        return ("capture", capture) if capture is not None else object()
+
+    def _lower(self, key: tuple, spec: ops.OpSpec, request: ops.Request, opts: Options, variant: str,
+               direction: str, flags: Handshake) -> tuple[tuple[Program, ...], frozenset]:
+        """Build and lower the plans of a call (cached by ``key``: eager calls pay only a dict lookup); also the
+        peers its last plan waits DONE from (what a lean successor may skip READY with)."""
+        layout = Layout(self.engine.sym_offset(request.input), self.engine.sym_offset(request.output), self.staging)
+        built, need = request.build(variant, direction, layout, flags, self.engines)
+        larger = f"create the communicator with a larger staging_bytes (>= {_align(need)})"
+        if spec.reduces:  # the received chunks always go through staging, whatever the buffers
+            what, hint = f"{spec.name} ({direction})", f"{larger}; reduce collectives receive every rank's chunk there"
+        else:
+            what, hint = f"{spec.name} with private buffers ({direction})", \
+                f"allocate input/output with Communicator.empty() or {larger}"
+        validate.check_capacity(what, need, self.heap_start - self.staging, hint)
+        if len(self._programs) >= 4096:  # e.g. all_to_all_v with ever-new splits
+            self._programs.clear()
+        done = frozenset(c.peer for c in built[-1].post if isinstance(c, Wait) and c.phase in (DONE, DONE_ALT))
+        cached = self._programs[key] = (tuple(lower(plan, opts.sync, opts.signal) for plan in built), done)
+        return cached
+
+    def _submit(self, spec: ops.OpSpec, request: ops.Request, opts: Options, programs: tuple[Program, ...],
+                variant: str, direction: str, prerecord: bool) -> None:
+        """Hand the call to the engine: now, as a recorded graph's replay, or (prelaunch) behind the gate."""
         self._calls += 1
         # a sequence number per plan: an epoch wait of a call's second plan must not be met by its first's signals
         first, last = self._epoch + 1, self._epoch + len(programs)
         self._epoch = last
-        label = f"{op} call #{self._calls} ({variant}/{direction}/{sync}/{signal})"
-        self.last_choice = (variant, direction, sync)  # what 'auto' resolved to, for logs and tests
-        bases = self.engine.bases(input, output)
+        label = f"{spec.name} call #{self._calls} ({variant}/{direction}/{opts.sync}/{opts.signal})"
+        self.last_choice = (variant, direction, opts.sync)
+        bases = self.engine.bases(request.input, request.output)
+        native = opts.submit == "native"
 
         def work() -> None:
             self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
@@ -334,14 +312,14 @@ class Communicator:
             except DmaCollError as e:
                 self.error = e
                 raise
-            self.engine.end_call(label, sync, 1 if sync == "reset" else last)
+            self.engine.end_call(label, opts.sync, 1 if opts.sync == "reset" else last)
 
         if prerecord:
-            graph_key = (key, variant, direction, signal, input.data_ptr(), output.data_ptr())
-            self.engine.submit(lambda: self.engine.replay_recorded(graph_key, work, label, sync))
+            graph_key = (spec.name, request.key, variant, direction, opts.signal, request.input.data_ptr(),
+                         request.output.data_ptr())
+            self.engine.submit(lambda: self.engine.replay_recorded(graph_key, work, label, opts.sync))
         else:
             self.engine.submit(work)  # now, or (host emulator, prelaunch) once the gate opens
-        return output
 
     @contextlib.contextmanager
     def prelaunch(self) -> Iterator["Gate"]:
@@ -372,29 +350,6 @@ class Communicator:
             self.engine.gate_close(gate.slot)
             gate.closed = True
 
-    def _programs_for(self, op: str, key: tuple, plans: PlanBuilder, variant: str, direction: str, sync: str,
-                      signal: str, input_sym: Optional[int], output_sym: Optional[int],
-                      flags: Handshake) -> tuple[tuple[Program, ...], frozenset]:
-        """The lowered plans for a call and the peers its last plan waits DONE from, cached by a cheap
-        key (eager calls pay only a dict lookup)."""
-        ck = (key, variant, direction, sync, signal, input_sym, output_sym, flags)
-        cached = self._programs.get(ck)
-        if cached is None:
-            layout = Layout(input_sym, output_sym, self.staging)
-            built, need = plans(variant, direction, layout, flags)
-            larger = f"create the communicator with a larger staging_bytes (>= {_align(need)})"
-            if op in REDUCE_OPS:  # the received chunks always go through staging, whatever the buffers
-                what, hint = f"{op} ({direction})", f"{larger}; reduce collectives receive every rank's chunk there"
-            else:
-                what, hint = f"{op} with private buffers ({direction})", \
-                    f"allocate input/output with Communicator.empty() or {larger}"
-            validate.check_capacity(what, need, self.heap_start - self.staging, hint)
-            if len(self._programs) >= 4096:  # e.g. all_to_all_v with ever-new splits
-                self._programs.clear()
-            done = frozenset(c.peer for c in built[-1].post if isinstance(c, Wait) and c.phase in (DONE, DONE_ALT))
-            cached = self._programs[ck] = (tuple(lower(plan, sync, signal) for plan in built), done)
-        return cached
-
     def close(self) -> None:
         self.engine.close()
 
@@ -405,13 +360,26 @@ class Communicator:
         self.close()
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+def _collective_method(spec: ops.OpSpec):
+    """``Communicator.<op>``: the spec's parameters (see ``OpSpec.params``), then per-call options."""
+    signature = spec.signature()
+
+    def method(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        arguments.pop("self")
+        options = arguments.pop("options", {})
+        return self.collective(spec.name, *arguments.values(), **options)
+
+    method.__name__ = method.__qualname__ = spec.name
+    method.__doc__ = type(spec).__doc__
+    method.__signature__ = signature
+    return method
 
 
-def _with_scratch(built: tuple[tuple[Plan, ...], Scratch], layout: Layout) -> tuple[tuple[Plan, ...], int]:
-    plans, scratch = built
-    return plans, scratch.end - layout.staging
+for _spec in ops.REGISTRY.values():
+    setattr(Communicator, _spec.name, _collective_method(_spec))
 
 
 def _warn_lazy_loading(backend: str) -> None:

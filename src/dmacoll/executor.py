@@ -27,9 +27,12 @@ How a flag travels (``signal``, reset mode only for the last two):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence, Union
 
-from .plan import NUM_PHASES, Command, Copy, Plan, Reduce, Ref, Signal, Wait
+from .plan import NUM_PHASES, Command, Copy, Plan, Reduce, Signal, Wait
+
+if TYPE_CHECKING:
+    from .backends.engine import Engine
 
 SYNC_MODES = ("reset", "epoch")
 SIGNAL_MODES = ("memop", "copy", "kernel")  # how a flag travels (see above)
@@ -75,20 +78,6 @@ class MemOp(NamedTuple):
     value: int
     geq: bool = False
     via: str = "memop"
-
-
-class Engine(Protocol):
-    def copy(self, queue: object, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, object]) -> None: ...
-
-    def memops(self, queue: object, ops: Sequence[MemOp]) -> None:
-        """Issue consecutive memory operations, in order, as one command where the backend can."""
-
-    def reduce(self, queue: object, step: Reduce, bases: Mapping[str, object]) -> None:
-        """Sum ``step.count`` slots into ``step.dst`` on ``queue``, after what is queued there."""
-
-    def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None: ...
-
-    main_queue: object
 
 
 Step = Union[Copy, Reduce, tuple]  # a copy, a reduction, or consecutive memory operations issued together
@@ -144,7 +133,7 @@ def lower(plan: Plan, sync: str = "reset", signal: str = "memop") -> Program:
     return Program(steps(plan.pre), tuple(steps(q) for q in plan.queues), steps(plan.post), sync == "epoch")
 
 
-def run(program: Program, engine: Engine, bases: Mapping[str, object], epoch: int = 1) -> None:
+def run(program: Program, engine: "Engine", bases: Mapping[str, object], epoch: int = 1) -> None:
     def issue(steps: Sequence[Step], queue: object) -> None:
         for step in steps:
             if type(step) is Copy:
@@ -161,7 +150,7 @@ def run(program: Program, engine: Engine, bases: Mapping[str, object], epoch: in
     issue(program.post, main)
 
 
-def execute(plan: Plan, engine: Engine, bases: Mapping[str, object], sync: str = "reset", epoch: int = 1,
+def execute(plan: Plan, engine: "Engine", bases: Mapping[str, object], sync: str = "reset", epoch: int = 1,
             signal: str = "memop") -> None:
     """Lower and run in one go (callers that repeat a plan keep the Program instead)."""
     run(lower(plan, sync, signal), engine, bases, epoch)

@@ -53,7 +53,6 @@ class TuningTable:
         return self.meta.get("world") == world and self.meta.get("gpu", "") in device_name
 
     def select(self, op: str, nbytes: int, mode: str, in_place: bool, signal: str = "memop") -> tuple[str, str]:
-        op = "all_to_all" if op == "all_to_all_v" else op
         place = "in" if in_place else "out"
         rows = next((self._by_key[k] for k in ((op, mode, place, signal), (op, mode, "out", signal),
                                                 (op, mode, place, "memop"), (op, mode, "out", "memop"))

@@ -1,7 +1,6 @@
-"""Argument checks, run before any device work. Each message says what to change."""
+"""Argument checks shared by every collective, run before any device work (each op's own rules are in its
+spec, ``dmacoll.ops``). Each message says what to change."""
 from __future__ import annotations
-
-from typing import Sequence
 
 import torch
 
@@ -33,50 +32,6 @@ def check_pair(output: torch.Tensor, input: torch.Tensor, device: torch.device) 
                               "use the same dtype for both")
 
 
-def check_all_gather(output: torch.Tensor, input: torch.Tensor, world: int, device: torch.device) -> None:
-    check_pair(output, input, device)
-    if output.numel() != world * input.numel():
-        raise InvalidArgument(f"all_gather output has {output.numel()} elements but needs world x input = "
-                              f"{world} x {input.numel()} = {world * input.numel()}")
-
-
-def check_all_to_all(output: torch.Tensor, input: torch.Tensor, world: int, device: torch.device) -> None:
-    check_pair(output, input, device)
-    if input.numel() % world:
-        raise InvalidArgument(f"all_to_all input has {input.numel()} elements, not divisible by the world "
-                              f"size {world}; pad it or use all_to_all_v with explicit splits")
-    if output.numel() != input.numel():
-        raise InvalidArgument(f"all_to_all output has {output.numel()} elements but input has "
-                              f"{input.numel()}; equal-split all_to_all needs the same number")
-
-
-# Summed by torch.sum (CPU or GPU kernel): float16/bfloat16 accumulate in float32 and round once.
-REDUCE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
-
-
-def check_reduce_dtype(op: str, dtype: torch.dtype) -> None:
-    if dtype not in REDUCE_DTYPES:
-        names = ", ".join(str(d).removeprefix("torch.") for d in REDUCE_DTYPES)
-        raise InvalidArgument(f"{op} does not sum {dtype}; supported dtypes: {names}; cast the tensors first "
-                              "(e.g. bool/int8/uint8 to torch.int32)")
-
-
-def check_reduce_scatter(output: torch.Tensor, input: torch.Tensor, world: int, device: torch.device) -> None:
-    check_pair(output, input, device)
-    check_reduce_dtype("reduce_scatter", input.dtype)
-    if input.numel() != world * output.numel():
-        raise InvalidArgument(f"reduce_scatter input has {input.numel()} elements but needs world x output = "
-                              f"{world} x {output.numel()} = {world * output.numel()}")
-
-
-def check_all_reduce(output: torch.Tensor, input: torch.Tensor, device: torch.device) -> None:
-    check_pair(output, input, device)
-    check_reduce_dtype("all_reduce", input.dtype)
-    if output.numel() != input.numel():
-        raise InvalidArgument(f"all_reduce output has {output.numel()} elements but input has {input.numel()}; "
-                              "pass tensors of the same size, or one tensor to reduce in place")
-
-
 def split_matrix(counts: object, world: int) -> list[list[int]]:
     """Normalise a world x world matrix of element counts (list or tensor)."""
     if isinstance(counts, torch.Tensor):
@@ -92,19 +47,6 @@ def split_matrix(counts: object, world: int) -> list[list[int]]:
     if any(x < 0 for r in rows for x in r):
         raise InvalidArgument("send_counts holds a negative count; every entry must be >= 0")
     return rows
-
-
-def check_all_to_all_v(output: torch.Tensor, input: torch.Tensor, counts: Sequence[Sequence[int]], rank: int,
-                       device: torch.device) -> None:
-    check_pair(output, input, device)
-    sends = sum(counts[rank])
-    recvs = sum(row[rank] for row in counts)
-    if input.numel() < sends:
-        raise InvalidArgument(f"rank {rank} sends {sends} elements (row {rank} of send_counts) but its input has "
-                              f"only {input.numel()}")
-    if output.numel() < recvs:
-        raise InvalidArgument(f"rank {rank} receives {recvs} elements (column {rank} of send_counts) but its "
-                              f"output has only {output.numel()}")
 
 
 def check_capacity(what: str, need: int, have: int, hint: str) -> None:

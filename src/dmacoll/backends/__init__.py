@@ -27,18 +27,24 @@ def resolve(name: str) -> str:
     return name
 
 
-def make_engine(name: str, group, nbytes: int, flag_words: int, timeout_s: float, device=None):
+def engine_class(name: str):
+    """The engine class of a resolved backend name: its capabilities can be read before one exists."""
     if name == "cuda":
         from .cuda import CudaEngine
 
-        return CudaEngine(group, nbytes, flag_words, timeout_s, device)
+        return CudaEngine
     if name == "hip":
         from .hip import HipEngine
 
-        return HipEngine(group, nbytes, flag_words, timeout_s, device)
+        return HipEngine
     from .host import HostEngine
 
-    return HostEngine(group, nbytes, flag_words, timeout_s)
+    return HostEngine
+
+
+def make_engine(name: str, group, nbytes: int, flag_words: int, timeout_s: float, device=None):
+    """One rank's engine (``engine.Engine``) for a resolved backend name."""
+    return engine_class(name)(group, nbytes, flag_words, timeout_s, device)
 
 
 def sym_offset(heap: torch.Tensor, t: torch.Tensor):

@@ -63,6 +63,11 @@ def available() -> Optional[str]:
 class CudaEngine(StreamEngine):
     """Symmetric heap, side streams and driver calls for one rank."""
 
+    name = "cuda"
+    graphs = True
+    native_submit = True
+    kernel_signals = True
+
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
                  device: Optional[torch.device] = None):
         reason = available()

@@ -26,7 +26,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import InvalidArgument
+from ..errors import BackendUnavailable, InvalidArgument
 from ..executor import MemOp, one_index
 from ..plan import Reduce, Ref
 from . import hip_api, hip_memory, sym_offset
@@ -57,6 +57,11 @@ def batch_copies_requested(env: Mapping[str, str] = os.environ) -> bool:
 
 class HipEngine(StreamEngine):
     """Symmetric heap, flag words, side streams and HIP calls for one rank."""
+
+    name = "hip"
+    graphs = True            # torch.cuda graphs are HIP graphs on ROCm (unverified on MI300X: see above)
+    native_submit = False    # the native library issues CUDA driver calls
+    kernel_signals = False   # no torch symmetric-memory signal pads here
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
                  device: Optional[torch.device] = None):
@@ -172,6 +177,12 @@ class HipEngine(StreamEngine):
                 self.api.hipStreamWaitValue32(stream, addr, op.value, self._geq if op.geq else self._eq, MASK32)
             else:
                 self.api.hipStreamWriteValue32(stream, addr, op.value, 0)
+
+    def ensure_native(self) -> None:
+        raise BackendUnavailable("submit='native' issues CUDA driver calls: it needs backend='cuda'")
+
+    def run_native(self, program, bases, epoch: int) -> None:
+        self.ensure_native()
 
     # -- watchdog hooks (see backends/watchdog.py) ----------------------------
     def enter_watchdog_thread(self) -> None:

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import DmaCollTimeoutError
+from ..errors import BackendUnavailable, DmaCollTimeoutError
 from ..executor import MemOp, gate_index, gate_ops, one_index
 from ..plan import NUM_PHASES, Reduce, Ref
 from . import sym_offset
@@ -38,9 +38,13 @@ def _shm_dir() -> str:
 class HostEngine:
     """Symmetric heap in shared memory plus engine threads for one rank."""
 
+    name = "host"
+    graphs = False          # no graphs on the CPU: prerecord=True runs calls as they come
+    native_submit = False
+    kernel_signals = True   # emulated: a signal waits until the previous one was consumed
     main_queue = "main"
 
-    def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float):
+    def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float, device=None):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
@@ -174,6 +178,21 @@ class HostEngine:
             raise outcome["error"]
 
     # -- call bracketing -----------------------------------------------------
+    def is_capturing(self) -> bool:
+        return False
+
+    def capture_id(self) -> None:
+        return None
+
+    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
+        raise BackendUnavailable("the host emulator records no graphs")
+
+    def ensure_native(self) -> None:
+        raise BackendUnavailable("submit='native' issues CUDA driver calls: it needs backend='cuda'")
+
+    def run_native(self, program, bases, epoch: int) -> None:
+        self.ensure_native()
+
     def begin_call(self, label: str) -> None:
         self.call_label = label
 

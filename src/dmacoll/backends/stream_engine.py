@@ -93,6 +93,13 @@ class StreamEngine:
         self.end_call(label, sync, 1)
 
     # -- call bracketing -----------------------------------------------------------------------------
+    def is_capturing(self) -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    def capture_id(self) -> Optional[int]:
+        """None: this engine cannot tell captures apart (the cuda engine can)."""
+        return None
+
     def begin_call(self, label: str) -> None:
         if self.watchdog.error is not None:
             raise self.watchdog.error  # a timeout the watchdog saw since the last call

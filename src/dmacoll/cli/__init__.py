@@ -258,7 +258,8 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from ..bench.sweep import IMPLS, OPS as SWEEP_OPS
-    from ..verify.check import DTYPES, OPS
+    from ..ops import NAMES as OPS
+    from ..verify.check import DTYPES
     from ..executor import SIGNAL_MODES, SYNC_MODES
     from ..plan import DIRECTIONS, VARIANTS
 

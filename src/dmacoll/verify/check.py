@@ -1,37 +1,22 @@
-"""Correctness cases: fresh random data, poisoned outputs, exact comparison.
+"""Correctness cases: fresh random data, poisoned outputs, every op x variant x direction x sync x dtype.
 
-Every rank derives every rank's input from the case seed, so each rank can
-build the expected output itself (the CPU reference); on GPUs the reference
-can also be NCCL run on the same inputs. Comparison is bit-exact on bytes for
-the collectives that only move data, and for integer sums. Floating-point sums
-(reduce_scatter, all_reduce) depend on the summation order, so they are
-compared with the exact sum (float64) within ``(world + 1) x eps x sum |x_i|``
-per element: over twice the worst-case error of adding ``world`` values one
-after the other and rounding each time (NCCL's ring does that; dmacoll's torch.sum
-adds in float32 and rounds once). Unwritten outputs cannot pass: float outputs
-are poisoned with NaN.
+Each case runs one collective on every rank and compares the output with ``verify.reference`` (the op spec's
+exact result from every rank's seeded input); on GPUs the reference can also be torch.distributed (NCCL) run on
+the same inputs. Lean-handshake pipelines (``run_pipeline``) check the promise ``handshake='lean'`` rests on.
 """
 from __future__ import annotations
 
 import itertools
-import random
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Optional
 
 import torch
 
-from ..validate import REDUCE_DTYPES
+from ..ops import NAMES, REGISTRY, OpSpec, get
+from .reference import DTYPES, POISON, compare_bytes, compare_sum, draw, expected, fuzzy, mismatch, poison
 
-DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
-    "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
-}
-OPS = ("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce")
-REDUCE_OPS = ("reduce_scatter", "all_reduce")
-IN_PLACE_OPS = ("all_gather", "reduce_scatter", "all_reduce")
-POISON = 0xA5
-INT_SUM_RANGE = 1 << 20  # integer inputs of sums lie in [-range, range): no overflow at any world size
+__all__ = ["DTYPES", "POISON", "Case", "cases", "run_case", "run_cases", "check_rank"]
 
 
 @dataclass(frozen=True)
@@ -47,88 +32,52 @@ class Case:
     seed: int = 0
     handshake: str = "full"
 
+    @property
+    def spec(self) -> OpSpec:
+        return get(self.op)
+
     def label(self) -> str:
         place = "/in-place" if self.in_place else ""
         return (f"{self.op} {self.variant}/{self.direction}/{self.sync}/{self.handshake} {self.dtype} x{self.count} "
                 f"{self.buffers}{place}")
 
 
-def random_tensor(numel: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    if dtype.is_floating_point:
-        return torch.randn(numel, generator=gen, dtype=torch.float32).to(dtype)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, (numel,), generator=gen).bool()
-    info = torch.iinfo(dtype)
-    return torch.randint(max(info.min, -(2**31)), min(info.max, 2**31 - 1), (numel,), generator=gen, dtype=torch.int64).to(dtype)
-
-
-def reduces(case: Case) -> bool:
-    return case.op in REDUCE_OPS
-
-
-def send_counts(case: Case, world: int) -> list[list[int]]:
-    """The split matrix for a case; equal splits except for all_to_all_v (zeros included)."""
-    if case.op != "all_to_all_v":
-        return [[case.count] * world for _ in range(world)]
-    rng = random.Random(case.seed)
-    return [[rng.choice((0, 1, case.count, 2 * case.count + 1)) for _ in range(world)] for _ in range(world)]
+def send_counts(case: Case, world: int):
+    """The case's split matrix (all_to_all_v: random, with empty and odd splits), or None."""
+    return case.spec.counts(case.count, world, case.seed)
 
 
 def numels(case: Case, rank: int, world: int) -> tuple[int, int]:
     """Elements of rank's input and output."""
-    if case.op == "all_gather":
-        return case.count, world * case.count
-    if case.op == "reduce_scatter":
-        return world * case.count, case.count
-    if case.op == "all_reduce":
-        return case.count, case.count
-    counts = send_counts(case, world)
-    return sum(counts[rank]), sum(row[rank] for row in counts)
+    return case.spec.numels(case.count, world, rank, send_counts(case, world))
 
 
 def rank_input(case: Case, rank: int, world: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(case.seed * 1009 + rank)
-    numel, dtype = numels(case, rank, world)[0], DTYPES[case.dtype]
-    if reduces(case) and not dtype.is_floating_point:
-        return torch.randint(-INT_SUM_RANGE, INT_SUM_RANGE, (numel,), generator=gen, dtype=dtype)
-    return random_tensor(numel, dtype, gen)
+    return draw(case.spec, numels(case, rank, world)[0], DTYPES[case.dtype], case.seed * 1009 + rank)
 
 
-def exact_sum(case: Case, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank's output of a sum, exactly (float64 or int64), and the sum of the magnitudes."""
-    wide = torch.float64 if DTYPES[case.dtype].is_floating_point else torch.int64
-    inputs = torch.stack([rank_input(case, r, world).to(wide) for r in range(world)])
-    if case.op == "reduce_scatter":
-        inputs = inputs[:, rank * case.count: (rank + 1) * case.count]
-    return inputs.sum(0), inputs.abs().sum(0)
+def all_inputs(case: Case, world: int) -> list[torch.Tensor]:
+    return [rank_input(case, r, world) for r in range(world)]
 
 
 def expected_output(case: Case, rank: int, world: int) -> torch.Tensor:
-    if reduces(case):
-        return exact_sum(case, rank, world)[0].to(DTYPES[case.dtype])
-    inputs = [rank_input(case, r, world) for r in range(world)]
-    if case.op == "all_gather":
-        return torch.cat(inputs)
-    counts = send_counts(case, world)
-    chunks = []
-    for p in range(world):
-        start = sum(counts[p][:rank])
-        chunks.append(inputs[p][start: start + counts[p][rank]])
-    return torch.cat(chunks)
+    """The exact output in the case's dtype (sums rounded once)."""
+    return expected(case.spec, all_inputs(case, world), rank, send_counts(case, world))[0].to(DTYPES[case.dtype])
 
 
 def cases(variants: Iterable[str], directions: Iterable[str], dtypes: Iterable[str], counts: Iterable[int],
-          ops: Iterable[str] = OPS, buffers: Iterable[str] = ("sym", "private"), seed: int = 0,
+          ops: Iterable[str] = NAMES, buffers: Iterable[str] = ("sym", "private"), seed: int = 0,
           syncs: Iterable[str] = ("reset",)) -> list[Case]:
     """Every combination, in place too where the op has an in-place form; sums skip the dtypes
     that dmacoll does not sum (bool, int8, ...)."""
     out = []
     for i, (op, v, d, dt, n, b, s) in enumerate(itertools.product(ops, variants, directions, dtypes, counts,
                                                                   buffers, syncs)):
-        if op in REDUCE_OPS and DTYPES[dt] not in REDUCE_DTYPES:
+        spec = get(op)
+        if not spec.accepts(DTYPES[dt]):
             continue
         out.append(Case(op, v, d, dt, n, b, False, s, seed + i))
-        if op in IN_PLACE_OPS:
+        if spec.in_place:
             out.append(Case(op, v, d, dt, n, b, True, s, seed + i + 100_000))
     return out
 
@@ -150,106 +99,43 @@ class Buffers:
         else:
             out = torch.empty(out_numel, dtype=dtype, device=self.comm.device)
             inp = torch.empty(in_numel, dtype=dtype, device=self.comm.device)
-        rank = self.comm.rank
-        if case.in_place and case.op == "all_gather":  # the input is our slot of the output
-            inp = out[rank * in_numel: (rank + 1) * in_numel]
-        elif case.in_place and case.op == "reduce_scatter":  # the output is our chunk of the input
-            out = inp[rank * out_numel: (rank + 1) * out_numel]
-        elif case.in_place:  # all_reduce(tensor)
-            inp = out
-        return out, inp
+        return case.spec.in_place_views(out, inp, self.comm.rank) if case.in_place else (out, inp)
 
 
-def call(comm, case: Case, out: torch.Tensor, inp: torch.Tensor, counts: Optional[list[list[int]]] = None):
-    opts = dict(variant=case.variant, direction=case.direction, sync=case.sync, handshake=case.handshake)
-    if case.op == "all_gather":
-        return comm.all_gather(out, inp, **opts)
-    if case.op == "all_to_all":
-        return comm.all_to_all(out, inp, **opts)
-    if case.op == "reduce_scatter":
-        return comm.reduce_scatter(out, inp, **opts)
-    if case.op == "all_reduce":
-        return comm.all_reduce(out, **opts) if case.in_place else comm.all_reduce(out, inp, **opts)
-    return comm.all_to_all_v(out, inp, counts, **opts)
-
-
-def nccl_reference(case: Case, inp: torch.Tensor, out_numel: int, counts: list[list[int]], rank: int) -> torch.Tensor:
-    """The same collective through torch.distributed (NCCL on GPUs): bytes, or typed for sums."""
-    import torch.distributed as dist
-
-    if case.op == "reduce_scatter":
-        out = torch.empty(out_numel, dtype=inp.dtype, device=inp.device)
-        dist.reduce_scatter_tensor(out, inp.contiguous())
-        return out
-    if case.op == "all_reduce":
-        out = inp.clone()
-        dist.all_reduce(out)
-        return out
-    src = inp.contiguous().view(torch.uint8)
-    out = torch.empty(out_numel * inp.element_size(), dtype=torch.uint8, device=inp.device)
-    if case.op == "all_gather":
-        dist.all_gather_into_tensor(out, src)
-    else:
-        size = inp.element_size()
-        send = [c * size for c in counts[rank]]
-        recv = [row[rank] * size for row in counts]
-        dist.all_to_all_single(out, src[: sum(send)], recv, send)
-    return out
+def call(comm, case: Case, out: torch.Tensor, inp: torch.Tensor, counts=None):
+    extra = () if counts is None else (counts,)
+    return comm.collective(case.op, out, inp, *extra, variant=case.variant, direction=case.direction,
+                           sync=case.sync, handshake=case.handshake)
 
 
 def run_case(comm, bufs: Buffers, case: Case, nccl: bool = False) -> Optional[str]:
     """Run one case on this rank; None if the output is right, else what is wrong.
-    With ``nccl``, NCCL's output on the same input must match too."""
-    world, rank = comm.world, comm.rank
+    With ``nccl``, torch.distributed's output on the same input must match too."""
+    world, rank, spec = comm.world, comm.rank, case.spec
     counts = send_counts(case, world)
-    host_in = rank_input(case, rank, world)
-    expect = expected_output(case, rank, world)
-    out, inp = bufs.make(case, host_in.numel(), expect.numel())
-    fuzzy = reduces(case) and out.dtype.is_floating_point  # summation order changes the low bits
-    if fuzzy:
-        out.fill_(float("nan"))
-    elif out.numel():
-        out.view(torch.uint8).fill_(POISON)
-    inp.copy_(host_in.to(inp.device))
+    inputs = all_inputs(case, world)
+    n_in, n_out = numels(case, rank, world)
+    out, inp = bufs.make(case, n_in, n_out)
+    poison(spec, out)
+    inp.copy_(inputs[rank].to(inp.device))
     sent = inp.clone()  # in place, the input is overwritten by the collective
     call(comm, case, out, inp, counts)
-    if not fuzzy:
-        error = _compare(out.cpu(), expect, "CPU reference")
-        if error is None and nccl:
-            error = _compare(out.cpu(), nccl_reference(case, sent, expect.numel(), counts, rank).cpu(), "NCCL")
-        return error
-    exact, magnitude = exact_sum(case, rank, world)
-    error = _compare_sum(out.cpu(), exact, magnitude, world, "exact (float64) sum")
-    if error is None and nccl:  # both are within the tolerance of the exact sum: within twice of each other
-        got_nccl = nccl_reference(case, sent, expect.numel(), counts, rank).cpu().to(torch.float64)
-        error = _compare_sum(out.cpu(), got_nccl, magnitude, world, "NCCL", slack=2)
+    got = out.cpu()
+    error = mismatch(spec, got, inputs, rank, counts,
+                     "exact (float64) sum" if fuzzy(spec, got.dtype) else "CPU reference")
+    if error is None and nccl:
+        theirs = torch.empty(n_out, dtype=out.dtype, device=out.device)
+        spec.torch_call(theirs, sent, counts=counts)
+        if fuzzy(spec, got.dtype):  # both are within the tolerance of the exact sum: within twice of each other
+            magnitude = expected(spec, inputs, rank, counts)[1]
+            error = compare_sum(got, theirs.cpu().to(torch.float64), magnitude, world, "NCCL", slack=2)
+        else:
+            error = compare_bytes(got, theirs.cpu(), "NCCL")
     return error
 
 
-def _compare(got: torch.Tensor, expect: torch.Tensor, what: str) -> Optional[str]:
-    got, expect = got.reshape(-1).view(torch.uint8), expect.reshape(-1).view(torch.uint8)
-    if torch.equal(got, expect):
-        return None
-    bad = (got != expect).nonzero()
-    return f"{bad.numel()} of {expect.numel()} bytes differ from the {what}, first at byte {int(bad[0])}"
-
-
-def _compare_sum(got: torch.Tensor, exact: torch.Tensor, magnitude: torch.Tensor, world: int, what: str,
-                 slack: float = 1) -> Optional[str]:
-    """Per element: |got - exact| <= slack x (world + 1) x eps x sum |x_i| (NaN, e.g. poison, fails)."""
-    info = torch.finfo(got.dtype)
-    tol = slack * ((world + 1) * info.eps * magnitude + info.tiny)
-    err = (got.reshape(-1).to(torch.float64) - exact.reshape(-1)).abs()
-    bad = (~(err <= tol.reshape(-1))).nonzero()
-    if bad.numel() == 0:
-        return None
-    i = int(bad[0])
-    return (f"{bad.numel()} of {exact.numel()} elements differ from the {what} by more than "
-            f"{slack:g} x (world + 1) x eps x sum |x_i|, first at element {i}: {float(got.reshape(-1)[i])!r} "
-            f"vs {float(exact.reshape(-1)[i])!r}")
-
-
-PIPELINE_OPS = ("all_gather", "all_to_all", "all_to_all_v")
+# the ops a lean pipeline applies to: exchanges, not sums
+PIPELINE_OPS = tuple(name for name, spec in REGISTRY.items() if not spec.reduces)
 
 
 def pipeline_buffers(comm, in_bytes: int, out_bytes: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -324,8 +210,8 @@ def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int
         one_pass()
     if comm.device.type == "cuda":
         torch.cuda.synchronize(comm.device)
-    return [_compare(results[k].cpu(), expected_output(replace(c, seed=c.seed + offset), rank, world), "CPU reference")
-            for k, c in enumerate(cases)], lean
+    return [compare_bytes(results[k].cpu(), expected_output(replace(c, seed=c.seed + offset), rank, world),
+                          "CPU reference") for k, c in enumerate(cases)], lean
 
 
 def run_pipelines(comm, ops: Iterable[str], variants: Iterable[str], dtypes: Iterable[str], counts: Iterable[int],
