@@ -1,4 +1,6 @@
 """The Snakemake DAG parses, validates its config and plans the right jobs on a CPU machine."""
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,3 +78,54 @@ def test_amd_dmalatte_baseline_is_built_swept_and_parsed_when_configured(tmp_pat
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rule amd_dmalatte_build:" in r.stdout and "rule amd_dmalatte_sweep:" in r.stdout
     assert "dmacoll.bench.amd_dmalatte" in r.stdout and "--world 8 --op ag --variant 'pcpy'" in r.stdout
+
+
+# Snakemake probes conda even in a dry run (`conda info --json`, `conda --version`, the channel priority) and stops
+# where there is none (CI). This stand-in answers those probes, so that `--sdm conda --dry-run --printshellcmds` prints
+# the commands the rules would run in their environments; it fails loudly on any other call.
+FAKE_CONDA = """#!/bin/sh
+case "$*" in
+  "info --json") echo '{"conda_prefix": "/nonexistent/conda", "platform": "linux-64"}' ;;
+  "--version") echo "conda 25.1.1" ;;
+  "config --get channel_priority --json") echo '{"get": {"channel_priority": "strict"}}' ;;
+  *) echo "fake conda: unexpected call: conda $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def interpreters(out):
+    """The interpreter of every `<python> -m <module>` in the shell commands a --printshellcmds dry run shows."""
+    commands = [line for line in out.splitlines() if line.startswith("Shell command:")]
+    return [py for c in commands for py in re.findall(r"([^\s(]+) -m \S", c)]
+
+
+@pytest.mark.parametrize("platform_file, extra, module", [
+    (None, "platform: none\n", "dmacoll.analysis.index_page"),  # no GPU: build, host check, notebooks, claims, index
+    ("config/h200x2.yaml", "vllm: {enabled: true}\n", "dmacoll.e2e.vllm_results"),  # every GPU rule, vLLM's too
+    ("config/mi300x.yaml", "amd_dmalatte:\n  checkout: /opt/AMD-DMA-Latte\n  runs:\n"  # the AMD-DMA-Latte baseline
+                           "    ag_pcpy: {op: ag, variant: pcpy, command: './build/sdma_collective --ag'}\n",
+     "dmacoll.bench.amd_dmalatte"),
+], ids=["cpu", "cuda", "rocm"])
+def test_sdm_conda_runs_rules_in_their_environments(platform_file, extra, module, tmp_path):
+    """Under --sdm conda no rule's command names the interpreter running snakemake (the .venv): each runs the
+    `python` of its activated conda environment. Without it (make artifact) each runs the .venv's interpreter."""
+    (tmp_path / "extra.yaml").write_text(f"outdir: {tmp_path}\n{extra}")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/conda").write_text(FAKE_CONDA)
+    (tmp_path / "bin/conda").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    command = [SNAKEMAKE, "--cores", "1", "--dry-run", "--printshellcmds", "--configfile", "config/config.yaml",
+               *([platform_file] if platform_file else []), str(tmp_path / "extra.yaml")]
+
+    conda = subprocess.run([*command, "--sdm", "conda"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=env)
+    assert conda.returncode == 0, conda.stdout[-2000:] + conda.stderr[-2000:]
+    assert "Conda environment envs/cpu.yaml will be created" in conda.stdout + conda.stderr
+    assert f"python -m {module} " in conda.stdout
+    assert set(interpreters(conda.stdout)) == {"python"}
+    assert sys.executable not in conda.stdout
+
+    default = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert default.returncode == 0, default.stderr[-2000:]
+    assert len(interpreters(default.stdout)) == len(interpreters(conda.stdout))
+    assert {os.path.realpath(py) for py in interpreters(default.stdout)} == {os.path.realpath(sys.executable)}

@@ -4,7 +4,14 @@ from pathlib import Path
 import subprocess
 import sys
 
-PY = sys.executable  # the interpreter running snakemake: the project's .venv
+from snakemake.settings.types import DeploymentMethod
+
+# The rules' interpreter. Under `snakemake --sdm conda` Snakemake activates each rule's conda: environment
+# (envs/*.yaml) around its command, so plain `python` is that environment's; otherwise (`make artifact`) the
+# interpreter running snakemake: the project's .venv.
+SDM_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+PY = "python" if SDM_CONDA else sys.executable
+
 OUT = config["outdir"]
 
 
