@@ -1,3 +1,4 @@
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -11,6 +12,9 @@ from snakemake.settings.types import DeploymentMethod
 # interpreter running snakemake: the project's .venv.
 SDM_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
 PY = "python" if SDM_CONDA else sys.executable
+# envs/*.yaml install dmacoll with `pip: -e ${DMACOLL_ROOT}[...]`: Snakemake hands conda a copy of the env file in
+# .snakemake/conda/ and conda runs pip in that copy's folder, so a relative path could not name this checkout.
+os.environ.update(DMACOLL_ROOT=str(Path(workflow.basedir).resolve()))  # set for conda and pip, read by no rule
 
 OUT = config["outdir"]
 
