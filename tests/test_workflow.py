@@ -1,9 +1,12 @@
 """The Snakemake DAG parses, validates its config and plans the right jobs on a CPU machine."""
 import os
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,3 +143,50 @@ def test_conda_envs_install_this_checkout(env):
     pip = next(d["pip"] for d in yaml.safe_load(env.read_text())["dependencies"] if isinstance(d, dict))
     (editable,) = [line for line in pip if line.startswith("-e ")]
     assert editable.split()[1].split("[")[0] == "${DMACOLL_ROOT}"
+
+
+def artifact_flags():
+    """The flags `make artifact` gives snakemake (the Makefile's SNAKEMAKE_FLAGS, the one place they are kept)."""
+    r = subprocess.run(["make", "-s", "--no-print-directory", "snakemake-flags"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return shlex.split(r.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_make_artifact_resumes_after_ctrl_c(tmp_path):
+    """Ctrl-C during `make artifact` leaves Snakemake's incomplete-output markers; the same command run again
+    must finish the work, not stop with IncompleteFilesException. Cut down to one job of a few seconds (the
+    host-emulator check at 2 ranks) by a small config and --until; the flags are make artifact's."""
+    (tmp_path / "small.yaml").write_text(f"platform: none\noutdir: {tmp_path}/out\nhost_check: {{world: 2}}\n")
+    select = ("--configfile", "config/config.yaml", str(tmp_path / "small.yaml"), "--until", "host_check")
+    command = [SNAKEMAKE, *artifact_flags(), *select]
+    with open(tmp_path / "interrupted.log", "w") as log:
+        # a session of its own: the signal reaches snakemake and its jobs, as Ctrl-C reaches the terminal's
+        # foreground process group, and not pytest
+        run = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            # the job's shell creates its output (`> {output}`) before the check starts: from then on it runs
+            while not any((tmp_path / "out").rglob("host_w2.txt")) and run.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert run.poll() is None, "the job ended before it could be interrupted"
+            os.killpg(run.pid, signal.SIGINT)
+            assert run.wait(timeout=120) != 0
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+    plain = subprocess.run([SNAKEMAKE, "--cores", "1", "--dry-run", *select], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert "IncompleteFilesException" in plain.stdout + plain.stderr  # what stopped a plain rerun
+
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    (out,) = (tmp_path / "out").rglob("host_w2.txt")
+    assert out.read_text().strip()
+    done = subprocess.run([SNAKEMAKE, "--cores", "1", "--dry-run", *select], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "rule host_check:" not in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
