@@ -10,8 +10,11 @@ CORES     ?= 2
 # GPU rules ask for every GPU (resources: gpu=N); declaring what the machine has keeps them from overlapping
 GPUS      ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)
 STAMP     := $(VENV)/.installed
+# what `make artifact` runs snakemake with (tests/test_workflow.py reads it: make -s snakemake-flags);
+# --rerun-incomplete: a run stopped by Ctrl-C leaves incomplete-output markers that would stop the next one
+SNAKEMAKE_FLAGS = --cores $(CORES) --resources gpu=$(GPUS) --printshellcmds --rerun-incomplete
 
-.PHONY: setup artifact test test-gpu dryrun clean
+.PHONY: setup artifact test test-gpu dryrun clean snakemake-flags
 
 setup: $(STAMP)
 
@@ -22,10 +25,14 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 artifact: $(STAMP)
-	$(VENV)/bin/snakemake --cores $(CORES) --resources gpu=$(GPUS) --printshellcmds
+	$(VENV)/bin/snakemake $(SNAKEMAKE_FLAGS)
 
+snakemake-flags:
+	@echo $(SNAKEMAKE_FLAGS)
+
+# what `make artifact` would run (after an interrupted run too)
 dryrun: $(STAMP)
-	$(VENV)/bin/snakemake --cores $(CORES) --dry-run
+	$(VENV)/bin/snakemake $(SNAKEMAKE_FLAGS) --dry-run
 
 test: $(STAMP)
 	$(PY) -m pytest -q

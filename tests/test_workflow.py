@@ -1,7 +1,12 @@
 """The Snakemake DAG parses, validates its config and plans the right jobs on a CPU machine."""
+import os
+import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +81,112 @@ def test_amd_dmalatte_baseline_is_built_swept_and_parsed_when_configured(tmp_pat
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rule amd_dmalatte_build:" in r.stdout and "rule amd_dmalatte_sweep:" in r.stdout
     assert "dmacoll.bench.amd_dmalatte" in r.stdout and "--world 8 --op ag --variant 'pcpy'" in r.stdout
+
+
+# Snakemake probes conda even in a dry run (`conda info --json`, `conda --version`, the channel priority) and stops
+# where there is none (CI). This stand-in answers those probes, so that `--sdm conda --dry-run --printshellcmds` prints
+# the commands the rules would run in their environments; it fails loudly on any other call.
+FAKE_CONDA = """#!/bin/sh
+case "$*" in
+  "info --json") echo '{"conda_prefix": "/nonexistent/conda", "platform": "linux-64"}' ;;
+  "--version") echo "conda 25.1.1" ;;
+  "config --get channel_priority --json") echo '{"get": {"channel_priority": "strict"}}' ;;
+  *) echo "fake conda: unexpected call: conda $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def interpreters(out):
+    """The interpreter of every `<python> -m <module>` in the shell commands a --printshellcmds dry run shows."""
+    commands = [line for line in out.splitlines() if line.startswith("Shell command:")]
+    return [py for c in commands for py in re.findall(r"([^\s(]+) -m \S", c)]
+
+
+@pytest.mark.parametrize("platform_file, extra, module", [
+    (None, "platform: none\n", "dmacoll.analysis.index_page"),  # no GPU: build, host check, notebooks, claims, index
+    ("config/h200x2.yaml", "vllm: {enabled: true}\n", "dmacoll.e2e.vllm_results"),  # every GPU rule, vLLM's too
+    ("config/mi300x.yaml", "amd_dmalatte:\n  checkout: /opt/AMD-DMA-Latte\n  runs:\n"  # the AMD-DMA-Latte baseline
+                           "    ag_pcpy: {op: ag, variant: pcpy, command: './build/sdma_collective --ag'}\n",
+     "dmacoll.bench.amd_dmalatte"),
+], ids=["cpu", "cuda", "rocm"])
+def test_sdm_conda_runs_rules_in_their_environments(platform_file, extra, module, tmp_path):
+    """Under --sdm conda no rule's command names the interpreter running snakemake (the .venv): each runs the
+    `python` of its activated conda environment. Without it (make artifact) each runs the .venv's interpreter."""
+    (tmp_path / "extra.yaml").write_text(f"outdir: {tmp_path}\n{extra}")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/conda").write_text(FAKE_CONDA)
+    (tmp_path / "bin/conda").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    command = [SNAKEMAKE, "--cores", "1", "--dry-run", "--printshellcmds", "--configfile", "config/config.yaml",
+               *([platform_file] if platform_file else []), str(tmp_path / "extra.yaml")]
+
+    conda = subprocess.run([*command, "--sdm", "conda"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=env)
+    assert conda.returncode == 0, conda.stdout[-2000:] + conda.stderr[-2000:]
+    assert "Conda environment envs/cpu.yaml will be created" in conda.stdout + conda.stderr
+    assert f"python -m {module} " in conda.stdout
+    assert set(interpreters(conda.stdout)) == {"python"}
+    assert sys.executable not in conda.stdout
+
+    default = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert default.returncode == 0, default.stderr[-2000:]
+    assert len(interpreters(default.stdout)) == len(interpreters(conda.stdout))
+    assert {os.path.realpath(py) for py in interpreters(default.stdout)} == {os.path.realpath(sys.executable)}
+
+
+@pytest.mark.parametrize("env", sorted((ROOT / "envs").glob("*.yaml")), ids=lambda p: p.name)
+def test_conda_envs_install_this_checkout(env):
+    """Snakemake hands conda a copy of the env file in .snakemake/conda/ and conda runs pip in that folder, so
+    dmacoll's editable install names the checkout through ${DMACOLL_ROOT} (the workflow sets it), not `..`."""
+    import yaml
+
+    pip = next(d["pip"] for d in yaml.safe_load(env.read_text())["dependencies"] if isinstance(d, dict))
+    (editable,) = [line for line in pip if line.startswith("-e ")]
+    assert editable.split()[1].split("[")[0] == "${DMACOLL_ROOT}"
+
+
+def artifact_flags():
+    """The flags `make artifact` gives snakemake (the Makefile's SNAKEMAKE_FLAGS, the one place they are kept)."""
+    r = subprocess.run(["make", "-s", "--no-print-directory", "snakemake-flags"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return shlex.split(r.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_make_artifact_resumes_after_ctrl_c(tmp_path):
+    """Ctrl-C during `make artifact` leaves Snakemake's incomplete-output markers; the same command run again
+    must finish the work, not stop with IncompleteFilesException. Cut down to one job of a few seconds (the
+    host-emulator check at 2 ranks) by a small config and --until; the flags are make artifact's."""
+    (tmp_path / "small.yaml").write_text(f"platform: none\noutdir: {tmp_path}/out\nhost_check: {{world: 2}}\n")
+    select = ("--configfile", "config/config.yaml", str(tmp_path / "small.yaml"), "--until", "host_check")
+    command = [SNAKEMAKE, *artifact_flags(), *select]
+    with open(tmp_path / "interrupted.log", "w") as log:
+        # a session of its own: the signal reaches snakemake and its jobs, as Ctrl-C reaches the terminal's
+        # foreground process group, and not pytest
+        run = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            # the job's shell creates its output (`> {output}`) before the check starts: from then on it runs
+            while not any((tmp_path / "out").rglob("host_w2.txt")) and run.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert run.poll() is None, "the job ended before it could be interrupted"
+            os.killpg(run.pid, signal.SIGINT)
+            assert run.wait(timeout=120) != 0
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+    plain = subprocess.run([SNAKEMAKE, "--cores", "1", "--dry-run", *select], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert "IncompleteFilesException" in plain.stdout + plain.stderr  # what stopped a plain rerun
+
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    (out,) = (tmp_path / "out").rglob("host_w2.txt")
+    assert out.read_text().strip()
+    done = subprocess.run([SNAKEMAKE, "--cores", "1", "--dry-run", *select], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "rule host_check:" not in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

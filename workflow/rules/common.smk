@@ -1,10 +1,21 @@
+import os
 import shlex
 import shutil
 from pathlib import Path
 import subprocess
 import sys
 
-PY = sys.executable  # the interpreter running snakemake: the project's .venv
+from snakemake.settings.types import DeploymentMethod
+
+# The rules' interpreter. Under `snakemake --sdm conda` Snakemake activates each rule's conda: environment
+# (envs/*.yaml) around its command, so plain `python` is that environment's; otherwise (`make artifact`) the
+# interpreter running snakemake: the project's .venv.
+SDM_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+PY = "python" if SDM_CONDA else sys.executable
+# envs/*.yaml install dmacoll with `pip: -e ${DMACOLL_ROOT}[...]`: Snakemake hands conda a copy of the env file in
+# .snakemake/conda/ and conda runs pip in that copy's folder, so a relative path could not name this checkout.
+os.environ.update(DMACOLL_ROOT=str(Path(workflow.basedir).resolve()))  # set for conda and pip, read by no rule
+
 OUT = config["outdir"]
 
 
