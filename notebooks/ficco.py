@@ -107,7 +107,7 @@ losses
 # %% [markdown]
 # ## Picking a schedule from static sizes
 #
-# A depth-2 decision table (`dmacoll.ficco_heuristics`: features, loss and split) learned on all models but
+# A depth-2 decision table (`dmacoll.analysis.ficco_rules`: features, loss and split) learned on all models but
 # one and tested on the held-out model. Accuracy: the pick is the best schedule (within 0.1%); within 5%: its
 # time is within 5% of the best's.
 

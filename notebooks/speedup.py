@@ -31,11 +31,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import report  # noqa: E402
+from dmacoll.analysis import load, report  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
-df = report.load(csvs)
+df = load.read("operator", csvs)
 table = report.speedup_table(df)
 table.to_csv(out / "speedup.csv", index=False)
 for (op, mode), part in table.groupby(["op", "mode"]):

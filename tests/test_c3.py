@@ -168,7 +168,7 @@ def test_rows_fill_exactly_the_csv_columns(tmp_path):
     csv = tmp_path / "c3.csv"
     provenance.write_table(csv, [ok, skip], g.C3_COLUMNS, {"shapes": ["gemm:512x4096x4096"]})
     back = h.load([str(csv)])
-    assert list(back.columns) == g.C3_COLUMNS and csv.with_suffix(".json").exists()
+    assert list(back.columns) == g.C3_COLUMNS + ["source"] and csv.with_suffix(".json").exists()
     coll = h.collapse(back)
     assert list(coll["option"]) == ["partition 96/132"]  # the skipped row does not count
     assert coll["fraction_of_ideal"].iloc[0] == pytest.approx((2000 - 1500) / (2000 - 1000))
