@@ -19,7 +19,7 @@
 # paper's breakdown is for AMD MI300X SDMA engines.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/breakdown/breakdown.csv"]
+csvs = ["results/h200x2/breakdown/breakdown/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/breakdown"
 

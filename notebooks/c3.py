@@ -28,7 +28,7 @@
 #   here): 21% baseline, 42% with schedule prioritization and CU partitioning, 72% with DMA collectives.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/c3/c3.csv"]
+csvs = ["results/h200x2/c3/c3/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/c3"
 

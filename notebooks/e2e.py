@@ -25,7 +25,7 @@
 #   the vLLM runs are enabled).
 
 # %% tags=["parameters"]
-csvs = ["results/local/e2e/e2e.csv"]
+csvs = ["results/local/e2e/e2e/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/e2e"
 

@@ -22,7 +22,7 @@
 # * The FiCCO paper reports up to 1.6x speedup on AMD MI300X; that number is the paper's, not measured here.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/ficco/ficco.csv"]
+csvs = ["results/h200x2/ficco/ficco/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/ficco"
 

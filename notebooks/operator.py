@@ -18,8 +18,8 @@
 # Measured on NVIDIA Hopper; the papers this reproduces (ConCCL, DMA-Latte) ran on AMD MI300X.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/operator/sweep_all_gather.csv",
-        "results/reference/h200x2/operator/sweep_all_to_all.csv", "results/reference/h200x2/operator/nccl_ce.csv"]
+csvs = ["results/h200x2/operator/sweep_all_gather/data.csv",
+        "results/h200x2/operator/sweep_all_to_all/data.csv", "results/h200x2/operator/nccl_ce/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/operator"
 

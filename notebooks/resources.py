@@ -23,8 +23,8 @@
 # papers measured AMD MI300X.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/power/power.csv", "results/reference/h200x2/power/sm_usage.csv",
-        "results/reference/h200x2/power/interference.csv"]
+csvs = ["results/h200x2/power/power/data.csv", "results/h200x2/power/sm_usage/data.csv",
+        "results/h200x2/power/interference/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/resources"
 

@@ -17,8 +17,8 @@
 # sweep CSVs given as `csvs`. Measured on NVIDIA Hopper; the paper ran on AMD MI300X.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/operator/sweep_all_gather.csv",
-        "results/reference/h200x2/operator/sweep_all_to_all.csv"]
+csvs = ["results/h200x2/operator/sweep_all_gather/data.csv",
+        "results/h200x2/operator/sweep_all_to_all/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/speedup"
 
