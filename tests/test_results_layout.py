@@ -86,7 +86,8 @@ def test_layout_rule_flags_strays(tmp_path):
 
 def test_fresh_runs_write_the_same_layout():
     """Every CSV a workflow rule writes under the output folder is a run folder's data.csv."""
-    outputs = re.findall(r'\{OUT\}/([^"]*\.csv)', "".join(p.read_text() for p in (ROOT / "workflow/rules").glob("*.smk")))
+    rules = "".join(p.read_text() for p in (ROOT / "workflow/rules").glob("*.smk"))
+    outputs = re.findall(r'\{OUT\}/([^"]*\.csv)', rules)
     assert outputs and all(re.fullmatch(r"[^/]+/[^/]+/data\.csv", o) for o in outputs), outputs
 
 
