@@ -19,27 +19,25 @@
 # paper's breakdown is for AMD MI300X SDMA engines.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/breakdown/breakdown.csv"]
+csvs = ["results/h200x2/breakdown/breakdown/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/breakdown"
 
 # %%
-import json
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
 
-from dmacoll.analysis import report  # noqa: E402
+from dmacoll.analysis import load, report  # noqa: E402
 from dmacoll.sizes import human  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
-df = pd.read_csv(csvs[0])
-prov = json.loads(Path(csvs[0]).with_suffix(".json").read_text())
+df = load.read("breakdown", csvs[:1])
+prov = load.provenance(csvs[0])
 print(f"{len(df)} rows from {csvs[0]}; git {prov['git_sha'][:10]}, GPUs {prov['hardware']['gpus']}")
 wide = df.pivot(index="bytes", columns="phase", values="time_us")
 wide.index = [human(int(b)) for b in wide.index]

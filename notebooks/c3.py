@@ -28,7 +28,7 @@
 #   here): 21% baseline, 42% with schedule prioritization and CU partitioning, 72% with DMA collectives.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/c3/c3.csv"]
+csvs = ["results/h200x2/c3/c3/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/c3"
 
@@ -119,7 +119,7 @@ report.save_figure(g.figure, out, "speedup_per_ratio")
 # %% [markdown]
 # ## Picking a strategy at run time
 #
-# A depth-2 decision table learned on some shapes, tested on held-out ones (`dmacoll.c3_heuristics`
+# A depth-2 decision table learned on some shapes, tested on held-out ones (`dmacoll.analysis.c3_rules`
 # states the features, the loss and the split). Accuracy: the pick is the best strategy; within 5%: its
 # T_c3 is within 5% of the best's; mean fraction of ideal: what the picks realize, to compare with the
 # single strategies' means above.

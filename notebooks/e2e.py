@@ -25,7 +25,7 @@
 #   the vLLM runs are enabled).
 
 # %% tags=["parameters"]
-csvs = ["results/local/e2e/e2e.csv"]
+csvs = ["results/local/e2e/e2e/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/e2e"
 
@@ -38,7 +38,7 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import report  # noqa: E402
+from dmacoll.analysis import load, report  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
@@ -53,7 +53,7 @@ def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
 
 frames = {"e2e": [], "vllm": []}
 for p in csvs:
-    df = pd.read_csv(p, keep_default_na=False, na_values=["nan", ""])
+    df = load.read("e2e", [p])  # a vLLM table reads the same way; its rows have a metric column
     frames["vllm" if "metric" in df.columns else "e2e"].append(df)
 report.print_provenance(csvs)
 raw = pd.concat(frames["e2e"], ignore_index=True)

@@ -22,7 +22,7 @@
 # * The FiCCO paper reports up to 1.6x speedup on AMD MI300X; that number is the paper's, not measured here.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/ficco/ficco.csv"]
+csvs = ["results/h200x2/ficco/ficco/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/ficco"
 
@@ -107,7 +107,7 @@ losses
 # %% [markdown]
 # ## Picking a schedule from static sizes
 #
-# A depth-2 decision table (`dmacoll.ficco_heuristics`: features, loss and split) learned on all models but
+# A depth-2 decision table (`dmacoll.analysis.ficco_rules`: features, loss and split) learned on all models but
 # one and tested on the held-out model. Accuracy: the pick is the best schedule (within 0.1%); within 5%: its
 # time is within 5% of the best's.
 

@@ -18,13 +18,12 @@
 # Measured on NVIDIA Hopper; the papers this reproduces (ConCCL, DMA-Latte) ran on AMD MI300X.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/operator/sweep_all_gather.csv",
-        "results/reference/h200x2/operator/sweep_all_to_all.csv", "results/reference/h200x2/operator/nccl_ce.csv"]
+csvs = ["results/h200x2/operator/sweep_all_gather/data.csv",
+        "results/h200x2/operator/sweep_all_to_all/data.csv", "results/h200x2/operator/nccl_ce/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/operator"
 
 # %%
-import json
 from pathlib import Path
 
 import matplotlib
@@ -33,12 +32,12 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import report  # noqa: E402
+from dmacoll.analysis import load, report  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
-df = report.load(csvs)
-prov = json.loads(Path(csvs[0]).with_suffix(".json").read_text())
+df = load.read("operator", csvs)
+prov = load.provenance(csvs[0])
 print(f"{len(df)} points from {csvs}; git {prov['git_sha'][:10]}, torch {prov['software']['torch']}, "
       f"NCCL {prov['software']['nccl']}, GPUs {prov['hardware']['gpus']}")
 print("failed points:", int((df['status'] != 'ok').sum()), " wrong outputs:",

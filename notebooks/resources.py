@@ -23,13 +23,12 @@
 # papers measured AMD MI300X.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/power/power.csv", "results/reference/h200x2/power/sm_usage.csv",
-        "results/reference/h200x2/power/interference.csv"]
+csvs = ["results/h200x2/power/power/data.csv", "results/h200x2/power/sm_usage/data.csv",
+        "results/h200x2/power/interference/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/resources"
 
 # %%
-import json
 from pathlib import Path
 
 import matplotlib
@@ -39,14 +38,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import report  # noqa: E402
+from dmacoll.analysis import load, report  # noqa: E402
 from dmacoll.sizes import human  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
-power, sm, inter = (pd.read_csv(p, keep_default_na=False, na_values=["nan", ""]) for p in csvs)
+power, sm, inter = (load.read(kind, [p]) for kind, p in zip(("power", "sm_usage", "interference"), csvs))
 for p in csvs:
-    prov = json.loads(Path(p).with_suffix(".json").read_text())
+    prov = load.provenance(p)
     print(f"{p}: git {prov['git_sha'][:10]}, GPUs {prov['hardware']['gpus']}")
 
 

@@ -17,8 +17,8 @@
 # sweep CSVs given as `csvs`. Measured on NVIDIA Hopper; the paper ran on AMD MI300X.
 
 # %% tags=["parameters"]
-csvs = ["results/reference/h200x2/operator/sweep_all_gather.csv",
-        "results/reference/h200x2/operator/sweep_all_to_all.csv"]
+csvs = ["results/h200x2/operator/sweep_all_gather/data.csv",
+        "results/h200x2/operator/sweep_all_to_all/data.csv"]
 platform_label = "2x H200 (NVLink)"
 outdir = "results/local/figures/speedup"
 
@@ -31,11 +31,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import report  # noqa: E402
+from dmacoll.analysis import load, report  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
-df = report.load(csvs)
+df = load.read("operator", csvs)
 table = report.speedup_table(df)
 table.to_csv(out / "speedup.csv", index=False)
 for (op, mode), part in table.groupby(["op", "mode"]):

@@ -168,7 +168,7 @@ def test_rows_fill_exactly_the_csv_columns(tmp_path):
     csv = tmp_path / "c3.csv"
     provenance.write_table(csv, [ok, skip], g.C3_COLUMNS, {"shapes": ["gemm:512x4096x4096"]})
     back = h.load([str(csv)])
-    assert list(back.columns) == g.C3_COLUMNS and csv.with_suffix(".json").exists()
+    assert list(back.columns) == g.C3_COLUMNS + ["source"] and csv.with_suffix(".json").exists()
     coll = h.collapse(back)
     assert list(coll["option"]) == ["partition 96/132"]  # the skipped row does not count
     assert coll["fraction_of_ideal"].iloc[0] == pytest.approx((2000 - 1500) / (2000 - 1000))
@@ -296,14 +296,14 @@ def test_rule_runs_the_cli_with_its_config(tmp_path):
                          f'config["c3"] = {{"shapes": ["gemm:512x4096x4096"], "ops": ["all_gather"], "repeats": 3}}\n'
                          f'include: "{ROOT}/workflow/rules/common.smk"\ninclude: "{ROOT}/workflow/rules/c3.smk"\n')
     r = subprocess.run([SNAKEMAKE, "-s", str(snakefile), "--directory", str(ROOT), "--cores", "1", "--dry-run",
-                        "--printshellcmds", f"{tmp_path}/c3/c3.csv", "--config", "platform=cuda",
+                        "--printshellcmds", f"{tmp_path}/c3/c3/data.csv", "--config", "platform=cuda",
                         f"outdir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rule c3:" in r.stdout
     line = next(x for x in r.stdout.splitlines() if "-m dmacoll c3" in x)
     argv = shlex.split(line.split("2>&1")[0])
     argv = argv[argv.index("c3"):]
-    assert argv[argv.index("--out") + 1] == f"{tmp_path}/c3/c3.csv"
+    assert argv[argv.index("--out") + 1] == f"{tmp_path}/c3/c3/data.csv"
     assert argv[argv.index("--repeats") + 1] == "3"
     assert cli.main(argv + ["--dry-run"]) == 0
 

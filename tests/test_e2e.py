@@ -404,7 +404,7 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
         f'include: "{ROOT}/workflow/rules/common.smk"\ninclude: "{ROOT}/workflow/rules/e2e_functions.smk"\n'
         f'include: "{ROOT}/workflow/rules/e2e.smk"\n')
     r = subprocess.run([SNAKEMAKE, "-s", str(snakefile), "--directory", str(ROOT), "--cores", "1", "--dry-run",
-                        "--printshellcmds", f"{tmp_path}/e2e/e2e.csv", f"{tmp_path}/e2e/vllm.csv", "--config",
+                        "--printshellcmds", f"{tmp_path}/e2e/e2e/data.csv", f"{tmp_path}/e2e/vllm/data.csv", "--config",
                         "platform=cuda", f"outdir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rule e2e:" in r.stdout and "rule vllm_results:" in r.stdout
@@ -412,7 +412,7 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
     line = next(x for x in r.stdout.splitlines() if "-m dmacoll e2e" in x)
     argv = shlex.split(line.split("2>&1")[0])
     argv = argv[argv.index("e2e"):]
-    assert argv[argv.index("--out") + 1] == f"{tmp_path}/e2e/e2e.csv" and argv[argv.index("--layers") + 1] == "1"
+    assert argv[argv.index("--out") + 1] == f"{tmp_path}/e2e/e2e/data.csv" and argv[argv.index("--layers") + 1] == "1"
     assert cli.main(argv + ["--dry-run"]) == 0
     bench = [x for x in r.stdout.splitlines() if "bench latency" in x]
     assert any("DMACOLL_VLLM=1" in x for x in bench) and any("DMACOLL_VLLM=0" in x for x in bench)

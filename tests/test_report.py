@@ -11,14 +11,14 @@ from dmacoll.bench.timing import summarize
 from dmacoll.sizes import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
-REF = ROOT / "results/reference/h200x2/operator"
-SWEEPS = [str(REF / "sweep_all_gather.csv"), str(REF / "sweep_all_to_all.csv")]
-CSVS = SWEEPS + [str(REF / "nccl_ce.csv")]
+REF = ROOT / "results/h200x2/operator"
+SWEEPS = [str(REF / "sweep_all_gather/data.csv"), str(REF / "sweep_all_to_all/data.csv")]
+CSVS = SWEEPS + [str(REF / "nccl_ce/data.csv")]
 
 
 def test_reference_results_have_provenance_and_all_columns():
-    x4 = ROOT / "results/reference/h200x4/operator"
-    for csv in CSVS + [str(x4 / f) for f in ("sweep_all_gather.csv", "sweep_all_to_all.csv", "nccl_ce.csv")]:
+    x4 = ROOT / "results/h200x4/operator"
+    for csv in CSVS + [str(x4 / run / "data.csv") for run in ("sweep_all_gather", "sweep_all_to_all", "nccl_ce")]:
         df = pd.read_csv(csv)
         # in order; `submit`, `handshake` came later and report.load fills in their defaults for older sweeps
         assert list(df.columns) == [c for c in COLUMNS if c in df.columns]
@@ -117,7 +117,7 @@ def test_claims_cover_c3_when_given_and_say_not_run_otherwise(tmp_path):
     from dmacoll.analysis import c3_rules as h
     from dmacoll.analysis import claims
 
-    c3 = str(ROOT / "results/reference/h200x2/c3/c3.csv")
+    c3 = str(ROOT / "results/h200x2/c3/c3/data.csv")
     rows = {r["id"]: r for r in claims.evaluate(SWEEPS, c3_csv=c3)}
     assert rows["conccl-c3-dma"]["status"] in ("pass", "fail") and 0 < rows["conccl-c3-dma"]["reproduced"] <= 1.2
     best = rows["conccl-c3-dma-best"]["reproduced"]

@@ -9,8 +9,8 @@ from dmacoll.analysis.tuning_table import derive
 from dmacoll.verify.launch import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
-SWEEPS = [ROOT / "results/reference/h200x2/operator/sweep_all_gather.csv",
-          ROOT / "results/reference/h200x2/operator/sweep_all_to_all.csv"]
+SWEEPS = [ROOT / "results/h200x2/operator/sweep_all_gather/data.csv",
+          ROOT / "results/h200x2/operator/sweep_all_to_all/data.csv"]
 
 
 def _table(entries):

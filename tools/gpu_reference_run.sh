@@ -8,7 +8,8 @@
 #         power    energy per collective (NVML), idle baseline subtracted; kernels vs copies per collective
 #         interference  slowdowns of a GEMM / memory-bound kernel and a collective running together
 #         smoke    a short sweep
-#         build    compile + self-test the native submission library (build/native; a carried copy stays if no cc)
+#         build    compile + self-test the native submission library (build/native; a carried copy stays if no cc);
+#                  its build.log and toolchain.json go beside the native run (native/native/)
 #         native   eager sweep, driver calls from Python vs the native library, 1 KB - 4 MB
 #         batchprobe  which cuMemcpyBatchAsync calls the driver accepts (tools/probe_memcpy_batch.py)
 #         c3       compute next to each collective per overlap strategy, then the strategy heuristic
@@ -18,80 +19,103 @@
 #                  carved-out GEMM (tools/probe_few_sm_kernels.py)
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
 #         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll, logits compared
-# Everything (CSV + JSON provenance + logs) is packed into OUTDIR/results.tgz: few files come back.
+# Everything is packed into OUTDIR/results.tgz (few files come back), laid out as results/<machine>/ is: a run folder
+# <experiment>/<run>/ per output (data.csv, data.json provenance, run.log), this call's machine probe (nvidia-smi,
+# versions) as <experiment>/probe.txt, test logs under tests/. Unpack it into the machine's folder:
+#   tar xzf results.tgz -C results/<machine>/   (then say in each experiment's README.md what was run)
 set -u
 dest=${1:?output dir}; shift; out=$dest/run; [ $# -gt 0 ] || { echo "name at least one part"; exit 2; }
-mkdir -p "$out/logs"
+mkdir -p "$out"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 world=$(nvidia-smi -L | wc -l)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-log=$out/logs
+probe=$dest/probe.txt
 {
   nvidia-smi; nvidia-smi topo -m; nvidia-smi nvlink --status | head -40
   python3 -c 'import torch, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
   python3 -m pip list 2>/dev/null | grep -i -E "cuda-bindings|nvidia-nccl|nvidia-ml-py|pandas|pytest"
-} > "$log/probe.txt" 2>&1
+} > "$probe" 2>&1
+# rundir EXPERIMENT[/RUN]: make the folder, put this call's probe into the experiment, print the folder
+rundir() { mkdir -p "$out/$1"; cp "$probe" "$out/${1%%/*}/probe.txt"; echo "$out/$1"; }
 for part in "$@"; do
 echo "== part $part ($(date -u +%T))"
 case "$part" in
   tests)
     # GPU_TESTS (optional): a pytest -k expression; a hung test fails after DMACOLL_RANK_TIMEOUT_S with stacks
-    [ -f build/native/libdmacoll_submit.so ] || python3 -m dmacoll build --out build/native > "$log/build.log" 2>&1
+    d=$(rundir tests)
+    [ -f build/native/libdmacoll_submit.so ] || python3 -m dmacoll build --out build/native > "$d/build.log" 2>&1
     DMACOLL_RANK_TIMEOUT_S=${DMACOLL_RANK_TIMEOUT_S:-150} timeout ${TESTS_TIMEOUT_S:-540} python3 -m pytest -q \
-      --durations=0 -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$out/pytest_gpu.log" | tail -25 ;;
+      --durations=0 -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$d/pytest_gpu.log" | tail -25 ;;
   check)
+    d=$(rundir tests)
     timeout $((100 * world)) python3 -m dmacoll check --backend cuda --world $world --reference nccl \
       --dtypes float32 bfloat16 float16 int8 int32 int64 bool --counts 1 17 4096 65537 2>&1 | tail -3 \
-      | tee "$out/check_cuda.log" ;;
+      | tee "$d/check_cuda_world$world.log" ;;
   operator)
     for op in all_gather all_to_all; do  # one CSV per op: a run cut short keeps the other
+      d=$(rundir operator/sweep_$op)
       timeout 300 python3 -m dmacoll sweep --ops $op --signals memop copy kernel --prerecord no yes --repeats 15 \
         --handshakes full lean \
-        --submit python native --out "$out/sweep_$op.csv" > "$log/sweep_$op.log" 2>&1; tail -3 "$log/sweep_$op.log"
+        --submit python native --out "$d/data.csv" > "$d/run.log" 2>&1; tail -3 "$d/run.log"
     done
-    timeout 150 python3 -m dmacoll sweep --impls nccl_ce --out "$out/nccl_ce.csv" > "$log/nccl_ce.log" 2>&1
-    tail -3 "$log/nccl_ce.log" ;;
+    d=$(rundir operator/nccl_ce)
+    timeout 150 python3 -m dmacoll sweep --impls nccl_ce --out "$d/data.csv" > "$d/run.log" 2>&1
+    tail -3 "$d/run.log" ;;
   power)
+    d=$(rundir power/power)
     timeout 240 python3 -m dmacoll power --sizes 1K 64K 1M 16M 256M --seconds 1 --repeats 3 \
-      --out "$out/power.csv" 2>&1 | tee "$log/power.log" | tail -30
-    timeout 60 python3 -m dmacoll sm-usage --out "$out/sm_usage.csv" 2>&1 | tee "$log/sm_usage.log" | tail -14 ;;
+      --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -30
+    d=$(rundir power/sm_usage)
+    timeout 60 python3 -m dmacoll sm-usage --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -14 ;;
   interference)
-    timeout 120 python3 -m dmacoll interference --out "$out/interference.csv" 2>&1 | tee "$log/interference.log" \
-      | tail -14 ;;
+    d=$(rundir power/interference)
+    timeout 120 python3 -m dmacoll interference --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -14 ;;
   breakdown)
+    d=$(rundir breakdown/breakdown)
     timeout 60 python3 -m dmacoll breakdown --sizes 1K 4K 16K 64K 256K 1M 4M 16M 64M 256M \
-      --out "$out/breakdown.csv" 2>&1 | tee "$log/breakdown.log" | tail -14 ;;
+      --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -14 ;;
   build)
-    python3 -m dmacoll build --out build/native 2>&1 | tee "$log/build.log" | tail -2
-    cp build/native/toolchain.json "$out/" 2>/dev/null ;;
+    d=$(rundir native/native)
+    python3 -m dmacoll build --out build/native 2>&1 | tee "$d/build.log" | tail -2
+    cp build/native/toolchain.json "$d/" 2>/dev/null ;;
   native)
+    d=$(rundir native/native)
     timeout 300 python3 -m dmacoll sweep --ops all_gather all_to_all --impls nccl dma --variants pcpy b2b \
       --directions push --places out --signals memop copy --submit python native --modes eager --max-bytes 4M \
-      --repeats 15 --out "$out/native.csv" > "$log/native.log" 2>&1; tail -3 "$log/native.log" ;;
+      --repeats 15 --out "$d/data.csv" > "$d/run.log" 2>&1; tail -3 "$d/run.log" ;;
   batchprobe)
-    timeout 240 python3 tools/probe_memcpy_batch.py "$out/memcpy_batch.csv" 2>&1 | tee "$log/memcpy_batch.log" \
-      | tail -40 ;;
+    d=$(rundir operator/memcpy_batch)
+    timeout 240 python3 tools/probe_memcpy_batch.py "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;
   c3)
-    timeout ${C3_TIMEOUT_S:-540} python3 -m dmacoll c3 --out "$out/c3.csv" > "$log/c3.log" 2>&1; tail -12 "$log/c3.log"
-    python3 -m dmacoll.analysis.c3_rules "$out/c3.csv" > "$log/c3_heuristics.log" 2>&1; tail -30 "$log/c3_heuristics.log" ;;
+    d=$(rundir c3/c3)
+    timeout ${C3_TIMEOUT_S:-540} python3 -m dmacoll c3 --out "$d/data.csv" > "$d/run.log" 2>&1; tail -12 "$d/run.log"
+    python3 -m dmacoll.analysis.c3_rules "$d/data.csv" > "$d/c3_rules.log" 2>&1; tail -30 "$d/c3_rules.log" ;;
   contention)
-    timeout 120 python3 tools/probe_copy_contention.py "$out/copy_contention.csv" 2>&1 | tee "$log/copy_contention.log" \
-      | tail -10 ;;
+    d=$(rundir c3/copy_contention)
+    timeout 120 python3 tools/probe_copy_contention.py "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -10 ;;
   probes)
     for t in local_copy_paths flag_latency sm_carveout; do
-      timeout 120 python3 tools/probe_$t.py "$out/$t.csv" 2>&1 | tee "$log/$t.log" | tail -4
-    done ;;
+      d=$(rundir probes/$t)
+      timeout 120 python3 tools/probe_$t.py "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -4
+    done
+    # probe_sm_carveout.py writes its GEMM-cost table beside its CSV (data_gemm_cost.*): a run folder of its own
+    g=$(rundir probes/sm_carveout_gemm_cost)
+    for ext in csv json; do mv "$d/data_gemm_cost.$ext" "$g/data.$ext" 2>/dev/null; done ;;
   fewsm)
-    timeout 240 python3 tools/probe_few_sm_kernels.py "$out/few_sm_kernels.csv" 2>&1 | tee "$log/few_sm_kernels.log" \
-      | tail -40 ;;
+    d=$(rundir probes/few_sm_kernels)
+    timeout 240 python3 tools/probe_few_sm_kernels.py "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;
   ficco)
-    timeout ${FICCO_TIMEOUT_S:-240} python3 -m dmacoll ficco --out "$out/ficco.csv" > "$log/ficco.log" 2>&1
-    tail -12 "$log/ficco.log" ;;
+    d=$(rundir ficco/ficco)
+    timeout ${FICCO_TIMEOUT_S:-240} python3 -m dmacoll ficco --out "$d/data.csv" > "$d/run.log" 2>&1
+    tail -12 "$d/run.log" ;;
   e2e)
-    timeout ${E2E_TIMEOUT_S:-300} python3 -m dmacoll e2e --out "$out/e2e.csv" > "$log/e2e.log" 2>&1
-    tail -25 "$log/e2e.log" ;;
+    d=$(rundir e2e/e2e)
+    timeout ${E2E_TIMEOUT_S:-300} python3 -m dmacoll e2e --out "$d/data.csv" > "$d/run.log" 2>&1
+    tail -25 "$d/run.log" ;;
   smoke)
-    timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$out/sweep.csv" 2>&1 | tail -30 ;;
+    d=$(rundir operator/smoke)
+    timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$d/data.csv" 2>&1 | tee "$d/run.log" \
+      | tail -30 ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
 done

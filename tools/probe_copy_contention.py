@@ -1,6 +1,6 @@
 """Does a GEMM slow down a copy-engine copy, and does it matter where the copy goes?
 
-C3 (results/reference/h200x2/c3) found the dma all-gather unaffected by a concurrent GEMM but the dma
+C3 (results/h200x2/c3) found the dma all-gather unaffected by a concurrent GEMM but the dma
 all-to-all / reduce collectives slowed ~1.6-1.9x, although none of their data movement launches a kernel
 here. Their difference: a device-local copy (own chunk -> own output or staging slot). This times, on
 each GPU, 64 MB copies (torch copy_, i.e. cudaMemcpyAsync) alone and next to a bf16 GEMM (8192^3) on another stream: device-local (D2D on one

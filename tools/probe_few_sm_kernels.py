@@ -2,7 +2,7 @@
 
 With ``dma_carveout`` (``dmacoll c3``) cuBLASLt leaves 8 SMs free, and the dma all-to-all's 64 MB own-chunk copy
 takes 276 us there (35 us on an idle H200), the reduce ops' bf16 add of 16 Mi elements 198 us
-(``results/reference/h200x1/evidence/sm_carveout.csv``): both about 60 GB/s of memory traffic per SM, slower
+(``results/h200x1/probes/sm_carveout/``): both about 60 GB/s of memory traffic per SM, slower
 than the NVLink copy they run beside. This asks whether a kernel written for few SMs (16-byte accesses, several
 independent loads in flight per thread, a small grid) moves more per SM than the driver's copy kernel and
 torch's elementwise add.

@@ -19,8 +19,8 @@ rule amd_dmalatte_sweep:
     input:
         f"{OUT}/amd_dmalatte/build.txt",
     output:
-        stdout=f"{OUT}/amd_dmalatte/{{run}}.txt",
-        csv=f"{OUT}/amd_dmalatte/{{run}}.csv",
+        stdout=f"{OUT}/amd_dmalatte/{{run}}/stdout.txt",
+        csv=f"{OUT}/amd_dmalatte/{{run}}/data.csv",
     wildcard_constraints:
         run="|".join(DMALATTE["runs"]) or "none",
     params:
@@ -33,7 +33,7 @@ rule amd_dmalatte_sweep:
     resources:
         gpu=config["gpus"],
     log:
-        "logs/amd_dmalatte_{run}.log",
+        f"{OUT}/amd_dmalatte/{{run}}/run.log",
     conda:
         "../../envs/rocm.yaml"
     shell:

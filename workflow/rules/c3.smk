@@ -1,10 +1,10 @@
 rule c3:
     """C3 (ConCCL): a GEMM / memory-bound kernel next to each collective, per overlap strategy (GPUs)."""
     output:
-        csv=f"{OUT}/c3/c3.csv",
-        json=f"{OUT}/c3/c3.json",
+        csv=f"{OUT}/c3/c3/data.csv",
+        json=f"{OUT}/c3/c3/data.json",
     log:
-        "logs/c3.log",
+        f"{OUT}/c3/c3/run.log",
     benchmark:
         "benchmarks/c3.tsv"
     resources:

@@ -37,7 +37,7 @@ GPU = PLATFORM in ("cuda", "rocm")  # measure here (cuda backend on NVIDIA, hip 
 
 def platforms():
     """Result sets to render, name -> (directory, label): this machine's fresh results on a GPU
-    machine, every shipped reference (results/reference/<name>) otherwise."""
+    machine, every shipped reference (results/<name>) otherwise."""
     if GPU:
         return {"measured": (OUT, config["label"])}
     return {name: (ref["dir"], ref["label"]) for name, ref in config["references"].items()}
@@ -62,9 +62,9 @@ DMALATTE_ON = PLATFORM == "rocm" and bool(DMALATTE.get("checkout"))
 def operator_csvs(platform):
     """The sweeps, NCCL's copy-engine path where there is one (not on ROCm: RCCL has no such mode), and the
     AMD-DMA-Latte runs where configured."""
-    ce = [] if PLATFORM == "rocm" else [result(platform, "operator/nccl_ce.csv")]
-    amd = [f"{OUT}/amd_dmalatte/{run}.csv" for run in DMALATTE.get("runs", {})] if DMALATTE_ON else []
-    return [result(platform, f"operator/sweep_{op}.csv") for op in config["operator"]["ops"]] + ce + amd
+    ce = [] if PLATFORM == "rocm" else [result(platform, "operator/nccl_ce/data.csv")]
+    amd = [f"{OUT}/amd_dmalatte/{run}/data.csv" for run in DMALATTE.get("runs", {})] if DMALATTE_ON else []
+    return [result(platform, f"operator/sweep_{op}/data.csv") for op in config["operator"]["ops"]] + ce + amd
 
 
 def shipped_extra(platform, path):
@@ -76,13 +76,13 @@ def shipped_extra(platform, path):
 # what each notebook (notebooks/<name>.py) renders, passed as its `csvs` parameter
 NOTEBOOK_INPUTS = {
     "operator": operator_csvs,
-    "speedup": lambda p: operator_csvs(p) + shipped_extra(p, "native/native.csv"),
-    "breakdown": lambda p: [result(p, "breakdown/breakdown.csv")],
-    "resources": lambda p: [result(p, f"power/{name}.csv") for name in ("power", "sm_usage", "interference")],
-    "c3": lambda p: [result(p, "c3/c3.csv")],
-    "ficco": lambda p: [result(p, "ficco/ficco.csv")],
-    "e2e": lambda p: [result(p, "e2e/e2e.csv")]
-    + ([f"{OUT}/e2e/vllm.csv"] if GPU and config.get("vllm", {}).get("enabled") else []),
+    "speedup": lambda p: operator_csvs(p) + shipped_extra(p, "native/native/data.csv"),
+    "breakdown": lambda p: [result(p, "breakdown/breakdown/data.csv")],
+    "resources": lambda p: [result(p, f"power/{name}/data.csv") for name in ("power", "sm_usage", "interference")],
+    "c3": lambda p: [result(p, "c3/c3/data.csv")],
+    "ficco": lambda p: [result(p, "ficco/ficco/data.csv")],
+    "e2e": lambda p: [result(p, "e2e/e2e/data.csv")]
+    + ([f"{OUT}/e2e/vllm/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []),
 }
 
 

@@ -2,10 +2,10 @@ rule e2e:
     """LLM inference (Llama / Mixtral layer slices, random weights): TTFT, decode step, tokens/s with NCCL
     vs dmacoll collectives, logits compared (GPUs)."""
     output:
-        csv=f"{OUT}/e2e/e2e.csv",
-        json=f"{OUT}/e2e/e2e.json",
+        csv=f"{OUT}/e2e/e2e/data.csv",
+        json=f"{OUT}/e2e/e2e/data.json",
     log:
-        "logs/e2e.log",
+        f"{OUT}/e2e/e2e/run.log",
     benchmark:
         "benchmarks/e2e.tsv"
     resources:
@@ -24,12 +24,12 @@ if VLLM_ON:
     rule vllm_bench:
         """One `vllm bench latency|throughput` run, dummy weights, with (dma) or without (vllm) the plugin."""
         output:
-            json=f"{OUT}/e2e/vllm/{{run}}.json",
-            meta=f"{OUT}/e2e/vllm/{{run}}.meta.json",
+            json=f"{OUT}/e2e/vllm/bench/{{run}}.json",
+            meta=f"{OUT}/e2e/vllm/bench/{{run}}.meta.json",
         wildcard_constraints:
             run="|".join(VLLM_RUNS),
         log:
-            "logs/vllm_{run}.log",
+            f"{OUT}/e2e/vllm/bench/{{run}}.log",
         benchmark:
             "benchmarks/vllm_{run}.tsv"
         resources:
@@ -49,12 +49,12 @@ if VLLM_ON:
     rule vllm_results:
         """Every vLLM run as one tidy CSV (a row per metric) with provenance."""
         input:
-            expand(f"{OUT}/e2e/vllm/{{run}}.json", run=VLLM_RUNS),
+            expand(f"{OUT}/e2e/vllm/bench/{{run}}.json", run=VLLM_RUNS),
         output:
-            csv=f"{OUT}/e2e/vllm.csv",
-            json=f"{OUT}/e2e/vllm.json",
+            csv=f"{OUT}/e2e/vllm/data.csv",
+            json=f"{OUT}/e2e/vllm/data.json",
         log:
-            "logs/vllm_results.log",
+            f"{OUT}/e2e/vllm/run.log",
         params:
             py=PY,
         conda:

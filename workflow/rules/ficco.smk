@@ -1,10 +1,10 @@
 rule ficco:
     """FiCCO: all-gather->GEMM, GEMM->reduce-scatter, all-to-all->GEMM, serial vs overlapped pieces (GPUs)."""
     output:
-        csv=f"{OUT}/ficco/ficco.csv",
-        json=f"{OUT}/ficco/ficco.json",
+        csv=f"{OUT}/ficco/ficco/data.csv",
+        json=f"{OUT}/ficco/ficco/data.json",
     log:
-        "logs/ficco.log",
+        f"{OUT}/ficco/ficco/run.log",
     benchmark:
         "benchmarks/ficco.tsv"
     resources:

@@ -7,12 +7,12 @@ rule operator_sweep:
     input:
         native=lambda wc: ["build/native/libdmacoll_submit.so"] if "native" in OP["submit"] else [],
     output:
-        csv=f"{OUT}/operator/sweep_{{op}}.csv",
-        json=f"{OUT}/operator/sweep_{{op}}.json",
+        csv=f"{OUT}/operator/sweep_{{op}}/data.csv",
+        json=f"{OUT}/operator/sweep_{{op}}/data.json",
     wildcard_constraints:
         op="all_gather|all_to_all",
     log:
-        "logs/operator_sweep_{op}.log",
+        f"{OUT}/operator/sweep_{{op}}/run.log",
     benchmark:
         "benchmarks/operator_sweep_{op}.tsv"
     resources:
@@ -39,10 +39,10 @@ rule operator_sweep:
 rule operator_sweep_nccl_ce:
     """NCCL's copy-engine path, alone in its processes (it switches torch's symmetric-memory backend)."""
     output:
-        csv=f"{OUT}/operator/nccl_ce.csv",
-        json=f"{OUT}/operator/nccl_ce.json",
+        csv=f"{OUT}/operator/nccl_ce/data.csv",
+        json=f"{OUT}/operator/nccl_ce/data.json",
     log:
-        "logs/operator_sweep_nccl_ce.log",
+        f"{OUT}/operator/nccl_ce/run.log",
     benchmark:
         "benchmarks/operator_sweep_nccl_ce.tsv"
     resources:
@@ -63,10 +63,10 @@ rule operator_sweep_nccl_ce:
 rule breakdown:
     """Control / schedule / copy / sync of one peer copy (CUPTI timestamps), one process."""
     output:
-        csv=f"{OUT}/breakdown/breakdown.csv",
-        json=f"{OUT}/breakdown/breakdown.json",
+        csv=f"{OUT}/breakdown/breakdown/data.csv",
+        json=f"{OUT}/breakdown/breakdown/data.json",
     log:
-        "logs/breakdown.log",
+        f"{OUT}/breakdown/breakdown/run.log",
     benchmark:
         "benchmarks/breakdown.tsv"
     resources:
@@ -83,11 +83,13 @@ rule breakdown:
 rule power:
     """Power/energy (NVML), kernels vs copies per call (profiler), interference with compute (GPUs)."""
     output:
-        power=f"{OUT}/power/power.csv",
-        sm_usage=f"{OUT}/power/sm_usage.csv",
-        interference=f"{OUT}/power/interference.csv",
+        power=f"{OUT}/power/power/data.csv",
+        sm_usage=f"{OUT}/power/sm_usage/data.csv",
+        interference=f"{OUT}/power/interference/data.csv",
     log:
-        "logs/power.log",
+        power=f"{OUT}/power/power/run.log",
+        sm_usage=f"{OUT}/power/sm_usage/run.log",
+        interference=f"{OUT}/power/interference/run.log",
     benchmark:
         "benchmarks/power.tsv"
     resources:
@@ -98,6 +100,7 @@ rule power:
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "({params.py} -m dmacoll power --sizes {params.sizes} --out {output.power} && "
-        "{params.py} -m dmacoll sm-usage --out {output.sm_usage} && "
-        "{params.py} -m dmacoll interference --sizes {params.sizes} --out {output.interference}) 2>&1 | tee {log}"
+        "{params.py} -m dmacoll power --sizes {params.sizes} --out {output.power} 2>&1 | tee {log.power} && "
+        "{params.py} -m dmacoll sm-usage --out {output.sm_usage} 2>&1 | tee {log.sm_usage} && "
+        "{params.py} -m dmacoll interference --sizes {params.sizes} --out {output.interference} 2>&1 "
+        "| tee {log.interference}"

@@ -34,7 +34,7 @@ rule claims:
     """Each paper claim, the reproduced value, the tolerance and pass/fail."""
     input:
         sweeps=lambda wc: operator_csvs(wc.platform),
-        power=lambda wc: result(wc.platform, "power/power.csv"),
+        power=lambda wc: result(wc.platform, "power/power/data.csv"),
         c3=lambda wc: NOTEBOOK_INPUTS["c3"](wc.platform) if (wc.platform, "c3") in RENDERS else [],
     output:
         json=f"{REPORT}/{{platform}}/claims.json",

@@ -28,7 +28,8 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from .rules import Node, Test, learn, load, pick, score, skipped
+from . import load as results
+from .rules import Node, Test, learn, pick, score, skipped
 
 SHAPE = ["compute", "M", "N", "K"]
 KEYS = SHAPE + ["op", "target_ratio"]
@@ -38,6 +39,11 @@ GFLOP_CUTS = (10.0, 100.0, 300.0, 1000.0, 3000.0)
 
 def shape_label(compute: str, m: int, n: int, k: int) -> str:
     return f"{compute}:{m}x{n}" + (f"x{k}" if compute == "gemm" else "")
+
+
+def load(paths: Sequence[str]) -> pd.DataFrame:
+    """`dmacoll c3` tables as one table (``source``: each row's file)."""
+    return results.read("c3", paths)
 
 
 # -- the table -------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import pandas as pd
 
+from . import load as results
 from . import report
 
 MB = 1 << 20
@@ -126,7 +127,7 @@ def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None, c3_csv: Opt
     """Every claim against its data: the sweeps, and where given the power and C3 results ('not run' without)."""
     from . import c3_rules
 
-    power = pd.read_csv(power_csv, keep_default_na=False, na_values=["nan", ""]) if power_csv else None
+    power = results.read("power", [power_csv]) if power_csv else None
     c3 = c3_rules.collapse(c3_rules.load([c3_csv])) if c3_csv else None
     rows = []
     for group, data in ((OPERATOR_CLAIMS, report.load(sweep_csvs)), (POWER_CLAIMS, power), (C3_CLAIMS, c3)):

@@ -21,13 +21,19 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from .rules import Node, Test, learn, load, score, skipped
+from . import load as results
+from .rules import Node, Test, learn, score, skipped
 
 KEYS = ["model", "pattern", "tokens", "world"]
 DEFAULT = "nccl serial"
 GFLOP_CUTS = (50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
 RATIO_CUTS = (0.05, 0.1, 0.2, 0.4, 0.8)
 TOKEN_CUTS = (4096,)
+
+
+def load(paths: Sequence[str]) -> pd.DataFrame:
+    """`dmacoll ficco` tables as one table (``source``: each row's file)."""
+    return results.read("ficco", paths)
 
 
 def collapse(df: pd.DataFrame) -> pd.DataFrame:

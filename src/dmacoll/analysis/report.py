@@ -6,13 +6,12 @@ results table is this output pasted between markers by ``dmacoll report readme``
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from ..bench.bandwidth import bandwidths
 from ..sizes import human
+from . import load as results
 
 README_SIZES = (4 << 10, 1 << 20, 64 << 20, 256 << 20)
 BEGIN, END = "<!-- operator-table:begin -->", "<!-- operator-table:end -->"
@@ -20,24 +19,7 @@ BEGIN, END = "<!-- operator-table:begin -->", "<!-- operator-table:end -->"
 
 def load(paths: list[str]) -> pd.DataFrame:
     """Sweep CSVs as one table; ``source`` names the file (the run) each row came from."""
-    df = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=["nan"]).assign(source=str(p)) for p in paths],
-                   ignore_index=True)
-    # sweeps from before an option existed ran with its default (a column missing in some files is NaN there)
-    defaults = {"signal": df["impl"].map(lambda i: "memop" if i == "dma" else ""), "prerecord": False,
-                "submit": "python", "handshake": df["impl"].map(lambda i: "full" if i == "dma" else "")}
-    for col, default in defaults.items():
-        df[col] = df[col].where(df[col].notna(), default) if col in df else default
-    df["submit"] = df["submit"].replace("", "python").astype(str)
-    for col in ("variant", "direction", "place", "signal", "handshake", "error"):
-        df[col] = df[col].astype(str)
-    df["prerecord"] = df["prerecord"].astype(str) == "True"
-    df["ok"] = (df["status"] == "ok") & (df["correct"].astype(str) == "True")
-    # sweeps before 2026-11-22 gave peer_copy the collective's bus factor (wrong at world > 2): recompute
-    copies = df["impl"] == "peer_copy"
-    if copies.any():
-        df.loc[copies, ["total_bytes", "algbw_GBps", "busbw_GBps"]] = [
-            bandwidths(r.op, r.impl, r.bytes_per_rank, r.world, r.time_us) for r in df[copies].itertuples()]
-    return df
+    return results.read("operator", paths)
 
 
 def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
@@ -164,9 +146,8 @@ def targets(df: pd.DataFrame) -> list[dict]:
 def print_provenance(paths: list[str]) -> None:
     """A line per result file with a JSON sidecar: its git sha and GPUs (notebooks say what they render)."""
     for p in paths:
-        side = Path(p).with_suffix(".json")
-        if side.exists():
-            prov = json.loads(side.read_text())
+        if results.csv_path(p).with_suffix(".json").exists():
+            prov = results.provenance(p)
             print(f"{p}: git {str(prov.get('git_sha'))[:10]}, GPUs {prov.get('hardware', {}).get('gpus')}")
 
 
@@ -194,7 +175,7 @@ def readme_block(paths: list[str]) -> str:
     bands = pd.DataFrame(band_targets(df))
     fails = int((df["status"] != "ok").sum())
     wrong = int(((df["status"] == "ok") & ~df["ok"]).sum())
-    prov = json.loads(Path(paths[0]).with_suffix(".json").read_text())
+    prov = results.provenance(paths[0])
     hw = prov.get("hardware", {})
     head = (f"Measured on {len(hw.get('gpus', []))}x {', '.join(sorted(set(hw.get('gpus', []))))} "
             f"(torch {prov['software']['torch']}, NCCL {prov['software'].get('nccl')}, git {prov['git_sha'][:10]}); "

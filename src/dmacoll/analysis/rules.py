@@ -19,11 +19,6 @@ import pandas as pd
 BEST_TOL, NEAR_TOL = 1e-3, 0.05
 
 
-def load(paths: Sequence[str]) -> pd.DataFrame:
-    return pd.concat([pd.read_csv(p, keep_default_na=False, na_values=["nan", "NaN", ""]) for p in paths],
-                     ignore_index=True)
-
-
 def skipped(df: pd.DataFrame) -> pd.Series:
     """Rows that record a reason instead of a measurement."""
     return df["skipped"].notna() & (df["skipped"].astype(str).str.len() > 0)

@@ -1,0 +1,77 @@
+"""Result tables: the one place that reads a result CSV of a given kind into a DataFrame.
+
+    df = load.read("operator", ["results/h200x2/operator/sweep_all_gather/data.csv", ...])
+
+A path is a CSV (any name: ``data.csv`` of a run folder or an older ``sweep_all_gather.csv``) or a run folder
+(its ``data.csv``). Each kind says which strings are missing values and how files written by older code are
+brought up to today's columns; every table gets ``source``, the file each row came from. ``provenance`` reads a
+CSV's JSON sidecar (``data.csv`` -> ``data.json``, as ``bench.provenance.write_table`` writes it).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from ..bench.bandwidth import bandwidths
+
+
+def csv_path(path: str | Path) -> Path:
+    """A run folder's ``data.csv``, or the CSV given."""
+    p = Path(path)
+    return p / "data.csv" if p.is_dir() else p
+
+
+def provenance(path: str | Path) -> dict:
+    """The provenance sidecar of a result CSV (or run folder)."""
+    return json.loads(csv_path(path).with_suffix(".json").read_text())
+
+
+def _operator(df: pd.DataFrame) -> pd.DataFrame:
+    """Sweeps (operator, NCCL CE, native, AMD-DMA-Latte runs): fill in options older sweeps lack, fix peer_copy."""
+    # sweeps from before an option existed ran with its default (a column missing in some files is NaN there)
+    defaults = {"signal": df["impl"].map(lambda i: "memop" if i == "dma" else ""), "prerecord": False,
+                "submit": "python", "handshake": df["impl"].map(lambda i: "full" if i == "dma" else "")}
+    for col, default in defaults.items():
+        df[col] = df[col].where(df[col].notna(), default) if col in df else default
+    df["submit"] = df["submit"].replace("", "python").astype(str)
+    for col in ("variant", "direction", "place", "signal", "handshake", "error"):
+        df[col] = df[col].astype(str)
+    df["prerecord"] = df["prerecord"].astype(str) == "True"
+    df["ok"] = (df["status"] == "ok") & (df["correct"].astype(str) == "True")
+    # sweeps before 2026-11-22 gave peer_copy the collective's bus factor (wrong at world > 2): recompute
+    copies = df["impl"] == "peer_copy"
+    if copies.any():
+        df.loc[copies, ["total_bytes", "algbw_GBps", "busbw_GBps"]] = [
+            bandwidths(r.op, r.impl, r.bytes_per_rank, r.world, r.time_us) for r in df[copies].itertuples()]
+    return df
+
+
+def _as_written(df: pd.DataFrame) -> pd.DataFrame:
+    return df
+
+
+# kind -> (strings read as missing; None: pandas' defaults), migration of the concatenated table
+KINDS: dict[str, tuple[list[str] | None, Callable[[pd.DataFrame], pd.DataFrame]]] = {
+    "operator": (["nan"], _operator),  # "" stays "": a column empty for some implementations (variant, error)
+    "power": (["nan", ""], _as_written),
+    "sm_usage": (["nan", ""], _as_written),
+    "interference": (["nan", ""], _as_written),
+    "breakdown": (None, _as_written),
+    "c3": (["nan", "NaN", ""], _as_written),
+    "ficco": (["nan", "NaN", ""], _as_written),
+    "e2e": (["nan", ""], _as_written),
+    "vllm": (["nan", ""], _as_written),
+}
+
+
+def read(kind: str, paths: Sequence[str | Path]) -> pd.DataFrame:
+    """The result CSVs ``paths`` of one ``kind`` as one table; ``source`` names each row's file."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown result kind {kind!r}; known: {', '.join(KINDS)}")
+    na_values, migrate = KINDS[kind]
+    na = {"keep_default_na": False, "na_values": na_values} if na_values is not None else {}
+    frames = [pd.read_csv(csv_path(p), **na).assign(source=str(csv_path(p))) for p in paths]
+    return migrate(pd.concat(frames, ignore_index=True))

@@ -1,0 +1,113 @@
+"""results/<machine>/<experiment>/<run>/ is the same on every machine, and moving the files changed no number."""
+import json
+import re
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+from dmacoll.analysis import claims, report
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+BEFORE = ROOT / "tests/data/claims_before_move"
+
+RUN_FILES = ("data.csv", "data.json")  # every run folder: the table and its provenance sidecar
+RUN_EXTRAS = ("run.log", "probe.txt", "build.log", "toolchain.json", "*_rules.log")  # where a run kept them
+EXPERIMENT_EXTRAS = ("README.md", "probe.txt", "probe_*.txt")  # a machine probe that covers several runs
+EXPERIMENT_FILES = {"tests": ("*.log",), "check": ("host_w*.txt",)}  # experiments of plain files: test logs, host check
+WORKFLOW_RUN_FILES = ("README.md", "snakemake.log", "toolchain.json", "claims.json")  # a whole workflow run (kick)
+RENDERED = {".html", ".ipynb", ".png", ".pdf"}
+
+
+def matches(name: str, patterns) -> bool:
+    return any(fnmatch(name, p) for p in patterns)
+
+
+def run_problems(run: Path) -> list[str]:
+    problems = [f"{run}: no {name}" for name in RUN_FILES if not (run / name).is_file()]
+    for f in run.iterdir():
+        if f.is_dir() or not matches(f.name, RUN_FILES + RUN_EXTRAS):
+            problems.append(f"{f}: stray in a run folder")
+    return problems
+
+
+def experiment_problems(exp: Path, need_readme: bool = True) -> list[str]:
+    problems = [f"{exp}: no README.md"] if need_readme and not (exp / "README.md").is_file() else []
+    allowed = EXPERIMENT_EXTRAS + EXPERIMENT_FILES.get(exp.name, ())
+    for f in exp.iterdir():
+        if f.is_dir() and exp.name not in EXPERIMENT_FILES:
+            problems += run_problems(f)
+        elif f.is_dir() or not matches(f.name, allowed):
+            problems.append(f"{f}: stray in an experiment folder")
+    return problems
+
+
+def machine_problems(machine: Path) -> list[str]:
+    """A machine folder holds experiments (and may hold a README.md); a folder with a snakemake.log is a whole
+    workflow run, laid out as the workflow writes one, its README.md covering its experiments."""
+    workflow_run = (machine / "snakemake.log").is_file()
+    allowed = WORKFLOW_RUN_FILES if workflow_run else ("README.md",)
+    problems = [f"{machine}: no README.md"] if workflow_run and not (machine / "README.md").is_file() else []
+    for f in machine.iterdir():
+        if f.is_dir() and (f / "snakemake.log").is_file():
+            problems += machine_problems(f)
+        elif f.is_dir():
+            problems += experiment_problems(f, need_readme=not workflow_run)
+        elif f.name not in allowed:
+            problems.append(f"{f}: stray in a machine folder")
+    return problems
+
+
+MACHINES = sorted(p for p in RESULTS.iterdir() if p.is_dir() and p.name != "local")  # local/: fresh, not committed
+
+
+def test_every_machine_folder_follows_the_layout():
+    assert {m.name for m in MACHINES} >= {"h200x2", "h200x4", "h100x1", "h200x1"}
+    problems = [p for m in MACHINES for p in machine_problems(m)]
+    assert not problems, "\n".join(problems)
+
+
+def test_nothing_rendered_is_committed_under_results():
+    rendered = [p for m in MACHINES for p in m.rglob("*") if p.suffix in RENDERED]
+    assert not rendered, rendered
+
+
+def test_layout_rule_flags_strays(tmp_path):
+    run = tmp_path / "m" / "operator" / "sweep"
+    run.mkdir(parents=True)
+    for name in ("data.csv", "data.json", "run.log", "sweep.csv"):
+        (run / name).write_text("")
+    (tmp_path / "m" / "stray.log").write_text("")
+    problems = machine_problems(tmp_path / "m")
+    assert any("no README.md" in p for p in problems) and any("sweep.csv: stray" in p for p in problems)
+    assert any("stray.log: stray in a machine folder" in p for p in problems) and len(problems) == 3
+
+
+def test_fresh_runs_write_the_same_layout():
+    """Every CSV a workflow rule writes under the output folder is a run folder's data.csv."""
+    rules = "".join(p.read_text() for p in (ROOT / "workflow/rules").glob("*.smk"))
+    outputs = re.findall(r'\{OUT\}/([^"]*\.csv)', rules)
+    assert outputs and all(re.fullmatch(r"[^/]+/[^/]+/data\.csv", o) for o in outputs), outputs
+
+
+SETS = {"h200x2": ("h200x2", ["all_gather", "all_to_all"]), "h200x4": ("h200x4", ["all_gather", "all_to_all"]),
+        "h200x2_kick": ("h200x2/kick", ["all_gather"])}
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_claims_are_those_computed_before_the_move(name):
+    folder, ops = SETS[name]
+    d = f"results/{folder}"
+    csvs = [f"{d}/operator/sweep_{op}/data.csv" for op in ops] + [f"{d}/operator/nccl_ce/data.csv"]
+    rows = claims.evaluate([str(ROOT / c) for c in csvs], str(ROOT / d / "power/power/data.csv"),
+                           str(ROOT / d / "c3/c3/data.csv"))
+    assert rows == json.loads((BEFORE / f"{name}.json").read_text())["claims"]
+
+
+def test_readme_operator_block_changed_only_its_source_paths():
+    before = (BEFORE / "readme_operator_block.md").read_text().rstrip("\n")
+    moved = re.sub(r"results/reference/(\w+)/operator/(\w+)\.csv", r"results/\1/operator/\2/data.csv", before)
+    readme = (ROOT / "README.md").read_text()
+    now = readme[readme.index(report.BEGIN): readme.index(report.END) + len(report.END)]
+    assert now == moved
