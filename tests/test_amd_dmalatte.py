@@ -75,6 +75,8 @@ def test_text_without_banner_needs_the_op():
 
 
 def test_command_line_converts_one_run(tmp_path, capsys):
-    assert amd_dmalatte.main([str(DATA / "ag_pcpy_8gpu.txt"), str(tmp_path / "run.csv"), "--world", "8",
-                              "--op", "ag", "--variant", "pcpy"]) == 0
+    from dmacoll.cli import main
+
+    assert main(["amd-dmalatte", str(DATA / "ag_pcpy_8gpu.txt"), str(tmp_path / "run.csv"), "--world", "8",
+                 "--op", "ag", "--variant", "pcpy"]) == 0
     assert (tmp_path / "run.csv").exists() and "wrote" in capsys.readouterr().out

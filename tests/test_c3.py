@@ -116,33 +116,33 @@ def test_collective_buffers_and_exact_references():
     import torch
     from types import SimpleNamespace
 
-    from dmacoll.bench import c3
+    from dmacoll.bench import c3, harness
 
     world, big, nbytes = 2, 8192, 1024
     u8 = lambda n: torch.zeros(n, dtype=torch.uint8)  # noqa: E731
-    runner = SimpleNamespace(world=world, rank=1, dtype=torch.bfloat16, sym_in=u8(big), sym_out=u8(world * big),
-                             priv_in=u8(big), priv_out=u8(world * big), comm=SimpleNamespace())
-    numel = nbytes // 2
-    for op in g.OPS:
-        inputs = c3.draw_inputs(op, nbytes, world, 5, "cpu", torch.bfloat16)
-        want = c3.expected_output(op, inputs, rank=1)
+    sym_out = u8(world * big)
+    rk = SimpleNamespace(world=world, rank=1, dtype=torch.bfloat16, device="cpu", sym_in=u8(big), sym_out=sym_out,
+                         sym_outs=[sym_out], priv_in=u8(big), priv_out=u8(world * big), comm=SimpleNamespace())
+    for op in g.DEFAULT_OPS:
+        spec = c3.ops.get(op)
         for impl in ("nccl", "dma"):
-            b = c3.Bound(runner, op, impl, nbytes, inputs)
-            assert b.inp.numel() == numel and torch.equal(b.inp, inputs[1])
-            assert b.out.numel() == want.numel()
-            same_storage = b.out.untyped_storage().data_ptr() == (
-                runner.sym_out if impl == "dma" else runner.priv_out).untyped_storage().data_ptr()
-            assert same_storage
-            if op == "all_reduce":
-                assert b.inp.data_ptr() == b.out.data_ptr()
-            if op == "all_gather" and impl == "dma":  # in place: our slice of the output
-                assert b.inp.data_ptr() == b.out.data_ptr() + numel * 2
-    ar = c3.draw_inputs("all_reduce", nbytes, world, 5, "cpu", torch.bfloat16)
-    exact = sum(x.double() for x in ar)
-    assert torch.equal(c3.expected_output("all_reduce", ar, 0).double(), exact)  # small integers: exact in bf16
-    assert torch.equal(c3.expected_output("reduce_scatter", ar, 1).double(), exact.chunk(world)[1])
-    assert c3.dma_reason(SimpleNamespace(all_gather=1), "reduce_scatter") == "Communicator has no reduce_scatter"
-    assert c3.dma_reason(SimpleNamespace(all_gather=1), "all_gather") == ""
+            b = c3.collective(rk, op, impl, nbytes, 5)
+            assert torch.equal(b.inp, b.inputs[1]) and b.inp.numel() == spec.numels(
+                nbytes // 2 // spec.chunks(world)[0], world, 1, b.counts)[0]
+            pools = (rk.sym_in, rk.sym_out) if impl == "dma" else (rk.priv_in, rk.priv_out)
+            assert {t.untyped_storage().data_ptr() for t in (b.out, b.inp)} <= \
+                {p.untyped_storage().data_ptr() for p in pools}
+            if spec.in_place:  # every op in place where it has the form, for NCCL and dma alike
+                assert b.out.data_ptr() <= b.inp.data_ptr() < b.out.data_ptr() + b.out.numel() * 2 or \
+                    b.inp.data_ptr() <= b.out.data_ptr() < b.inp.data_ptr() + b.inp.numel() * 2
+            if spec.reduces:  # sums of small integers: exact in bf16 in any order, so a byte comparison holds
+                assert all(float(x.abs().max()) <= 4 and torch.equal(x, x.round()) for x in b.inputs)
+    ar = c3.collective(rk, "all_reduce", "nccl", nbytes, 5)
+    exact = sum(x.double() for x in ar.inputs)
+    ar.out.copy_(exact.to(torch.bfloat16))
+    assert ar.right()
+    ar.out[3] += 1
+    assert not ar.right()
 
 
 # -- schema ------------------------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def synthetic(best_of, seed=0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     rows = []
     for shape in SHAPES:
-        for op in g.OPS:
+        for op in g.DEFAULT_OPS:
             for target in (0.25, 1.0, 4.0):
                 best = best_of(shape, op, target, rng)
                 t_comp = 1000.0
@@ -310,8 +310,10 @@ def test_rule_runs_the_cli_with_its_config(tmp_path):
 
 # -- the GPU harness's plumbing, with fakes for everything that touches a GPU ---------------------------------------
 class _FakeBound:
-    def __init__(self, runner, op, impl, nbytes, inputs, group=None):
-        self.impl, self.run = impl, (lambda: None)
+    def __init__(self, rk, op, impl, nbytes, seed, group=None):
+        from dmacoll import ops
+
+        self.impl, self.run, self.spec = impl, (lambda: None), ops.get(op)
 
     def check(self, replay, stream) -> bool:
         return True
@@ -332,7 +334,7 @@ def _fake_rank(strategies, carveout_ok=True):
     rk = c3.Rank.__new__(c3.Rank)
     rk.cfg = {**g.DEFAULTS, "strategies": strategies, "sm_fractions": [0.75], "repeats": 3}
     rk.rank, rk.world, rk.device, rk.hold, rk.hi_group = 0, 2, "cpu", 0, None
-    rk.runner = SimpleNamespace(comm=SimpleNamespace(all_gather=1, last_choice=("b2b", "push")), dtype=None)
+    rk.comm = SimpleNamespace(last_choice=("b2b", "push", "reset"))
     rk.comp_stream, rk.comm_stream, rk.comm_hi = (SimpleNamespace(name=n, priority=p) for n, p in
                                                   (("comp", 0), ("comm", 0), ("comm_hi", -5)))
     rk.greens = {0.75: SimpleNamespace(stream=SimpleNamespace(name="green", priority=0), split="96/132")}
@@ -342,7 +344,7 @@ def _fake_rank(strategies, carveout_ok=True):
         None, "BackendUnavailable: no carveout here")
     rk.gather = lambda value: [value, value]
     rk.barrier = lambda: None
-    rk.alone = lambda fn, stream, repeats=None: 50.0
+    rk.alone = lambda fn, stream, repeats: 50.0
     return rk
 
 
@@ -352,14 +354,13 @@ def _fake_point_gpu(monkeypatch) -> list:
 
     launched = []
 
-    def fake_timed(parts, repeats, barrier, hold):
+    def fake_time_parts(self, parts, repeats):
         launched.append([(name, fn, getattr(stream, "name", "")) for name, fn, stream in parts])
         return {"comp": 110.0, "comm": 90.0, "total": 120.0}
 
-    monkeypatch.setattr(c3, "timed", fake_timed)
-    monkeypatch.setattr(c3, "Bound", _FakeBound)
-    monkeypatch.setattr(c3, "capture_on", lambda fn, calls, stream, warmup=1: type("G", (), {"replay": "graph"})())
-    monkeypatch.setattr(c3, "draw_inputs", lambda *a: [])
+    monkeypatch.setattr(c3.Rank, "time_parts", fake_time_parts)
+    monkeypatch.setattr(c3, "collective", _FakeBound)
+    monkeypatch.setattr(c3.harness, "capture", lambda fn, calls, stream=None, warmup=1: type("G", (), {"replay": "graph"})())
     return launched
 
 
@@ -419,7 +420,7 @@ def test_each_shape_times_its_compute_once_per_setting(monkeypatch):
     rk = _fake_rank(["dma", "dma_carveout", "partition"])
     rk.cfg["ops"], rk.cfg["targets"] = ["all_gather"], [1.0]
     timed_on = []
-    rk.alone = lambda fn, stream, repeats=None: timed_on.append((fn, stream.name)) or 80.0
+    rk.alone = lambda fn, stream, repeats: timed_on.append((fn, stream.name)) or 80.0
     c3.measure_shape(rk, g.Shape.parse("gemm:512x4096x4096"), {"all_gather": {1 << 20: 80.0}}, 1)
     placements = seen["placements"]
     assert set(placements) == {None, 0.75, g.CARVEOUT}

@@ -355,10 +355,10 @@ def test_vllm_json_to_tidy_rows(tmp_path):
     assert thr["output_tokens_per_s"] == pytest.approx(200 * 128 / 20.0) and thr["tokens_per_s"] == 2560.0
     assert set(df.columns) == set(vr.VLLM_COLUMNS) and set(df["plugin"]) == {"dma", "vllm"}
     out = tmp_path / "vllm.csv"
-    assert vr.main(["csv", "--out", str(out), str(DATA / "latency_llama-3.1-8b_tp2_b8_dma.json")]) == 0
+    assert cli.main(["vllm-results", "csv", "--out", str(out), str(DATA / "latency_llama-3.1-8b_tp2_b8_dma.json")]) == 0
     assert list(pd.read_csv(out).columns) == vr.VLLM_COLUMNS and out.with_suffix(".json").exists()
     meta = tmp_path / "x.meta.json"
-    assert vr.main(["meta", "--out", str(meta), "bench=latency", "tp=2", "ep=False", "model=a/b"]) == 0
+    assert cli.main(["vllm-results", "meta", "--out", str(meta), "bench=latency", "tp=2", "ep=False", "model=a/b"]) == 0
     assert json.loads(meta.read_text()) == {"bench": "latency", "tp": 2, "ep": False, "model": "a/b"}
     (tmp_path / "y.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="y.meta.json is missing"):
@@ -377,7 +377,7 @@ def test_notebook_renders_synthetic_results(tmp_path):
     provenance.write_table(e2e_csv, rows, c.E2E_COLUMNS, {})
     vllm_csv = tmp_path / "vllm.csv"
     results = [str(p) for p in sorted(DATA.glob("*.json")) if not p.name.endswith(".meta.json")]
-    vr.main(["csv", "--out", str(vllm_csv), *results])
+    cli.main(["vllm-results", "csv", "--out", str(vllm_csv), *results])
     outdir = tmp_path / "fig"
     ns = run_notebook(ROOT / "notebooks/e2e.py", {"csvs": [str(e2e_csv), str(vllm_csv)], "platform_label": "test",
                                                   "outdir": str(outdir)})

@@ -46,9 +46,13 @@ def test_dynamic_energy_per_call_and_byte_is_recovered(monkeypatch):
     assert run["power_samples"] >= 1
 
 
-def test_bytes_sent_per_call():
-    assert power.bytes_sent("all_gather", 1024, 4) == 3072
-    assert power.bytes_sent("all_to_all", 1024, 4) == 768
+def test_bytes_sent_per_call_are_the_bus_bytes():
+    from dmacoll import ops
+
+    assert ops.get("all_gather").bus_bytes(1024, 4) == 3072
+    assert ops.get("all_to_all").bus_bytes(1024, 4) == 768
+    assert ops.get("reduce_scatter").bus_bytes(1024, 4) == 768
+    assert ops.get("all_reduce").bus_bytes(1024, 4) == 1536
 
 
 @pytest.mark.parametrize("meter,missing", [(power.NvmlMeter, "pynvml"), (power.AmdSmiMeter, "amdsmi")])
@@ -77,7 +81,7 @@ def test_sm_usage_classes_gpu_activities_by_name():
 
 
 def test_c3_metrics_follow_the_conccl_definitions():
-    from dmacoll.bench.overlap import c3_metrics
+    from dmacoll.bench.c3_grid import c3_metrics
 
     m = c3_metrics(t_comp=100.0, t_comm=50.0, t_c3=110.0)
     assert m["ideal_speedup"] == 1.5
@@ -93,6 +97,7 @@ def test_bandwidths_follow_nccl_tests_and_peer_copy_is_one_chunk():
     assert total == 1024 * mb and busbw == pytest.approx(algbw * 3 / 4)
     assert bandwidths("all_to_all", "nccl", 256 * mb, 4, 2000.0)[0] == 256 * mb
     # one copy of one chunk: not scaled by the collective's (n-1)/n factor at any world size
-    for op, chunk in (("all_gather", 256 * mb), ("all_to_all", 64 * mb)):
+    for op, chunk in (("all_gather", 256 * mb), ("all_to_all", 64 * mb), ("reduce_scatter", 64 * mb),
+                      ("all_reduce", 128 * mb)):
         total, algbw, busbw = bandwidths(op, "peer_copy", 256 * mb, 4, 1000.0)
         assert total == chunk and algbw == busbw == pytest.approx(chunk / 1e-3 / 1e9)

@@ -7,7 +7,7 @@ import pytest
 
 from dmacoll.analysis import report
 from dmacoll.bench.sweep import COLUMNS, SweepConfig, merge, Point, points
-from dmacoll.bench.timing import summarize
+from dmacoll.bench.harness import summarize
 from dmacoll.sizes import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -89,7 +89,7 @@ case "$part" in
   c3)
     d=$(rundir c3/c3)
     timeout ${C3_TIMEOUT_S:-540} python3 -m dmacoll c3 --out "$d/data.csv" > "$d/run.log" 2>&1; tail -12 "$d/run.log"
-    python3 -m dmacoll.analysis.c3_rules "$d/data.csv" > "$d/c3_rules.log" 2>&1; tail -30 "$d/c3_rules.log" ;;
+    python3 -m dmacoll rules c3 "$d/data.csv" > "$d/c3_rules.log" 2>&1; tail -30 "$d/c3_rules.log" ;;
   contention)
     d=$(rundir c3/copy_contention)
     timeout 120 python3 tools/probe_copy_contention.py "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -10 ;;

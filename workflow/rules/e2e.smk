@@ -42,7 +42,7 @@ if VLLM_ON:
         conda:
             "../../envs/vllm.yaml"
         shell:
-            "({params.py} -m dmacoll.e2e.vllm_results meta --out {output.meta} {params.meta} "
+            "({params.py} -m dmacoll vllm-results meta --out {output.meta} {params.meta} "
             "vllm_version=$({params.vllm} --version 2>/dev/null | tail -n 1) && "
             "{params.cmd} --output-json {output.json}) > {log} 2>&1"
 
@@ -60,4 +60,4 @@ if VLLM_ON:
         conda:
             "../../envs/cpu.yaml"
         shell:
-            "{params.py} -m dmacoll.e2e.vllm_results csv --out {output.csv} {input} > {log} 2>&1"
+            "{params.py} -m dmacoll vllm-results csv --out {output.csv} {input} > {log} 2>&1"

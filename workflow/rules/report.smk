@@ -68,4 +68,4 @@ rule index:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{params.py} -m dmacoll.analysis.index_page --report-dir $(dirname {output}) {params.platforms} --out {output} > {log} 2>&1"
+        "{params.py} -m dmacoll report index --report-dir $(dirname {output}) {params.platforms} --out {output} > {log} 2>&1"

@@ -22,8 +22,7 @@ metric) the picks realize, to set next to the single strategies' means.
 """
 from __future__ import annotations
 
-import argparse
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -126,20 +125,8 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 3, min_
             "best_counts": best.value_counts().to_dict(), "features": feats, "times": times, "test_mask": test}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dmacoll.analysis.c3_rules", description=__doc__.split("\n")[0])
-    p.add_argument("csv", nargs="+", help="C3 tables from `dmacoll c3`")
-    p.add_argument("--depth", type=int, default=2)
-    p.add_argument("--min-leaf", type=int, default=3)
-    p.add_argument("--min-gain", type=float, default=0.005)
-    a = p.parse_args(argv)
-    res = fit_and_evaluate(collapse(load(a.csv)), a.depth, a.min_leaf, a.min_gain)
-    print("held-out shapes:", ", ".join(shape_label(*s) for s in res["held_out"]))
-    print("best option counts:", res["best_counts"])
-    print(res["text"])
-    print(res["scores"].round(3).to_string(index=False))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def summary(res: dict) -> str:
+    """What `dmacoll rules c3` prints: the held-out shapes, the best options, the rule and its scores."""
+    return "\n".join(["held-out shapes: " + ", ".join(shape_label(*s) for s in res["held_out"]),
+                      f"best option counts: {res['best_counts']}", res["text"],
+                      res["scores"].round(3).to_string(index=False)])

@@ -15,7 +15,6 @@ counts; "llama3-70b" in the default grid), the rest train. Scores: accuracy = th
 """
 from __future__ import annotations
 
-import argparse
 from typing import Optional, Sequence
 
 import numpy as np
@@ -109,19 +108,7 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 2, min_
             "features": feats, "times": times, "test_mask": test}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dmacoll.analysis.ficco_rules", description=__doc__.split("\n")[0])
-    p.add_argument("csv", nargs="+", help="tables from `dmacoll ficco`")
-    p.add_argument("--depth", type=int, default=2)
-    p.add_argument("--min-leaf", type=int, default=2)
-    p.add_argument("--holdout", default=None, help="model to hold out (default: the first by name)")
-    a = p.parse_args(argv)
-    res = fit_and_evaluate(collapse(load(a.csv)), a.depth, a.min_leaf, holdout=a.holdout)
-    print(f"held out: {res['held_out']}; trained on {', '.join(res['train_models'])}")
-    print(res["text"])
-    print(res["scores"].round(3).to_string(index=False))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def summary(res: dict) -> str:
+    """What `dmacoll rules ficco` prints: the held-out model, the rule and its scores."""
+    return "\n".join([f"held out: {res['held_out']}; trained on {', '.join(res['train_models'])}", res["text"],
+                      res["scores"].round(3).to_string(index=False)])

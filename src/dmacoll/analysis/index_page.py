@@ -1,10 +1,9 @@
 """The report's front page: every rendered notebook and each platform's claims table, one HTML file.
 
-    python -m dmacoll.index_page --report-dir results/local/report --platform h200x2 "2x H200 (NVLink)" ...
+    dmacoll report index --report-dir results/local/report --platform h200x2 "2x H200 (NVLink)" ...
 """
 from __future__ import annotations
 
-import argparse
 import html
 import json
 from pathlib import Path
@@ -36,19 +35,3 @@ def render(report_dir: Path, platforms: list[tuple[str, str]]) -> str:
     style = "body{font-family:sans-serif;max-width:70em;margin:2em auto}td,th{border:1px solid #ccc;padding:3px}"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>dmacoll report</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--report-dir", required=True)
-    p.add_argument("--platform", nargs=2, action="append", metavar=("NAME", "LABEL"), required=True)
-    p.add_argument("--out", help="default: REPORT_DIR/index.html")
-    a = p.parse_args(argv)
-    out = Path(a.out or Path(a.report_dir) / "index.html")
-    out.write_text(render(Path(a.report_dir), [tuple(x) for x in a.platform]))
-    print(f"wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

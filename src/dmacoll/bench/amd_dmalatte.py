@@ -153,23 +153,3 @@ def convert(path: Union[str, Path], out: Union[str, Path], **meta) -> Path:
 
     rows = read(path, **meta)
     return provenance.write_table(Path(out), rows, COLUMNS, {"source": str(path), "impl": IMPL, **meta})
-
-
-def main(argv: Optional[list] = None) -> int:
-    """python -m dmacoll.bench.amd_dmalatte STDOUT.txt OUT.csv --world N [--op ...] [--variant ...]"""
-    import argparse
-
-    p = argparse.ArgumentParser(description="sdma_collective output -> the operator sweep's tidy CSV")
-    p.add_argument("stdout")
-    p.add_argument("out")
-    p.add_argument("--world", type=int, required=True)
-    p.add_argument("--op", choices=sorted(set(OPS)), default=None)
-    p.add_argument("--variant", default=None, help="pcpy / bcst / swap / b2b, optionally +PRELAUNCH")
-    a = p.parse_args(argv)
-    out = convert(a.stdout, a.out, world=a.world, op=OPS.get(a.op) if a.op else None, variant=a.variant)
-    print(f"wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,38 +1,37 @@
-"""Baselines behind the same sweep: NCCL (SM kernels), NCCL's copy-engine path,
-torch symmetric memory's low-contention all-gather, and one plain peer copy.
+"""Baselines behind the same sweep: NCCL (SM kernels), NCCL's copy-engine path, torch symmetric memory's
+low-contention all-gather, and one plain peer copy (the NVLink floor).
 
-Each ``call`` returns a closure with no arguments that issues one collective on
-the current stream (and returns the output tensor if the implementation makes
-its own).
+Each is a ``harness.Bound`` caller: ``caller(out, inp, counts)`` returns a closure of no arguments that issues
+one collective on the current stream (and returns the output tensor if the implementation makes its own).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from .. import ops
 from ..errors import BackendUnavailable
 from ..plan import Ref
+from .harness import Rank, torch_caller
 
 NCCL_CTA_POLICY_ZERO = 0x02  # nccl.h (2.28): no CTAs, copy engines carry the data where NCCL can
+IMPLS = ("nccl", "nccl_ce", "symm_mem_lc", "peer_copy")
 
 
 class Baselines:
-    def __init__(self, comm, group: Optional[dist.ProcessGroup] = None, max_bytes: int = 0):
-        self.comm = comm
-        self.group = group or dist.group.WORLD
-        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
-        self.max_bytes = max_bytes
+    def __init__(self, rk: Rank, max_bytes: int):
+        self.rk, self.max_bytes = rk, max_bytes
+        self.group = dist.group.WORLD
         self._ce = None
         self._lc = None
 
-    # -- NCCL, default SM path -------------------------------------------------
-    def nccl(self, op: str, out: torch.Tensor, inp: torch.Tensor, group=None) -> Callable[[], None]:
-        g = group or self.group
-        if op == "all_gather":
-            return lambda: dist.all_gather_into_tensor(out, inp, group=g)
-        return lambda: dist.all_to_all_single(out, inp, group=g)
+    def caller(self, impl: str, spec: ops.OpSpec) -> Callable:
+        if impl not in IMPLS:
+            raise ValueError(f"unknown baseline {impl!r}; choose one of {IMPLS}")
+        return {"nccl": lambda s: torch_caller(s, self.group), "nccl_ce": self.nccl_ce,
+                "symm_mem_lc": self.symm_mem_lc, "peer_copy": self.peer_copy}[impl](spec)
 
     # -- NCCL, zero-CTA policy on symmetric windows ----------------------------
     def _nccl_ce_setup(self):
@@ -45,55 +44,63 @@ class Baselines:
             import torch.distributed._symmetric_memory as symm_mem
 
             symm_mem.set_backend("NCCL")
-            big = self.max_bytes
-            sym_in = symm_mem.empty(big, dtype=torch.uint8, device=torch.cuda.current_device())
-            sym_out = symm_mem.empty(big * self.world, dtype=torch.uint8, device=torch.cuda.current_device())
+            big, device = self.max_bytes, torch.cuda.current_device()
+            sym_in = symm_mem.empty(big, dtype=torch.uint8, device=device)
+            sym_out = symm_mem.empty(big * self.rk.world, dtype=torch.uint8, device=device)
             symm_mem.rendezvous(sym_in, pg.group_name)
             symm_mem.rendezvous(sym_out, pg.group_name)
             self._ce = (pg, sym_in, sym_out)
         return self._ce
 
-    def nccl_ce(self, op: str, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], torch.Tensor]:
-        pg, sym_in, sym_out = self._nccl_ce_setup()
-        s_out = sym_out[: out.numel() * out.element_size()].view(out.dtype)
-        s_in = sym_in[: inp.numel() * inp.element_size()].view(inp.dtype)
-        s_in.copy_(inp)
-        run = self.nccl(op, s_out, s_in, group=pg)
+    def nccl_ce(self, spec: ops.OpSpec):
+        def caller(out, inp, counts):
+            pg, sym_in, sym_out = self._nccl_ce_setup()
+            s_out = sym_out[: out.numel() * out.element_size()].view(out.dtype)
+            s_in = sym_in[: inp.numel() * inp.element_size()].view(inp.dtype)
+            s_in.copy_(inp)
 
-        def call() -> torch.Tensor:
-            run()
-            return s_out
-
-        return call
+            def call() -> torch.Tensor:
+                spec.torch_call(s_out, s_in, pg, counts)
+                return s_out
+            return call
+        return caller
 
     # -- torch symmetric memory, low-contention all-gather (pull with copy engines) ----
-    def symm_mem_lc(self, op: str, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], torch.Tensor]:
-        if op != "all_gather":
+    def symm_mem_lc(self, spec: ops.OpSpec):
+        if spec.name != "all_gather":
             raise BackendUnavailable("torch has a low-contention all-gather only")
-        import torch.distributed._symmetric_memory as symm_mem
 
-        if self._lc is None:
-            buf = symm_mem.empty(self.max_bytes, dtype=torch.uint8, device=torch.cuda.current_device())
-            symm_mem.rendezvous(buf, self.group.group_name)
-            self._lc = buf
-        s_in = self._lc[: inp.numel() * inp.element_size()].view(inp.dtype)
-        s_in.copy_(inp)
-        name = self.group.group_name
-        # the op runs on a side stream; wait_tensor joins it back to the current stream
-        return lambda: torch.ops._c10d_functional.wait_tensor(
-            torch.ops.symm_mem._low_contention_all_gather(s_in, name))
+        def caller(out, inp, counts):
+            import torch.distributed._symmetric_memory as symm_mem
+
+            if self._lc is None:
+                buf = symm_mem.empty(self.max_bytes, dtype=torch.uint8, device=torch.cuda.current_device())
+                symm_mem.rendezvous(buf, self.group.group_name)
+                self._lc = buf
+            s_in = self._lc[: inp.numel() * inp.element_size()].view(inp.dtype)
+            s_in.copy_(inp)
+            name = self.group.group_name
+            # the op runs on a side stream; wait_tensor joins it back to the current stream
+            return lambda: torch.ops._c10d_functional.wait_tensor(
+                torch.ops.symm_mem._low_contention_all_gather(s_in, name))
+        return caller
 
     # -- one peer copy: the NVLink floor for a chunk of this size -------------------
-    def peer_copy(self, op: str, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], None]:
-        """Copy the chunk a rank sends to one peer into that peer, no synchronisation."""
-        engine = self.comm.engine
-        peer = (self.rank + 1) % self.world
-        chunk = inp.numel() * inp.element_size() // (self.world if op == "all_to_all" else 1)
-        src = Ref("sym", self.rank, engine.sym_offset(inp) + (peer * chunk if op == "all_to_all" else 0))
-        dst = Ref("sym", peer, engine.sym_offset(out) + self.rank * chunk)
-        return lambda: engine.copy(torch.cuda.current_stream(), src, dst, chunk, {})
+    def peer_copy(self, spec: ops.OpSpec):
+        """Copy what a rank sends one peer (``spec.peer_bytes``) into that peer, no synchronisation: at offset
+        ``rank x chunk`` of the peer's output, so ``peer_chunk`` says which part of ours a check can read."""
+        def caller(out, inp, counts):
+            rk, engine = self.rk, self.rk.comm.engine
+            chunk = spec.peer_bytes(inp.numel() * inp.element_size(), rk.world)
+            peer = (rk.rank + 1) % rk.world
+            src = Ref("sym", rk.rank, engine.sym_offset(inp))
+            dst = Ref("sym", peer, engine.sym_offset(out) + rk.rank * chunk)
+            return lambda: engine.copy(torch.cuda.current_stream() if rk.device.type == "cuda" else None, src, dst,
+                                       chunk, {})
+        return caller
 
-    def call(self, impl: str, op: str, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], Optional[torch.Tensor]]:
-        if impl not in ("nccl", "nccl_ce", "symm_mem_lc", "peer_copy"):
-            raise ValueError(f"unknown baseline {impl!r}")
-        return getattr(self, impl)(op, out, inp)
+
+def peer_chunk(rank: int, world: int, chunk: int) -> tuple[int, int]:
+    """The bytes of our output a peer copy fills: (start, end) of the chunk from rank - 1."""
+    sender = (rank - 1) % world
+    return sender * chunk, (sender + 1) * chunk

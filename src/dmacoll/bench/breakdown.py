@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from .timing import summarize
+from .harness import summarize
 
 PHASES = ("control", "schedule", "copy", "sync", "host_sync")
 BREAKDOWN_COLUMNS = ["src_gpu", "dst_gpu", "link", "bytes", "phase", "time_us", "time_us_p10", "time_us_p90",

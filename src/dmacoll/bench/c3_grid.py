@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from .overlap import c3_metrics
+from ..ops import NAMES as OPS  # every collective can be measured
 
-OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
+DEFAULT_OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")  # the measured grid
 STRATEGIES = ("baseline", "priority", "partition", "carveout", "dma", "dma_priority", "dma_partition", "dma_carveout")
 NCCL_STRATEGIES = ("baseline", "priority", "partition", "carveout")
 GREEN_STRATEGIES = ("partition", "dma_partition")
@@ -37,10 +37,21 @@ C3_COLUMNS = ["strategy", "option", "compute", "M", "N", "K", "gflop", "intensit
               "realized_speedup", "fraction_of_ideal", "speedup_vs_nccl_serial", "sm_split", "comm_priority",
               "correct", "skipped"]
 NAN = float("nan")
-DEFAULTS = {"shapes": list(DEFAULT_SHAPES), "ops": list(OPS), "strategies": list(STRATEGIES),
-            "targets": [0.25, 1.0, 4.0], "sm_fractions": [0.75, 0.875], "carveout_sms": 8, "repeats": 7,
-            "min_comp_us": 200.0,
-            "max_calls": 128, "hold_us": 500.0, "ladder": list(LADDER)}
+DEFAULTS = {"shapes": list(DEFAULT_SHAPES), "ops": list(DEFAULT_OPS), "strategies": list(STRATEGIES),
+            "targets": [0.25, 1.0, 4.0], "sizes": [], "sm_fractions": [0.75, 0.875], "carveout_sms": 8,
+            "repeats": 7, "min_comp_us": 200.0, "max_calls": 128, "hold_us": 500.0, "ladder": list(LADDER)}
+# `dmacoll interference`: the same measurement at fixed collective sizes, each called to span one large GEMM or
+# memory-bound add (1 GiB per operand), NCCL against the tuned dma all-gather
+INTERFERENCE = {**DEFAULTS, "shapes": ["gemm:8192x8192x8192", "membound:32768x16384"], "ops": ["all_gather"],
+                "strategies": ["baseline", "dma"], "sizes": [64 << 10, 4 << 20, 256 << 20], "targets": [1.0],
+                "repeats": 5, "max_calls": 4000}
+
+
+def c3_metrics(t_comp: float, t_comm: float, t_c3: float) -> dict:
+    """ConCCL's metrics from times measured alone and together (module docstring of ``bench/c3.py``)."""
+    serial, longest = t_comp + t_comm, max(t_comp, t_comm)
+    return {"ideal_speedup": serial / longest, "realized_speedup": serial / t_c3,
+            "fraction_of_ideal": (serial - t_c3) / (serial - longest) if serial > longest else float("nan")}
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,14 @@ def choose_comm(call_us: dict[int, float], target_us: float, max_calls: int, tol
     return size, calls
 
 
+def comm_points(cfg: dict, call_us: dict[int, float], t_comp_us: float) -> list[tuple[int, int, float]]:
+    """(bytes per rank, calls, target ratio) of each collective next to a compute of ``t_comp_us``: per target,
+    ``choose_comm`` over the ladder; with fixed ``sizes``, each size called to span the compute (target 1)."""
+    if cfg.get("sizes"):
+        return [(*choose_comm({s: call_us[s]}, t_comp_us, cfg["max_calls"]), 1.0) for s in cfg["sizes"]]
+    return [(*choose_comm(call_us, target * t_comp_us, cfg["max_calls"]), target) for target in cfg["targets"]]
+
+
 def metrics_row(t_comp: float, t_comm: float, t_comm_nccl: float, comp_alone_here: float, together: dict) -> dict:
     """A row's times and ConCCL metrics (module docstring): ``together`` has comp, comm and total times."""
     t_c3 = together["total"]
@@ -169,15 +188,17 @@ def estimate_seconds(cfg: dict) -> dict:
     graphs = ("baseline" in cfg["strategies"] or "partition" in cfg["strategies"]) + (
         "priority" in cfg["strategies"]) + bool(dma)
     settings = len({compute_setting(s, f) for s, f in opts} - {None})  # each times the compute alone once more
-    total = 45.0 + len(cfg["ops"]) * len(cfg["ladder"]) * 0.15
+    sizes = cfg.get("sizes") or []
+    total = 45.0 + len(cfg["ops"]) * len(sizes or cfg["ladder"]) * 0.15
+    targets = [1.0] * len(sizes) if sizes else cfg["targets"]
     for text in cfg["shapes"]:
         one = estimate_comp_us(Shape.parse(text)) * 1e-6
         t = one * comp_reps(one * 1e6, cfg["min_comp_us"])
         total += (r + 3) * t * (1 + settings) + 1.0
-        for target in cfg["targets"]:
+        for target in targets:
             tc = target * t
             per_op = graphs * (r * tc + 0.3 + 2 * tc) + r * (len(nccl) * (t + tc) + len(dma) * max(t, tc))
             per_op += r * (graphs + len(opts)) * hold_s
             total += len(cfg["ops"]) * per_op
     return {"seconds": total, "shapes": len(cfg["shapes"]), "scenarios": len(cfg["shapes"]) * len(cfg["ops"]) * len(
-        cfg["targets"]), "options": [f"{s} {f:g}" if s == "partition" else s for s, f in opts]}
+        targets), "options": [f"{s} {f:g}" if s == "partition" else s for s, f in opts]}

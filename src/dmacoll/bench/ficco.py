@@ -18,7 +18,7 @@ Communication: ``nccl`` (torch.distributed, private buffers) or ``dma`` (dmacoll
 heap).
 
 Each schedule is one CUDA graph; times are medians of ``repeats`` graph replays (CUDA events, released after
-a GPU sleep; ``c3.timed``). Isolated times from the same run: the whole GEMM, the d GEMM pieces back to back,
+a GPU sleep; ``harness.Rank.time_parts``). Isolated times from the same run: the whole GEMM, the d GEMM pieces back to back,
 the collective (pieces) alone. Metrics: ``ficco_grid.metrics``.
 
 Check: inputs are integers in {-1, 0, 1}, A with at most BAND nonzeros per row, so every product and sum is
@@ -30,7 +30,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .c3 import Rank, capture_on
+from .. import ops
+from ..verify.reference import POISON
+from .harness import Rank, capture
 from .ficco_grid import BAND, FICCO_COLUMNS, NAN, Scenario, heap_top, metrics, option_label, piece_major_order, \
     scenarios, schedules, skipped_row, split_rows
 
@@ -53,15 +55,10 @@ def int_matrix(shape: tuple, seed: int, device, banded: bool = False):
 
 
 def collective(rk: Rank, impl: str, op: str, out, inp) -> Callable[[], None]:
-    import torch.distributed as dist
-
+    """One call of ``op`` on dmacoll (its symmetric heap) or NCCL (torch.distributed)."""
     if impl == "dma":
-        comm = rk.runner.comm
-        return {"all_gather": lambda: comm.all_gather(out, inp), "all_to_all": lambda: comm.all_to_all(out, inp),
-                "reduce_scatter": lambda: comm.reduce_scatter(out, inp)}[op]
-    return {"all_gather": lambda: dist.all_gather_into_tensor(out, inp),
-            "all_to_all": lambda: dist.all_to_all_single(out, inp),
-            "reduce_scatter": lambda: dist.reduce_scatter_tensor(out, inp)}[op]
+        return lambda: rk.comm.collective(op, out, inp)
+    return lambda: ops.get(op).torch_call(out, inp)
 
 
 class Problem:
@@ -100,8 +97,8 @@ class Problem:
             self.y = torch.empty(m * n, device=dev, dtype=torch.bfloat16)
 
     def pools(self, impl: str):
-        run = self.rk.runner
-        return (run.sym_in, run.sym_out) if impl == "dma" else (run.priv_in, run.priv_out)
+        rk = self.rk
+        return (rk.sym_in, rk.sym_out) if impl == "dma" else (rk.priv_in, rk.priv_out)
 
     def pieces(self, impl: str, d: int) -> tuple[list, list, Callable[[], bool], Callable[[], None]]:
         """(collectives, GEMMs, check, poison) for d pieces, inputs copied into ``impl``'s buffers."""
@@ -152,8 +149,6 @@ class Problem:
             check = lambda: all(torch.equal(y, self.ref[:, :, off:off + r]) for y, off, r in views)  # noqa: E731
 
         def poison() -> None:
-            from ..verify.check import POISON
-
             for t in outputs:
                 t.view(torch.uint8).fill_(POISON)
 
@@ -200,6 +195,17 @@ def schedule(pattern: str, d: int, colls: list, gemms: list, comm_stream) -> Cal
     return overlapped
 
 
+class FiccoRank(Rank):
+    """The harness's rank, its communicator and buffers sized for the largest collective input, with a compute
+    and a communication stream."""
+
+    def __init__(self, rank: int, world: int, cfg: dict, top: int):
+        import torch
+
+        super().__init__(rank, world, pool_bytes=top, staging_bytes=2 * top + (1 << 20), hold_us=cfg["hold_us"])
+        self.cfg, self.comp_stream, self.comm_stream = cfg, torch.cuda.Stream(), torch.cuda.Stream()
+
+
 def measure(rk: Rank, sc: Scenario, seed: int) -> list[dict]:
     import torch
 
@@ -215,9 +221,9 @@ def measure(rk: Rank, sc: Scenario, seed: int) -> list[dict]:
         for impl in [i for i, dd in sch if dd == d]:
             def setup(impl=impl, d=d):
                 colls, gemms, check, poison = prob.pieces(impl, d)
-                g_coll = capture_on(lambda: [c() for c in colls], 1, rk.comm_stream)
-                g_sched = capture_on(schedule(sc.pattern, d, colls, gemms, rk.comm_stream), 1, rk.comp_stream)
-                g_gemm = None if d in t_gemm else capture_on(lambda: [g() for g in gemms], 1, rk.comp_stream)
+                g_coll = capture(lambda: [c() for c in colls], 1, rk.comm_stream)
+                g_sched = capture(schedule(sc.pattern, d, colls, gemms, rk.comm_stream), 1, rk.comp_stream)
+                g_gemm = None if d in t_gemm else capture(lambda: [g() for g in gemms], 1, rk.comp_stream)
                 return g_coll, g_sched, g_gemm, check, poison
 
             got, why = rk.agreed(setup)
@@ -226,9 +232,9 @@ def measure(rk: Rank, sc: Scenario, seed: int) -> list[dict]:
                 continue
             g_coll, g_sched, g_gemm, check, poison = got
             if g_gemm is not None:
-                t_gemm[d] = rk.alone(g_gemm.replay, rk.comp_stream)
-            t_coll = rk.alone(g_coll.replay, rk.comm_stream)
-            t = rk.alone(g_sched.replay, rk.comp_stream)
+                t_gemm[d] = rk.alone(g_gemm.replay, rk.comp_stream, cfg["repeats"])
+            t_coll = rk.alone(g_coll.replay, rk.comm_stream, cfg["repeats"])
+            t = rk.alone(g_sched.replay, rk.comp_stream, cfg["repeats"])
             poison()
             torch.cuda.synchronize()
             rk.barrier()
@@ -256,12 +262,9 @@ def measure(rk: Rank, sc: Scenario, seed: int) -> list[dict]:
 def run_ficco(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
     import torch
 
-    from .sweep import gather_rows
-
     scs = scenarios(cfg["models"], cfg["tokens"], cfg["patterns"], world)
     top = heap_top(scs)
-    # c3's rank setup: communicator sized from the largest collective input, streams, hold, agreement
-    rk = Rank(rank, world, {**cfg, "ladder": [top], "strategies": ["baseline", "dma"], "sm_fractions": []})
+    rk = FiccoRank(rank, world, cfg, top)
     rows: list[dict] = []
     for i, sc in enumerate(scs):
         got = measure(rk, sc, 1000 * (i + 1))
@@ -274,4 +277,6 @@ def run_ficco(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                       f"decomp {r['decomposition_loss']:.3f}, contention {r['contention_loss']:.3f}, {note}",
                       flush=True)
         torch.cuda.empty_cache()
-    return gather_rows(rk.runner, rows)
+    rows = rk.rows_on_rank0(rows)
+    rk.close()
+    return rows

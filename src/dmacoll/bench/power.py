@@ -168,31 +168,31 @@ POWER_COLUMNS = ["op", "impl", "variant", "direction", "place", "world", "rank",
 
 
 def power_points(op: str, impls) -> list:
+    """NCCL; DMA-Latte's unoptimised baseline (pcpy push, out of place) and what Communicator() does by default
+    (variant auto, in place where the op has the form)."""
+    from .. import ops
     from .sweep import Point
 
     out = []
     if "nccl" in impls:
         out.append(Point(op, "nccl"))
-    if "dma" in impls:  # DMA-Latte's unoptimised baseline, and the tuned choice
+    if "dma" in impls:
         out.append(Point(op, "dma", "pcpy", "push", "out", "memop"))
-        out.append(Point(op, "dma", "auto", "auto", "in" if op == "all_gather" else "out", "memop"))
+        out.append(Point(op, "dma", "auto", "auto", "in" if ops.get(op).in_place else "out", "memop"))
     return out
-
-
-def bytes_sent(op: str, nbytes: int, world: int) -> int:
-    """Bytes one rank sends to its peers per call."""
-    return nbytes * (world - 1) if op == "all_gather" else nbytes * (world - 1) // world
 
 
 def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
     import torch
-    import torch.distributed as dist
 
-    from . import timing
-    from .sweep import BoundPoint, Inputs, gather_rows, gpu_runner, point_fields
+    from .. import ops
+    from . import harness
+    from .baselines import Baselines
+    from .sweep import Bound, point_fields
 
     sizes = cfg["sizes"]
-    runner = gpu_runner(rank, world, max(sizes), cfg["dtype"])
+    rk = harness.Rank(rank, world, pool_bytes=max(sizes), dtype=cfg["dtype"])
+    baselines = Baselines(rk, max(sizes))
     meter = meter_for(torch.cuda.current_device())
     sync = torch.cuda.synchronize
     idle = [measure(meter, sync, idle_seconds=cfg["idle_seconds"]) for _ in range(cfg["repeats"])]
@@ -201,33 +201,29 @@ def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                          **r, "idle_power_w": idle_w} for i, r in enumerate(idle)]
     for i, nbytes in enumerate(sizes):
         for op in cfg["ops"]:
-            data = Inputs(op, nbytes, runner.dtype, world, 7919 * (i + 1), runner.device)
+            sent = ops.get(op).bus_bytes(nbytes, world)
             for pt in power_points(op, cfg["impls"]):
-                bp = BoundPoint(runner, pt, nbytes, data)
-                probe = timing.capture(bp.run_once, 10, 3)
-                per_call_us = statistics.median(timing.time_graph(probe, 10, 3, runner.barrier))
+                b = Bound(rk, baselines, pt, nbytes, 7919 * (i + 1))
+                probe = harness.capture(b.run, 10, warmup=3)
+                per_call_us = statistics.median(rk.time_graph(probe, 10, 3))
                 # one replay ~ 20 ms of back-to-back calls; the same count on every rank (collectives must match)
-                local = max(10, min(2000, int(20e3 / max(per_call_us, 1e-3))))
-                counts: list = [None] * world
-                dist.all_gather_object(counts, local, group=runner.cpu_group)
-                calls = min(counts)
-                graph = timing.capture(bp.run_once, calls, 1)
-                seconds = calls * per_call_us * 1e-6
-                steps: list = [None] * world
-                dist.all_gather_object(steps, max(1, int(cfg["seconds"] / max(seconds, 1e-6))), group=runner.cpu_group)
+                calls = min(rk.gather(max(10, min(2000, int(20e3 / max(per_call_us, 1e-3))))))
+                graph = harness.capture(b.run, calls)
+                steps = rk.most(max(1, int(cfg["seconds"] / max(calls * per_call_us * 1e-6, 1e-6))))
                 for rep in range(cfg["repeats"]):
-                    runner.barrier()
-                    res = measure(meter, sync, steps=max(steps), step=lambda: (graph.replay(), calls)[1])
+                    rk.barrier()
+                    res = measure(meter, sync, steps=steps, step=lambda: (graph.replay(), calls)[1])
                     rows.append({**point_fields(pt), "world": world, "rank": rank, "gpu": meter.name,
-                                 "bytes_per_rank": nbytes, "bytes_sent_per_call": bytes_sent(op, nbytes, world),
-                                 "repeat": rep, **res,
-                                 **dynamic_energy(res, idle_w, bytes_sent(op, nbytes, world))})
-                ok = bp.check(graph.replay)
+                                 "bytes_per_rank": nbytes, "bytes_sent_per_call": sent, "repeat": rep, **res,
+                                 **dynamic_energy(res, idle_w, sent)})
+                ok = b.check(graph.replay)
                 for r in rows[-cfg["repeats"]:]:
                     r["correct"] = ok
                 if rank == 0:
                     last = rows[-1]
-                    print(f"{op:10s} {pt.impl:5s} {pt.variant:5s} {nbytes:>10d} B: {last['avg_power_w']:6.1f} W "
+                    print(f"{op:14s} {pt.impl:5s} {pt.variant:5s} {nbytes:>10d} B: {last['avg_power_w']:6.1f} W "
                           f"(idle {idle_w:.1f}), {last['dynamic_energy_per_call_uj']:9.2f} uJ/call above idle, "
                           f"{'ok' if ok else 'WRONG'}", flush=True)
-    return gather_rows(runner, rows)
+    rows = rk.rows_on_rank0(rows)
+    rk.close()
+    return rows

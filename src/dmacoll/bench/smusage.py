@@ -58,32 +58,35 @@ def gpu_activities(fn, calls: int) -> list[tuple[str, float]]:
 
 
 def run_sm_usage(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
-    from . import timing
+    from . import harness
+    from .baselines import Baselines
     from .power import power_points
-    from .sweep import BoundPoint, Inputs, gather_rows, gpu_runner, point_fields
+    from .sweep import Bound, point_fields
 
     sizes, calls = cfg["sizes"], cfg["calls"]
-    runner = gpu_runner(rank, world, max(sizes))
+    rk = harness.Rank(rank, world, pool_bytes=max(sizes))
+    baselines = Baselines(rk, max(sizes))
     rows = []
     for i, nbytes in enumerate(sizes):
         for op in cfg["ops"]:
-            data = Inputs(op, nbytes, runner.dtype, world, 31 * (i + 1), runner.device)
             for pt in power_points(op, cfg["impls"]):
-                bp = BoundPoint(runner, pt, nbytes, data)
+                b = Bound(rk, baselines, pt, nbytes, 31 * (i + 1))
                 for mode in cfg["modes"]:
-                    runner.barrier()
+                    rk.barrier()
                     if mode == "graph":
-                        graph = timing.capture(bp.run_once, calls, 3)
+                        graph = harness.capture(b.run, calls, warmup=3)
                         acts = gpu_activities(graph.replay, 1)
                     else:
                         for _ in range(3):
-                            bp.run_once()
-                        acts = gpu_activities(bp.run_once, calls)
+                            b.run()
+                        acts = gpu_activities(b.run, calls)
                     rows.append({**point_fields(pt), "world": world, "bytes_per_rank": nbytes, "mode": mode,
                                  "rank": rank, **summarize(acts, calls)})
                     if rank == 0:
                         r = rows[-1]
-                        print(f"{op:10s} {pt.impl:5s} {pt.variant:5s} {nbytes:>10d} B {mode:5s}: "
+                        print(f"{op:14s} {pt.impl:5s} {pt.variant:5s} {nbytes:>10d} B {mode:5s}: "
                               f"{r['kernels_per_call']:.1f} kernels ({r['kernel_us_per_call']:.1f} us), "
                               f"{r['copies_per_call']:.1f} copies per call", flush=True)
-    return gather_rows(runner, rows)
+    rows = rk.rows_on_rank0(rows)
+    rk.close()
+    return rows

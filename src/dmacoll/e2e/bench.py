@@ -26,6 +26,7 @@ from __future__ import annotations
 import statistics
 from typing import Optional
 
+from ..bench.harness import Rank, elapsed_us
 from .config import E2E_COLUMNS, MEASURED_COLUMNS, ModelSpec, max_tokens, merged_buffers, prefill_chunks, spec
 
 __all__ = ["E2E_COLUMNS", "run_e2e"]
@@ -53,38 +54,19 @@ def derived(batch: int, prompt: int, output_len: int, ttft_ms: float, decode_ms:
             "e2e_tok_s": batch * output_len / (ttft_s + (output_len - 1) * step_s)}
 
 
-class Runner:
-    def __init__(self, rank: int, world: int, cfg: dict):
-        import torch
-        import torch.distributed as dist
+class Runner(Rank):
+    """The harness's rank (stream, host group, slowest-rank reduction) with the models' specs and one set of
+    collectives per implementation, their buffers sized for the largest point."""
 
+    def __init__(self, rank: int, world: int, cfg: dict):
         from .collectives import make
 
-        self.rank, self.world, self.cfg = rank, world, cfg
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_stream(torch.cuda.Stream())  # never the legacy stream
-        self.cpu_group = dist.new_group(backend="gloo")
-        self.dtype = getattr(torch, cfg["dtype"])
+        super().__init__(rank, world, dtype=cfg["dtype"])
+        self.cfg = cfg
         self.specs = [spec(m, cfg["layers"]) for m in cfg["models"]]
         tokens = max_tokens(cfg["batches"], cfg["prompts"], cfg["chunk_tokens"])
         elements = merged_buffers(self.specs, world, tokens, max(cfg["batches"]))
         self.colls = {impl: make(impl, self.device, elements, self.dtype) for impl in cfg["impls"]}
-
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier(group=self.cpu_group)
-
-    def gather(self, value) -> list:
-        import torch.distributed as dist
-
-        out: list = [None] * self.world
-        dist.all_gather_object(out, value, group=self.cpu_group)
-        return out
-
-    def slowest(self, times: list[float]) -> list[float]:
-        """Per repeat, the largest time over ranks (a step ends when every rank is done)."""
-        return [max(ts) for ts in zip(*self.gather(times))]
 
 
 def measure(rn: Runner, model, impl: str, batch: int, prompt: int, inputs: tuple) -> tuple[dict, tuple]:
@@ -99,12 +81,7 @@ def measure(rn: Runner, model, impl: str, batch: int, prompt: int, inputs: tuple
 
     def timed(fn) -> float:
         rn.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        return elapsed_us(fn) / 1e3  # ms
 
     model.prefill_batch(coll, prompts, cache, chunks)  # warm-up (and NCCL's eager call before capture)
     ttft = rn.slowest([timed(lambda: model.prefill_batch(coll, prompts, cache, chunks)) for _ in range(repeats)])

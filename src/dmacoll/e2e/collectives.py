@@ -12,6 +12,8 @@ from typing import Mapping, Optional
 
 import torch
 
+from .. import ops
+
 
 class Collectives:
     """World size 1: no communication (the unsharded reference)."""
@@ -63,23 +65,21 @@ class TorchCollectives(Collectives):
     def __init__(self, device: torch.device, group=None):
         import torch.distributed as dist
 
-        self.dist, self.group = dist, group
+        self.group = group
         super().__init__(device, dist.get_rank(group), dist.get_world_size(group))
         if self.device.type == "cpu":
             self.name = "gloo"
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        self.dist.all_reduce(x, group=self.group)
+        ops.get("all_reduce").torch_call(x, x, self.group)
         return x
 
     def all_gather(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cpu" and _overlaps(out, x):  # NCCL gathers in place; gloo is not promised to
-            x = x.clone()
-        self.dist.all_gather_into_tensor(out.view(-1), x.reshape(-1), group=self.group)  # flat: any shape
+        ops.get("all_gather").torch_call(out, x, self.group)
         return out
 
     def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        self.dist.all_to_all_single(out.view(-1), x.view(-1), group=self.group)
+        ops.get("all_to_all").torch_call(out, x, self.group)
         return out
 
 
@@ -89,17 +89,17 @@ class DmaCollectives(Collectives):
     name = "dma"
 
     def __init__(self, device: torch.device, elements: Mapping[str, int], dtype: torch.dtype,
-                 backend: str = "auto", timeout_s: float = 120.0, group=None, reduce_name: str = "reduce"):
+                 backend: str = "auto", timeout_s: Optional[float] = None, group=None, reduce_name: str = "reduce"):
         import torch.distributed as dist
 
-        from ..communicator import ALIGN, Communicator
+        from ..communicator import ALIGN, DEFAULT_TIMEOUT_S, Communicator
 
         size = torch.empty((), dtype=dtype).element_size()
         heap = sum((n * size + ALIGN - 1) // ALIGN * ALIGN for n in elements.values()) + (1 << 20)
         # an all-reduce receives every rank's chunk into staging: its tensor's size; all buffers are symmetric
         staging = elements.get(reduce_name, 0) * size + (4 << 20)
         self.comm = Communicator(group, backend=backend, heap_bytes=heap, staging_bytes=staging, variant="auto",
-                                 sync="reset", timeout_s=timeout_s)
+                                 sync="reset", timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
         super().__init__(self.comm.device, dist.get_rank(group), dist.get_world_size(group))
         if torch.device(device).type != self.device.type:
             raise ValueError(f"dmacoll's {self.comm.backend} backend runs on {self.device}, the model on {device}")
@@ -121,17 +121,12 @@ class DmaCollectives(Collectives):
         self.comm.close()
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
-
-
 def make(impl: str, device: torch.device, elements: Mapping[str, int], dtype: torch.dtype,
          group=None, timeout_s: Optional[float] = None) -> Collectives:
     """``impl``: 'none' (world 1), 'nccl' (torch.distributed: NCCL on GPUs, gloo on the CPU) or 'dma'."""
     if impl == "dma":
         backend = "host" if torch.device(device).type == "cpu" else "auto"
-        return DmaCollectives(device, elements, dtype, backend=backend, timeout_s=timeout_s or 120.0, group=group)
+        return DmaCollectives(device, elements, dtype, backend=backend, timeout_s=timeout_s, group=group)
     coll = TorchCollectives(device, group) if impl == "nccl" else Collectives(device)
     coll.reserve(elements, dtype)
     return coll

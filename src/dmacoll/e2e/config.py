@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from ..errors import InvalidArgument
+
 LLAMA3_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                        "original_max_position_embeddings": 8192}
 
@@ -75,12 +77,12 @@ class ModelSpec:
         return self.experts > 0
 
     def shards(self, world: int) -> "Shards":
-        """Per-rank sizes; ValueError saying what does not divide."""
+        """Per-rank sizes; InvalidArgument saying what does not divide."""
         need = {"heads": self.heads, "kv_heads": self.kv_heads, "vocab": self.vocab}
         need.update({"experts": self.experts} if self.moe else {"intermediate": self.intermediate})
         bad = [f"{k}={v}" for k, v in need.items() if v % world]
         if bad:
-            raise ValueError(f"{self.name} cannot be split over {world} ranks: {', '.join(bad)} not divisible "
+            raise InvalidArgument(f"{self.name} cannot be split over {world} ranks: {', '.join(bad)} not divisible "
                              f"by {world}")
         return Shards(heads=self.heads // world, kv_heads=self.kv_heads // world, vocab=self.vocab // world,
                       intermediate=self.intermediate if self.moe else self.intermediate // world,
@@ -119,12 +121,12 @@ class Shards:
 def spec(name: str, layers: Optional[int] = None) -> ModelSpec:
     """A model of MODELS, optionally cut to its first ``layers`` layers (a slice that fits the time budget)."""
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose from {sorted(MODELS)}")
+        raise InvalidArgument(f"unknown model {name!r}; choose from {sorted(MODELS)}")
     full = ModelSpec(name=name, **MODELS[name])
     if layers is None:
         return full
     if not 1 <= layers <= full.layers:
-        raise ValueError(f"{name} has {full.layers} layers; --layers must be between 1 and {full.layers}")
+        raise InvalidArgument(f"{name} has {full.layers} layers; --layers must be between 1 and {full.layers}")
     return replace(full, layers=layers)
 
 

@@ -3,8 +3,8 @@
 Each JSON comes with a ``<name>.meta.json`` beside it (written by the workflow before the run: bench kind, model,
 TP / EP, plugin on or off, batch, lengths, vLLM version), because vLLM's JSON does not say how it was run.
 
-    python -m dmacoll.e2e.vllm_results meta --out X.meta.json bench=latency model=... plugin=dma tp=2 ...
-    python -m dmacoll.e2e.vllm_results csv --out vllm.csv A.json B.json ...
+    dmacoll vllm-results meta --out X.meta.json bench=latency model=... plugin=dma tp=2 ...
+    dmacoll vllm-results csv --out vllm.csv A.json B.json ...
 
 Fields read (the rest is ignored): latency: ``avg_latency`` (s), ``percentiles`` {"10": s, ...};
 throughput: ``elapsed_time`` (s), ``num_requests``, ``total_num_tokens``, ``requests_per_second``,
@@ -12,11 +12,9 @@ throughput: ``elapsed_time`` (s), ``num_requests``, ``total_num_tokens``, ``requ
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 META_KEYS = ["bench", "model", "tp", "ep", "plugin", "batch", "input_len", "output_len", "num_prompts",
              "vllm_version"]
@@ -67,32 +65,13 @@ def load(paths: Sequence[str]) -> list[dict]:
     return rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dmacoll.e2e.vllm_results", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("meta", help="write the settings of one vLLM run (key=value ...)")
-    m.add_argument("--out", required=True)
-    m.add_argument("pairs", nargs="+", metavar="key=value")
-    c = sub.add_parser("csv", help="convert vLLM result JSONs (each with its .meta.json) to a tidy CSV")
-    c.add_argument("--out", required=True)
-    c.add_argument("jsons", nargs="+")
-    a = p.parse_args(argv)
-    if a.cmd == "meta":
-        bad = [x for x in a.pairs if "=" not in x]
-        if bad:
-            print(f"not key=value: {bad}", file=sys.stderr)
-            return 2
-        meta = {k: _value(v) for k, v in (x.split("=", 1) for x in a.pairs)}
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(meta, indent=1) + "\n")
-        return 0
+def write_meta(out: str, pairs: dict[str, str]) -> None:
+    """The settings of one vLLM run (values read as numbers and booleans where they are)."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({k: _value(v) for k, v in pairs.items()}, indent=1) + "\n")
+
+
+def write_csv(out: str, jsons: Sequence[str]) -> None:
     from ..bench import provenance
 
-    rows = load(a.jsons)
-    provenance.write_table(Path(a.out), rows, VLLM_COLUMNS, {"inputs": list(a.jsons)})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    provenance.write_table(Path(out), load(jsons), VLLM_COLUMNS, {"inputs": list(jsons)})

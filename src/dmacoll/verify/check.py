@@ -252,10 +252,12 @@ def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = 
 
 
 def check_rank(rank: int, world: int, args: dict) -> list[dict]:
-    from ..communicator import Communicator
+    """One rank of `dmacoll check`: every case of ``args`` (the CLI's options) on a new communicator, then the
+    lean-handshake pipelines; a result row per case."""
+    from ..communicator import DEFAULT_TIMEOUT_S, Communicator
 
     signal = args.get("signal", "memop")
-    comm = Communicator(backend=args["backend"], timeout_s=args["timeout_s"], signal=signal,
+    comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S), signal=signal,
                         submit=args.get("submit", "python"))
     syncs = [s for s in args["syncs"] if signal == "memop" or s == "reset"]  # copy signals carry a constant 1
     all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],

@@ -13,6 +13,8 @@ import tempfile
 import traceback
 from typing import Any, Callable
 
+from ..errors import DmaCollError
+
 # Never let anything started from here use NVLink multicast (shared hosts; see README).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -50,6 +52,8 @@ def _child(fn: Callable, rank: int, world: int, init_method: str, device: str, a
         # by value: torch's queue pickler would pass tensors as file descriptors that the parent fetches
         # from this process, which may have exited by then
         results.put((rank, "ok", pickle.dumps(out)))
+    except DmaCollError as e:  # the library's own error: handed back as itself (a clear message, no traceback)
+        results.put((rank, "dmacoll", pickle.dumps(e)))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
@@ -63,17 +67,17 @@ def _child(fn: Callable, rank: int, world: int, init_method: str, device: str, a
 
 
 class RankFailed(RuntimeError):
-    pass
+    """A rank crashed, died or ran past its deadline: every rank's traceback is in the message."""
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu",
               timeout_s: float | None = None) -> list:
     """Start ``world`` processes running ``fn(rank, world, *args)``; return the results by rank.
 
-    ``fn`` must be importable (a module-level function). Raises RankFailed with every
-    rank's traceback if any rank fails, dies or runs past ``timeout_s`` (default
-    $DMACOLL_RANK_TIMEOUT_S, else 900); a rank that is still running then has printed
-    its threads' stacks to stderr."""
+    ``fn`` must be importable (a module-level function). A ``DmaCollError`` raised on a rank is raised here as
+    itself (the lowest rank's, its message prefixed with the rank); any other failure, and a rank that dies or
+    runs past ``timeout_s`` (default $DMACOLL_RANK_TIMEOUT_S, else 900), raises RankFailed with every rank's
+    traceback; a rank that is still running then has printed its threads' stacks to stderr."""
     if timeout_s is None:
         timeout_s = float(os.environ.get("DMACOLL_RANK_TIMEOUT_S", "900"))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
@@ -98,7 +102,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu
         while len(out) < world:
             try:
                 rank, status, value = results.get(timeout=1.0)
-                out[rank] = (status, pickle.loads(value) if status == "ok" else value)
+                out[rank] = (status, pickle.loads(value) if status in ("ok", "dmacoll") else value)
             except queue.Empty:
                 dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in out]
                 if dead or time.monotonic() > deadline:
@@ -108,6 +112,10 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu
                     raise RankFailed(f"{why}; results so far: {out}")
         for p in procs:
             p.join(timeout=30)
+    library = sorted((r, v) for r, (s, v) in out.items() if s == "dmacoll")
+    if library:  # e.g. InvalidArgument on every rank: raise rank 0's (the first) as the library raised it
+        rank, error = library[0]
+        raise type(error)(f"rank {rank}: {error}")
     errors = {r: v for r, (s, v) in out.items() if s == "error"}
     if errors:
         raise RankFailed("\n".join(f"--- rank {r} ---\n{v}" for r, v in sorted(errors.items())))

@@ -1,0 +1,82 @@
+"""Reading results: `dmacoll report` (tables, the README's results block, claims, docs/results.md, the index page)
+and `dmacoll rules` (the learned C3 strategy and FiCCO schedule rules)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import InvalidArgument
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    if a.what == "index":
+        from ..analysis import index_page
+
+        if not a.report_dir or not a.platform:
+            raise InvalidArgument("index needs --report-dir and --platform NAME LABEL")
+        out = Path(a.out or Path(a.report_dir) / "index.html")
+        out.write_text(index_page.render(Path(a.report_dir), [tuple(x) for x in a.platform]))
+        print(f"wrote {out}")
+        return 0
+    if not a.csv:
+        raise InvalidArgument(f"{a.what} needs --csv (the operator sweep CSVs)")
+    if a.what == "claims":
+        from ..analysis import claims
+
+        out = Path(a.out or "results/local/claims.json")
+        rows = claims.write(a.csv, out, out.with_suffix(".md"), a.power, a.c3)
+        for r in rows:
+            print(f"{r['status']:7s} {r['id']}: {r['reproduced']} (tolerance {r['tolerance']})")
+        return 0
+    from ..analysis.report import readme_block, update_readme
+
+    block = readme_block(a.csv)
+    if a.what == "readme":
+        changed = update_readme(Path(a.readme), block)
+        print(f"{a.readme}: {'updated' if changed else 'already up to date'}")
+    elif a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(block + "\n")
+        print(f"wrote {a.out}")
+    else:
+        print(block)
+    return 0
+
+
+def cmd_rules(a: argparse.Namespace) -> int:
+    if a.experiment == "c3":
+        from ..analysis import c3_rules as rules
+
+        res = rules.fit_and_evaluate(rules.collapse(rules.load(a.csv)), a.depth, a.min_leaf or 3, a.min_gain)
+    else:
+        from ..analysis import ficco_rules as rules
+
+        res = rules.fit_and_evaluate(rules.collapse(rules.load(a.csv)), a.depth, a.min_leaf or 2, a.min_gain,
+                                     holdout=a.holdout)
+    print(rules.summary(res))
+    return 0
+
+
+def register(sub) -> None:
+    r = sub.add_parser("report", help="tables from result CSVs: table, readme (the README's block), claims, "
+                                      "index (the report's front page)")
+    r.add_argument("what", choices=("table", "readme", "claims", "index"))
+    r.add_argument("--csv", nargs="+", help="operator sweep CSV(s)")
+    r.add_argument("--out", help="table: write the Markdown here; claims: the JSON (Markdown beside it); index: "
+                                 "the HTML page (default REPORT_DIR/index.html)")
+    r.add_argument("--readme", default="README.md")
+    r.add_argument("--power", help="claims: the power CSV of `dmacoll power` (its claims are 'not run' without)")
+    r.add_argument("--c3", help="claims: the CSV of `dmacoll c3` (its claims are 'not run' without)")
+    r.add_argument("--report-dir", help="index: the folder of rendered platforms")
+    r.add_argument("--platform", nargs=2, action="append", metavar=("NAME", "LABEL"),
+                   help="index: a rendered platform (repeat)")
+    r.set_defaults(func=cmd_report)
+
+    u = sub.add_parser("rules", help="learn and score the rule that picks a C3 strategy or a FiCCO schedule")
+    u.add_argument("experiment", choices=("c3", "ficco"))
+    u.add_argument("csv", nargs="+", help="tables of `dmacoll c3` / `dmacoll ficco`")
+    u.add_argument("--depth", type=int, default=2)
+    u.add_argument("--min-leaf", type=int, default=None, help="default: 3 (c3), 2 (ficco)")
+    u.add_argument("--min-gain", type=float, default=0.005)
+    u.add_argument("--holdout", default=None, help="ficco: the model to hold out (default: the first by name)")
+    u.set_defaults(func=cmd_rules)

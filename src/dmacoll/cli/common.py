@@ -1,0 +1,93 @@
+"""What every `dmacoll` command shares: option types, the options that mean the same everywhere, running on
+every GPU, and writing a result with its provenance.
+
+Conventions: sizes are bytes per rank and take units (``4096``, ``64K``, ``256M``); ``--world`` is the number of
+ranks (default: every visible GPU); ``--timeout-s`` is how long one wait of a collective may take before it
+raises (``DMACOLL_TIMEOUT_S``), ``--deadline-s`` how long the ranks may run in all; ``--out`` is a result CSV,
+its provenance JSON written beside it (``results/<machine>/<experiment>/<run>/data.csv`` by convention).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..sizes import parse_size
+
+__all__ = ["parse_size", "positive", "add_ranks", "add_sizes", "add_out", "gpu_world", "run_on_gpus"]
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def add_ranks(p: argparse.ArgumentParser, world_default: int = 0, deadline_s: float = 1800.0) -> None:
+    """--world, --timeout-s and --deadline-s, for a command that starts ranks."""
+    p.add_argument("--world", type=int, default=world_default,
+                   help="ranks" + (" (default: every visible GPU)" if not world_default else ""))
+    p.add_argument("--timeout-s", type=seconds, default=None,
+                   help="how long one wait of a collective may take before it raises (default: $DMACOLL_TIMEOUT_S, "
+                        "else 120)")
+    p.add_argument("--deadline-s", type=seconds, default=deadline_s,
+                   help="how long the ranks may run in all before they are stopped")
+
+
+def add_sizes(p: argparse.ArgumentParser, defaults: tuple[str, ...], what: str = "message sizes") -> None:
+    p.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(x) for x in defaults],
+                   help=f"{what}, bytes per rank (units: K, M, G)")
+
+
+def add_out(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--out", default=default, help="result CSV (its provenance JSON is written beside it)")
+
+
+def apply_timeout(a: argparse.Namespace) -> None:
+    """--timeout-s reaches every communicator the ranks create (they read DMACOLL_TIMEOUT_S when they start)."""
+    if getattr(a, "timeout_s", None) is not None:
+        os.environ["DMACOLL_TIMEOUT_S"] = str(a.timeout_s)
+
+
+def gpu_world(a: argparse.Namespace, what: str) -> int:
+    """--world, else every visible GPU; 0 with a message when fewer than 2."""
+    import torch
+
+    world = a.world or torch.cuda.device_count()
+    if world < 2:
+        print(f"dmacoll {what} needs at least 2 GPUs, found {world}", file=sys.stderr)
+        return 0
+    return world
+
+
+def planned_world(a: argparse.Namespace, what: str) -> int:
+    """Ranks of a command that can plan without GPUs: --world, else 2 for a dry run, else every visible GPU."""
+    return a.world or (2 if getattr(a, "dry_run", False) else gpu_world(a, what))
+
+
+def run_on_gpus(a: argparse.Namespace, what: str, run_rank, columns: list[str], cfg: dict) -> int:
+    """Run ``run_rank(rank, world, cfg)`` on every GPU and write rank 0's rows with provenance."""
+    from ..bench import harness
+    from ..verify.launch import run_ranks
+
+    world = gpu_world(a, what)
+    if not world:
+        return 2
+    apply_timeout(a)
+    rows = run_ranks(run_rank, world, cfg, device="cuda", timeout_s=a.deadline_s)[0]
+    harness.write(a.out, rows, columns, cfg)
+    return 0

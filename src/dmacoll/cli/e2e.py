@@ -1,0 +1,87 @@
+"""`dmacoll e2e` (the built-in LLM inference benchmark) and `dmacoll vllm-results` (vLLM's bench JSON as a
+tidy table)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .common import add_out, add_ranks, planned_world, positive, run_on_gpus
+
+
+def cmd_e2e(a: argparse.Namespace) -> int:
+    """LLM inference (prefill + CUDA-graph decode) with NCCL vs dmacoll collectives; --dry-run: the plan only."""
+    from ..e2e import config as e2e
+
+    cfg = dict(models=a.models, layers=a.layers, batches=a.batches, prompts=a.prompts, impls=a.impls,
+               decode_steps=a.decode_steps, repeats=a.repeats, output_len=a.output_len, chunk_tokens=a.chunk_tokens,
+               dtype=a.dtype, seed=a.seed, check_dtype=a.check_dtype, rtol=a.rtol, atol=a.atol)
+    if a.hf_config_dir:  # shapes for `vllm bench ... --load-format dummy`
+        for name in a.models:
+            d = Path(a.hf_config_dir) / name
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "config.json").write_text(json.dumps(e2e.hf_config(e2e.spec(name, a.layers)), indent=1) + "\n")
+            print(f"wrote {d / 'config.json'}")
+        return 0
+    world = planned_world(a, "e2e")
+    if not world:
+        return 2
+    print(e2e.plan_text(cfg, world), flush=True)  # InvalidArgument if a model does not split over the ranks
+    if a.dry_run:
+        return 0
+    from ..e2e.bench import E2E_COLUMNS, run_e2e
+
+    return run_on_gpus(a, "e2e", run_e2e, E2E_COLUMNS, cfg)
+
+
+def cmd_vllm_results(a: argparse.Namespace) -> int:
+    from ..e2e import vllm_results as vr
+
+    if a.what == "meta":
+        bad = [x for x in a.items if "=" not in x]
+        if bad:
+            print(f"dmacoll vllm-results meta: not key=value: {bad}", file=sys.stderr)
+            return 2
+        vr.write_meta(a.out, dict(x.split("=", 1) for x in a.items))
+        return 0
+    vr.write_csv(a.out, a.items)
+    return 0
+
+
+def register(sub) -> None:
+    from ..e2e.config import DEFAULTS as d, MODELS
+
+    p = sub.add_parser("e2e", help="LLM inference (Llama / Mixtral layers, random weights): TTFT, decode step, "
+                                   "tokens/s with NCCL vs dmacoll collectives; logits compared")
+    add_ranks(p)
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=d["models"])
+    p.add_argument("--layers", type=positive, default=d["layers"], help="the first N layers of each model")
+    p.add_argument("--batches", nargs="+", type=positive, default=d["batches"])
+    p.add_argument("--prompts", nargs="+", type=positive, default=d["prompts"], help="prompt lengths (tokens)")
+    p.add_argument("--impls", nargs="+", choices=("nccl", "dma"), default=d["impls"],
+                   help="collectives; the first is the logits reference")
+    p.add_argument("--decode-steps", type=positive, default=d["decode_steps"], help="graph replays per timing")
+    p.add_argument("--repeats", type=positive, default=d["repeats"])
+    p.add_argument("--output-len", type=positive, default=d["output_len"],
+                   help="tokens per request for the derived e2e tokens/s")
+    p.add_argument("--chunk-tokens", type=positive, default=d["chunk_tokens"],
+                   help="most tokens per prefill forward (whole prompts)")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=d["dtype"])
+    p.add_argument("--seed", type=int, default=d["seed"])
+    p.add_argument("--check-dtype", default=d["check_dtype"], choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the logits check (one untimed prefill + decode step per model and impl)")
+    p.add_argument("--rtol", type=float, default=d["rtol"], help="logits check: relative tolerance")
+    p.add_argument("--atol", type=float, default=d["atol"], help="logits check: absolute, times rms(ref)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration; no GPU")
+    p.add_argument("--hf-config-dir", help="write a Hugging Face config.json per model (the --layers slice) "
+                                          "here for vLLM dummy-weight runs, then exit")
+    add_out(p, "results/local/e2e/e2e/data.csv")
+    p.set_defaults(func=cmd_e2e)
+
+    v = sub.add_parser("vllm-results", help="meta: record how a `vllm bench` run was made (key=value ...); "
+                                            "csv: vLLM result JSONs (each with its .meta.json) as one tidy CSV")
+    v.add_argument("what", choices=("meta", "csv"))
+    v.add_argument("items", nargs="+", metavar="key=value | result.json")
+    v.add_argument("--out", required=True)
+    v.set_defaults(func=cmd_vllm_results)

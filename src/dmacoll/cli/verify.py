@@ -1,0 +1,84 @@
+"""`dmacoll check` (every op x variant x direction x sync x dtype against the reference) and `dmacoll build` (the
+native submission library)."""
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from .common import add_ranks, apply_timeout
+
+
+def cmd_check(a: argparse.Namespace) -> int:
+    from .. import validate
+    from ..backends import resolve
+    from ..verify.check import check_rank
+    from ..verify.launch import run_ranks
+
+    validate.check_world(a.world)  # before any rank starts, like the backend below
+    resolve(a.backend)
+    seed = a.seed if a.seed is not None else random.randrange(1 << 30)
+    device = "cpu" if a.backend == "host" else "cuda"  # hip: torch.cuda is HIP on ROCm builds
+    print(f"dmacoll check: backend={a.backend} world={a.world} seed={seed} (pass --seed {seed} to repeat)",
+          flush=True)
+    apply_timeout(a)
+    t0 = time.monotonic()
+    args = dict(backend=a.backend, variants=a.variants, directions=a.directions, dtypes=a.dtypes, counts=a.counts,
+                ops=a.ops, seed=seed, syncs=a.syncs, reference=a.reference, signal=a.signal, submit=a.submit)
+    per_rank = run_ranks(check_rank, a.world, args, device=device, timeout_s=a.deadline_s)
+    passed = failed = 0
+    for i, first in enumerate(per_rank[0]):
+        results = [r[i] for r in per_rank]
+        if all(r["ok"] for r in results):
+            passed += 1
+        else:
+            failed += 1
+            errors = "; ".join(f"rank {r['rank']}: {r['error']}" for r in results if not r["ok"])
+            print(f"FAIL {first['op']} {first['variant']}/{first['direction']}/{first['sync']}/{first['handshake']} "
+                  f"{first['dtype']} count={first['count']} {first['buffers']}"
+                  f"{' in-place' if first['in_place'] else ''}: {errors}")
+    print(f"({time.monotonic() - t0:.1f} s, world {a.world}, backend {a.backend})")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+def cmd_build(a: argparse.Namespace) -> int:
+    from ..backends import native
+
+    record = native.build(a.out, a.cc)
+    print(f"built {record['library']} with {record['compiler_version']}; self-test passed "
+          f"({record['self_test_commands']} commands); toolchain in {a.out}/toolchain.json")
+    return 0
+
+
+def register(sub) -> None:
+    from ..executor import SIGNAL_MODES, SYNC_MODES
+    from ..ops import NAMES
+    from ..plan import DIRECTIONS, VARIANTS
+    from ..verify.reference import DTYPES
+
+    c = sub.add_parser("check", help="run every op x variant on a backend and compare with the reference")
+    c.add_argument("--backend", choices=("host", "cuda", "hip"), default="host")
+    add_ranks(c, world_default=2, deadline_s=900.0)
+    c.add_argument("--ops", nargs="+", choices=NAMES, default=list(NAMES),
+                   help="reduce_scatter/all_reduce (sum) skip the dtypes they do not sum (bool, int8, uint8)")
+    c.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    c.add_argument("--directions", nargs="+", choices=DIRECTIONS, default=list(DIRECTIONS))
+    c.add_argument("--syncs", nargs="+", choices=SYNC_MODES, default=list(SYNC_MODES))
+    c.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32", "bfloat16", "int8", "int64",
+                                                                        "bool"])
+    c.add_argument("--counts", nargs="+", type=int, default=[1, 17, 4096, 65537],
+                   help="elements per chunk, all_reduce: per tensor (odd and power-of-two sizes)")
+    c.add_argument("--seed", type=int, default=None, help="default: random, printed")
+    c.add_argument("--signal", choices=SIGNAL_MODES, default="memop",
+                   help="how flags reach peers: stream memory op, a 4-byte copy or a flag kernel (reset sync only)")
+    c.add_argument("--reference", choices=("cpu", "nccl"), default="cpu",
+                   help="also compare with torch.distributed (NCCL) on the same inputs (cuda backend)")
+    c.add_argument("--submit", choices=("python", "native"), default="python",
+                   help="cuda: issue driver calls from Python or the native library (dmacoll build)")
+    c.set_defaults(func=cmd_check)
+
+    b = sub.add_parser("build", help="compile and self-test the native submission library (submit='native')")
+    b.add_argument("--out", default="build/native", help="output folder (the library, toolchain.json)")
+    b.add_argument("--cc", default=None, help="C compiler (default: $CC, else cc / gcc / clang)")
+    b.set_defaults(func=cmd_build)
