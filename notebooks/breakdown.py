@@ -31,16 +31,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dmacoll.analysis import load, report  # noqa: E402
-from dmacoll.sizes import human  # noqa: E402
+from dmacoll.analysis import load, report, tables  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
 df = load.read("breakdown", csvs[:1])
 prov = load.provenance(csvs[0])
 print(f"{len(df)} rows from {csvs[0]}; git {prov['git_sha'][:10]}, GPUs {prov['hardware']['gpus']}")
-wide = df.pivot(index="bytes", columns="phase", values="time_us")
-wide.index = [human(int(b)) for b in wide.index]
+wide = tables.breakdown_wide(df)
 wide.to_csv(out / "breakdown_wide.csv")
 (out / "breakdown.md").write_text(report.markdown(wide.round(2).reset_index(names="size")) + "\n")
 wide.round(2)

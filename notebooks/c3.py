@@ -51,10 +51,6 @@ raw = h.load(csvs)
 report.print_provenance(csvs)
 coll = h.collapse(raw)
 coll["shape"] = [h.shape_label(r.compute, r.M, r.N, r.K) for r in coll.itertuples()]
-# ConCCL (ISPASS 2025), Fig. averages on MI300X; prioritization and partitioning are one combined number there
-PAPER = {"baseline": 0.21, "priority": 0.42, "partition": 0.42, "dma": 0.72}
-ORDER = {s: i for i, s in enumerate(["baseline", "priority", "partition", "carveout", "dma", "dma_priority",
-                                     "dma_partition", "dma_carveout"])}
 
 
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -72,15 +68,7 @@ table(skipped.groupby(["option", "op", "skipped"]).size().reset_index(name="rows
 # ## Fraction of ideal per strategy (mean over shapes, ops and ratios)
 
 # %%
-summary = (coll.groupby(["option", "strategy"])
-           .agg(scenarios=("fraction_of_ideal", "size"), fraction_mean=("fraction_of_ideal", "mean"),
-                fraction_median=("fraction_of_ideal", "median"),
-                speedup_vs_nccl_serial=("speedup_vs_nccl_serial", "mean"),
-                best_speedup=("speedup_vs_nccl_serial", "max"))
-           .reset_index())
-summary = summary.sort_values(["strategy", "option"], key=lambda c: c.map(ORDER) if c.name == "strategy" else c)
-summary["conccl_paper_mi300x"] = summary["strategy"].map(PAPER)
-summary = table(summary.round(3), "fraction_of_ideal")
+summary = table(h.summary_table(coll), "fraction_of_ideal")  # fractions clipped at 1: h.collapse says why
 fig, ax = plt.subplots(figsize=(9, 4))
 sns.barplot(data=coll, x="option", y="fraction_of_ideal", order=list(summary["option"]), errorbar=("pi", 50),
             ax=ax, color="tab:blue", label=f"measured, {platform_label} (mean, 25-75%)")

@@ -38,7 +38,7 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import load, report  # noqa: E402
+from dmacoll.analysis import load, report, tables  # noqa: E402
 
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
@@ -67,17 +67,7 @@ KEYS = ["model", "parallel", "layers", "batch", "prompt_len"]
 # ## Latency and throughput, dmacoll over NCCL
 
 # %%
-wide = ok.pivot_table(index=KEYS, columns="impl", values=["ttft_ms", "decode_ms", "decode_tok_s", "e2e_tok_s"])
-summary = pd.DataFrame(index=wide.index)
-for metric in ("ttft_ms", "decode_ms", "decode_tok_s", "e2e_tok_s"):
-    for impl in ("nccl", "dma"):
-        if (metric, impl) in wide:
-            summary[f"{metric}_{impl}"] = wide[(metric, impl)]
-if {"ttft_ms_nccl", "ttft_ms_dma"} <= set(summary):
-    summary["ttft_speedup"] = summary["ttft_ms_nccl"] / summary["ttft_ms_dma"]
-    summary["decode_speedup"] = summary["decode_ms_nccl"] / summary["decode_ms_dma"]
-    summary["throughput_gain"] = summary["e2e_tok_s_dma"] / summary["e2e_tok_s_nccl"]
-summary = table(summary.reset_index().round(3), "latency_throughput")
+summary = table(tables.e2e_ratios(raw).round(3), "latency_throughput")
 summary
 
 # %%

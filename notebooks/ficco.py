@@ -45,7 +45,7 @@ raw = fh.load(csvs)
 report.print_provenance(csvs)
 coll = fh.collapse(raw)
 coll["scenario"] = coll["model"] + " " + coll["pattern"] + " " + coll["tokens"].astype(str)
-PAPER_MAX_SPEEDUP = 1.6  # FiCCO paper, MI300X: "up to 1.6x"
+PAPER_MAX_SPEEDUP = fh.PAPER_MAX_SPEEDUP
 
 
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -63,7 +63,7 @@ table(skipped.groupby(["option", "pattern", "skipped"]).size().reset_index(name=
 # ## Speedup over NCCL serial, per schedule and scenario
 
 # %%
-order = sorted(coll["option"].unique(), key=lambda o: (o.split()[0], 0 if "serial" in o else int(o.split("=")[1])))
+order = fh.option_order(coll["option"])
 speedup = coll.pivot_table(index="scenario", columns="option", values="speedup_vs_nccl_serial")[order]
 table(speedup.round(3).reset_index(), "speedup_vs_nccl_serial")
 fig, ax = plt.subplots(figsize=(10, 4.5))
@@ -76,12 +76,7 @@ ax.tick_params(axis="x", rotation=35)
 ax.legend(fontsize=7, ncol=2)
 ax.set_title(f"FiCCO schedules, {platform_label}")
 report.save_figure(fig, out, "speedup")
-summary = (coll.groupby("option").agg(scenarios=("t_us", "size"), speedup_mean=("speedup_vs_nccl_serial", "mean"),
-                                      speedup_max=("speedup_vs_nccl_serial", "max"),
-                                      speedup_vs_own_serial=("speedup_vs_serial", "mean"))
-           .reindex(order).reset_index())
-summary["ficco_paper_max_mi300x"] = PAPER_MAX_SPEEDUP
-summary = table(summary.round(3), "speedup_summary")
+summary = table(fh.summary_table(coll), "speedup_summary")
 summary
 
 # %% [markdown]
@@ -89,10 +84,7 @@ summary
 
 # %%
 dec = coll[coll["pieces"] > 1]
-losses = (dec.groupby(["pattern", "option"])
-          .agg(decomposition_loss=("decomposition_loss", "mean"), contention_loss=("contention_loss", "mean"),
-               overlap_vs_isolated_sum=("overlap_vs_isolated_sum", "mean")).reset_index())
-losses = table(losses.round(3), "losses")
+losses = table(fh.losses(coll), "losses")
 long = dec.melt(id_vars=["pattern", "option"], value_vars=["decomposition_loss", "contention_loss"],
                 var_name="loss", value_name="factor")
 g = sns.catplot(data=long, x="option", y="factor", hue="loss", col="pattern", kind="bar", height=3.5, aspect=1.2,

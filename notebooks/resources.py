@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import load, report  # noqa: E402
+from dmacoll.analysis import load, report, tables  # noqa: E402
 from dmacoll.sizes import human  # noqa: E402
 
 out = Path(outdir)
@@ -54,16 +54,7 @@ def label(df: pd.DataFrame) -> pd.Series:
 
 
 # %%
-runs = power[power["impl"] != "idle"].copy()
-runs["impl"] = label(runs)
-runs["size"] = runs["bytes_per_rank"].map(lambda b: human(int(b)))
-summary = (runs.groupby(["op", "impl", "bytes_per_rank", "size"])
-           [["avg_power_w", "idle_power_w", "dynamic_energy_per_call_uj", "dynamic_energy_per_byte_pj"]]
-           .median().reset_index())
-nccl = summary[summary["impl"] == "nccl"].set_index(["op", "bytes_per_rank"])["dynamic_energy_per_call_uj"]
-summary["energy_vs_nccl"] = [row.dynamic_energy_per_call_uj / nccl.get((row.op, row.bytes_per_rank), float("nan"))
-                             for row in summary.itertuples()]
-summary = summary.round(3)
+summary = tables.power_summary(power)
 summary.to_csv(out / "power.csv", index=False)
 (out / "power.md").write_text(report.markdown(summary.drop(columns=["bytes_per_rank"])) + "\n")
 summary
@@ -87,13 +78,15 @@ sm_table = sm[["op", "impl", "bytes_per_rank", "mode", "kernels_per_call", "kern
 sm_table
 
 # %%
-inter["impl"] = label(inter)
+# `dmacoll interference` is C3 at fixed sizes: its rows are C3's (older tables are read in that schema), and
+# `option` names the strategy: baseline (NCCL), dma (the tuned choice), dma pcpy (the plain one, older tables)
 inter["size"] = inter["bytes_per_rank"].map(lambda b: human(int(b)))
-cols = ["compute", "impl", "size", "rank", "comp_slowdown", "comm_slowdown", "fraction_of_ideal"]
+cols = ["compute", "option", "size", "rank", "comp_slowdown", "comm_slowdown", "fraction_of_ideal"]
 (out / "interference.md").write_text(report.markdown(inter[cols].round(3)) + "\n")
-long = inter[inter["rank"] == 0].melt(id_vars=["compute", "impl", "size"], value_vars=["comp_slowdown", "comm_slowdown"],
-                  var_name="who", value_name="slowdown")
-g = sns.catplot(data=long, x="size", y="slowdown", hue="impl", col="compute", row="who", kind="bar", height=3,
+long = inter[inter["rank"] == 0].melt(id_vars=["compute", "option", "size"],
+                                      value_vars=["comp_slowdown", "comm_slowdown"], var_name="who",
+                                      value_name="slowdown")
+g = sns.catplot(data=long, x="size", y="slowdown", hue="option", col="compute", row="who", kind="bar", height=3,
                 aspect=1.5, errorbar=None)
 g.figure.suptitle(f"slowdown when running together (1 = none), rank 0, {platform_label}", y=1.02)
 report.save_figure(g.figure, out, "interference")

@@ -48,3 +48,23 @@ def test_kinds_keep_their_missing_value_rules(tmp_path):
     assert c3["skipped"].isna().all() and c3["x"].isna().all()
     with pytest.raises(ValueError, match="unknown result kind"):
         load.read("sweep", [tmp_path / "c3.csv"])
+
+
+def test_interference_tables_from_before_c3_are_read_in_c3s_schema(tmp_path):
+    from dmacoll.bench.c3_grid import C3_COLUMNS
+
+    old = load.read("interference", ["results/h200x2/power/interference/data.csv"])
+    assert set(C3_COLUMNS) - set(old.columns) <= {"gflop", "intensity", "bound", "comp_reps", "ratio", "ratio_nccl",
+                                                  "t_comm_nccl_us", "t_comp_strategy_us", "speedup_vs_nccl_serial",
+                                                  "sm_split", "comm_priority"}
+    assert set(old["option"]) == {"baseline", "dma", "dma pcpy"} and set(old["strategy"]) == {"baseline", "dma"}
+    gemm = old[old["compute"] == "gemm"]
+    assert (gemm[["M", "N", "K"]] == 8192).all().all() and set(old["op"]) == {"all_gather"}
+    # the measurements themselves are untouched
+    raw = pd.read_csv("results/h200x2/power/interference/data.csv")
+    assert old["fraction_of_ideal"].tolist() == raw["fraction_of_ideal"].tolist()
+    # a table written by today's `dmacoll interference` (C3 rows) is read as it is
+    new = old.drop(columns="source")
+    new.to_csv(tmp_path / "data.csv", index=False)
+    again = load.read("interference", [tmp_path / "data.csv"])
+    assert list(again["option"]) == list(old["option"])

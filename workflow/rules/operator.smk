@@ -10,7 +10,7 @@ rule operator_sweep:
         csv=f"{OUT}/operator/sweep_{{op}}/data.csv",
         json=f"{OUT}/operator/sweep_{{op}}/data.json",
     wildcard_constraints:
-        op="all_gather|all_to_all",
+        op="|".join(OP["ops"]),
     log:
         f"{OUT}/operator/sweep_{{op}}/run.log",
     benchmark:

@@ -60,6 +60,34 @@ def collapse(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+PAPER_MAX_SPEEDUP = 1.6  # FiCCO paper, MI300X: "up to 1.6x"
+
+
+def option_order(options) -> list[str]:
+    """Schedules in reading order: per implementation, serial first, then by the number of pieces."""
+    return sorted(set(options), key=lambda o: (o.split()[0], 0 if "serial" in o else int(o.split("=")[1])))
+
+
+def summary_table(coll: pd.DataFrame) -> pd.DataFrame:
+    """Per schedule: scenarios, mean and best speedup over NCCL serial, mean speedup over its own serial schedule,
+    next to the paper's best on MI300X."""
+    out = (coll.groupby("option").agg(scenarios=("t_us", "size"), speedup_mean=("speedup_vs_nccl_serial", "mean"),
+                                      speedup_max=("speedup_vs_nccl_serial", "max"),
+                                      speedup_vs_own_serial=("speedup_vs_serial", "mean"))
+           .reindex(option_order(coll["option"])).reset_index())
+    out["ficco_paper_max_mi300x"] = PAPER_MAX_SPEEDUP
+    return out.round(3)
+
+
+def losses(coll: pd.DataFrame) -> pd.DataFrame:
+    """The decomposed schedules' mean losses per pattern: decomposition (GEMM pieces over the whole GEMM),
+    contention (measured over the ideal pipeline), and the overlap against the pieces' isolated sum."""
+    dec = coll[coll["pieces"] > 1]
+    return (dec.groupby(["pattern", "option"])
+            .agg(decomposition_loss=("decomposition_loss", "mean"), contention_loss=("contention_loss", "mean"),
+                 overlap_vs_isolated_sum=("overlap_vs_isolated_sum", "mean")).reset_index().round(3))
+
+
 def scenarios(coll: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(features, time per option) indexed by scenario."""
     times = coll.pivot_table(index=KEYS, columns="option", values="t_us", aggfunc="first")

@@ -18,7 +18,8 @@ def _claims_table(path: Path) -> str:
         return "<p>no claims for this platform</p>"
     rows = json.loads(path.read_text())
     rows = rows.get("claims", rows) if isinstance(rows, dict) else rows
-    cols = ["id", "claim", "paper (MI300X)", "metric", "reproduced", "tolerance", "status"]
+    cols = ["id", "claim", "paper (MI300X)", "metric", "configuration", "n", "reproduced", "runs", "spread",
+            "tolerance", "status", "note"]
     head = "".join(f"<th>{c}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>"
                    for r in rows)

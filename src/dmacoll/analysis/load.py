@@ -53,12 +53,33 @@ def _as_written(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+# `dmacoll interference` before it became C3 at fixed sizes: its shapes, and its rows' names in C3's schema
+_OLD_INTERFERENCE_SHAPES = {"gemm": (8192, 8192, 8192), "membound": (32768, 16384, 0)}  # membound: 2^29 elements
+
+
+def _interference(df: pd.DataFrame) -> pd.DataFrame:
+    """Interference tables: C3's schema (``dmacoll interference`` is C3 at fixed sizes). Tables written before
+    that (no ``strategy`` column: a dma ``pcpy`` / ``auto`` row per size next to NCCL's) are rewritten into it, the
+    measured times and metrics as they are; ``option`` names the row (``baseline``, ``dma``, ``dma pcpy``)."""
+    if "strategy" in df:
+        return df
+    old = df.copy()
+    dma = old["impl"] == "dma"
+    old["strategy"] = dma.map({True: "dma", False: "baseline"})
+    old["option"] = [("dma" if v == "auto" else f"dma {v}") if d else "baseline" for d, v in zip(dma, old["variant"])]
+    old["variant"] = [f"{v}/{d}" if isinstance(v, str) else "" for v, d in zip(old["variant"], old["direction"])]
+    for i, dim in enumerate(("M", "N", "K")):
+        old[dim] = old["compute"].map(lambda c: _OLD_INTERFERENCE_SHAPES[c][i])
+    old["op"], old["target_ratio"], old["skipped"] = "all_gather", 1.0, ""
+    return old.drop(columns=["direction", "place"])
+
+
 # kind -> (strings read as missing; None: pandas' defaults), migration of the concatenated table
 KINDS: dict[str, tuple[list[str] | None, Callable[[pd.DataFrame], pd.DataFrame]]] = {
     "operator": (["nan"], _operator),  # "" stays "": a column empty for some implementations (variant, error)
     "power": (["nan", ""], _as_written),
     "sm_usage": (["nan", ""], _as_written),
-    "interference": (["nan", ""], _as_written),
+    "interference": (["nan", "NaN", ""], _interference),
     "breakdown": (None, _as_written),
     "c3": (["nan", "NaN", ""], _as_written),
     "ficco": (["nan", "NaN", ""], _as_written),

@@ -1,8 +1,16 @@
-"""Tables from sweep CSVs: best dma over NCCL at chosen sizes, and the issue's targets.
+"""Tables from operator sweeps: dmacoll's configurations against NCCL, DMA-Latte-style feature speedups, targets.
 
-Every number printed here is computed from the CSV it is given; the README's
-results table is this output pasted between markers by ``dmacoll report readme``
-(and a test checks that it still matches).
+Three dmacoll configurations are reported per (op, mode, size), never mixed (``picks``):
+
+* **default**: what ``Communicator()`` does with no options for an out-of-place call: memop flags, the full
+  handshake, Python submission, no prerecording, and the (variant, direction) that ``variant='auto'`` takes from
+  the tuning table shipped for the machine (``tuning.find``; pcpy/push without one);
+* **tuned**: ``variant='auto'`` with the shipped table and the options a caller may set without promising
+  anything about its data flow (signal, prerecord, submit, in place), the fastest of those N measured rows;
+* **oracle**: the fastest of all N measured dma configurations, picked after the fact (the lean handshake
+  included, which needs the caller's promise).
+
+Every number printed here is computed from the CSVs it is given.
 """
 from __future__ import annotations
 
@@ -10,11 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import tuning
 from ..sizes import human
 from . import load as results
 
-README_SIZES = (4 << 10, 1 << 20, 64 << 20, 256 << 20)
-BEGIN, END = "<!-- operator-table:begin -->", "<!-- operator-table:end -->"
+TABLE_SIZES = (1 << 10, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 64 << 20, 256 << 20)
 
 
 def load(paths: list[str]) -> pd.DataFrame:
@@ -31,6 +39,51 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
     return out.set_index(["op", "mode", "bytes_per_rank"])
 
 
+KEYS = ["op", "mode", "bytes_per_rank"]
+DEFAULT = {"place": "out", "signal": "memop", "prerecord": False, "submit": "python", "handshake": "full"}
+PICKS = ("default", "tuned", "oracle")
+
+
+def shipped_table(df: pd.DataFrame):
+    """The tuning table ``variant='auto'`` finds on the machine a sweep ran on (None: it falls back to pcpy/push;
+    also for a table without provenance)."""
+    if "source" not in df:
+        return None
+    gpus = results.provenance(df["source"].iloc[0]).get("hardware", {}).get("gpus", [])
+    return tuning.find(int(df["world"].iloc[0]), gpus[0] if gpus else "")
+
+
+def auto_choice(dma: pd.DataFrame) -> pd.Series:
+    """Per row, whether its (variant, direction) is what ``variant='auto'`` picks for its op, size, mode, place
+    and signal."""
+    table = shipped_table(dma) if len(dma) else None
+
+    def picked(r) -> bool:
+        choice = table.select(r.op, int(r.bytes_per_rank), r.mode, r.place == "in", r.signal) if table \
+            else tuning.FALLBACK
+        return (r.variant, r.direction) == choice
+    return pd.Series([picked(r) for r in dma.itertuples()], index=dma.index, dtype=bool)
+
+
+def fastest(rows: pd.DataFrame) -> pd.DataFrame:
+    """The fastest row per (op, mode, size), with ``n``: how many rows it was picked from."""
+    if rows.empty:
+        return pd.DataFrame(columns=[*KEYS, "time_us", "n"]).set_index(KEYS)
+    idx = rows.groupby(KEYS)["time_us"].idxmin()
+    out = rows.loc[idx].set_index(KEYS)
+    out["n"] = rows.groupby(KEYS).size()
+    return out
+
+
+def picks(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The default, tuned and oracle dma configurations (module docstring), and DMA-Latte's unoptimised
+    ``baseline``, per (op, mode, size): the row measured for each, and the N it was picked from."""
+    dma = df[(df["impl"] == "dma") & df["ok"]]
+    auto = dma[auto_choice(dma)]
+    return {"default": fastest(matching(auto, DEFAULT)), "tuned": fastest(auto[auto["handshake"] == "full"]),
+            "oracle": fastest(dma), "baseline": fastest(matching(dma, BASELINE))}
+
+
 def config_label(r) -> str:
     """variant/direction/place, plus the non-default signal, prerecord, submit and handshake choices."""
     extra = (f"/{r['signal']}-signal" if r["signal"] in ("copy", "kernel") else "") + (
@@ -39,24 +92,26 @@ def config_label(r) -> str:
     return f"{r['variant']}/{r['direction']}/{r['place']}{extra}"
 
 
-def ratio_table(df: pd.DataFrame, sizes=README_SIZES) -> pd.DataFrame:
-    dma, nccl, ce, floor = best(df, "dma"), best(df, "nccl"), best(df, "nccl_ce"), best(df, "peer_copy")
+def ratio_table(df: pd.DataFrame, sizes=TABLE_SIZES) -> pd.DataFrame:
+    """Per (op, mode, size): NCCL's time, and each dmacoll configuration's time over it with the N it was picked
+    from; the oracle's configuration and what it costs beyond one raw peer copy (the protocol's fixed part)."""
+    nccl, ce, floor, p = best(df, "nccl"), best(df, "nccl_ce"), best(df, "peer_copy"), picks(df)
     rows = []
-    for (op, mode, size), r in dma.iterrows():
-        if size not in sizes or (op, mode, size) not in nccl.index:
-            continue
-        n = nccl.loc[(op, mode, size), "time_us"]
-        rows.append({"op": op, "mode": mode, "size": human(int(size)), "bytes": int(size),
-                     "nccl_us": round(float(n), 1),
-                     "nccl_ce_us": round(float(ce.loc[(op, mode, size), "time_us"]), 1)
-                     if (op, mode, size) in ce.index else "failed/not run",
-                     "dma_us": round(float(r["time_us"]), 1),
-                     "dma_over_nccl": round(float(r["time_us"] / n), 2),
-                     # the fixed cost of the protocol (flags, fork/join) beyond moving the bytes
-                     "dma_minus_peer_copy_us": round(float(r["time_us"] - floor.loc[(op, mode, size), "time_us"]), 1)
-                     if (op, mode, size) in floor.index else "",
-                     "best_dma": config_label(r)})
-    return pd.DataFrame(rows).sort_values(["op", "mode", "bytes"]).reset_index(drop=True)
+    for key in sorted(k for k in p["oracle"].index if k[2] in sizes and k in nccl.index):
+        n = float(nccl.loc[key, "time_us"])
+        row = {"op": key[0], "mode": key[1], "size": human(int(key[2])), "bytes": int(key[2]),
+               "nccl_us": round(n, 1),
+               "nccl_ce_us": round(float(ce.loc[key, "time_us"]), 1) if key in ce.index else "not run"}
+        for name in PICKS:
+            got = p[name].loc[key] if key in p[name].index else None
+            row[f"{name}_over_nccl"] = round(float(got["time_us"]) / n, 2) if got is not None else "not measured"
+            row[f"{name}_n"] = int(got["n"]) if got is not None else 0
+        oracle = p["oracle"].loc[key]
+        row["oracle_config"] = config_label(oracle)
+        row["oracle_minus_peer_copy_us"] = round(float(oracle["time_us"] - floor.loc[key, "time_us"]), 1) \
+            if key in floor.index else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 # DMA-Latte's plain baseline, and each feature as one change to it (PERFORMANCE.md style)
@@ -105,28 +160,9 @@ def _speedup_one_run(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-# issue 3's latency targets: the worst best-dma / NCCL ratio in each size band, per op and mode
-BANDS = ((1 << 10, 64 << 10), (128 << 10, 1 << 20), (2 << 20, 16 << 20), (32 << 20, 256 << 20))
-
-
-def band_targets(df: pd.DataFrame) -> list[dict]:
-    dma, nccl = best(df, "dma"), best(df, "nccl")
-    ratio = (dma["time_us"] / nccl["time_us"]).dropna()
-    out = []
-    for op in sorted(set(ratio.index.get_level_values("op"))):
-        for mode, limit, bands in (("graph", 1.00, BANDS), ("eager", 0.50, ((1 << 10, 256 << 10),))):
-            for lo, hi in bands:
-                part = ratio[[k for k in ratio.index if k[0] == op and k[1] == mode and lo <= k[2] <= hi]]
-                if part.empty:
-                    continue
-                v = float(part.max())
-                out.append({"target": f"{op} {mode}: best dma <= {limit:.2f} x NCCL",
-                            "size": f"{human(lo)} - {human(hi)}", "value": round(v, 3), "pass": bool(v <= limit)})
-    return out
-
-
 def targets(df: pd.DataFrame) -> list[dict]:
-    """Issue 2's done-when checks on the all-gather, graph mode."""
+    """Issue 2's done-when checks on the all-gather, graph mode, for the oracle (the best of every measured
+    configuration: what the targets were set on)."""
     dma, nccl, floor = best(df, "dma"), best(df, "nccl"), best(df, "peer_copy")
     out = []
     for (op, mode, size), r in dma.iterrows():
@@ -168,34 +204,20 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def readme_block(paths: list[str]) -> str:
+def source_line(paths: list[str], root: Path = Path(".")) -> str:
+    """Where a table's numbers come from: the files, and the code and machine their provenance names."""
+    prov = results.provenance(root / paths[0])
+    hw, sw = prov.get("hardware", {}), prov.get("software", {})
+    gpus = hw.get("gpus", [])
+    machine = f"{len(gpus)}x {', '.join(sorted(set(gpus)))}" if gpus else "no GPU recorded"
+    return (f"Source: {', '.join(f'`{p}`' for p in paths)} (code {str(prov.get('git_sha'))[:10]}, {machine}, "
+            f"torch {sw.get('torch')}, NCCL {sw.get('nccl')}). Measured on NVIDIA Hopper, not the papers' MI300X.")
+
+
+def table(paths: list[str], sizes=TABLE_SIZES) -> str:
+    """`dmacoll report table`: the ratio table of some sweeps, with their provenance and what failed."""
     df = load(paths)
-    table = ratio_table(df).drop(columns=["bytes"])
-    tg = pd.DataFrame(targets(df))
-    bands = pd.DataFrame(band_targets(df))
-    fails = int((df["status"] != "ok").sum())
-    wrong = int(((df["status"] == "ok") & ~df["ok"]).sum())
-    prov = results.provenance(paths[0])
-    hw = prov.get("hardware", {})
-    head = (f"Measured on {len(hw.get('gpus', []))}x {', '.join(sorted(set(hw.get('gpus', []))))} "
-            f"(torch {prov['software']['torch']}, NCCL {prov['software'].get('nccl')}, git {prov['git_sha'][:10]}); "
-            f"source: {', '.join(f'`{p}`' for p in paths)}. Time per call, slowest rank, median of repeats; "
-            f"bytes per rank. {fails} points failed to run (see the CSV's error column), {wrong} gave wrong output.")
-    parts = [BEGIN, head, "", markdown(table)]
-    if not tg.empty:
-        parts += ["", "Targets (all-gather, graph mode):", "", markdown(tg)]
-    if not bands.empty:
-        parts += ["", "Latency targets (worst ratio in each size band; eager counts prerecorded calls):", "",
-                  markdown(bands)]
-    parts.append(END)
-    return "\n".join(parts)
-
-
-def update_readme(readme: Path, block: str) -> bool:
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers")
-    new = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    changed = new != text
-    readme.write_text(new)
-    return changed
+    fails, wrong = int((df["status"] != "ok").sum()), int(((df["status"] == "ok") & ~df["ok"]).sum())
+    return (source_line(paths) + "\n\n" + markdown(ratio_table(df, sizes).drop(columns=["bytes"])) +
+            f"\n\nPoints that failed to run: {fails}; points with a wrong output: {wrong}. Time per call, slowest "
+            "rank, median of repeats; bytes per rank.")

@@ -8,7 +8,31 @@ from pathlib import Path
 from ..errors import InvalidArgument
 
 
+DOCUMENTS = ("README.md", "docs/results.md")  # the files with generated blocks
+
+
+def cmd_docs(a: argparse.Namespace) -> int:
+    """Rewrite (or --check) every generated block of the documents; report prose that restates a number."""
+    from ..analysis import docs
+
+    problems = []
+    for name in a.files or DOCUMENTS:
+        path = Path(name)
+        if a.check:
+            problems += [f"{name}: block '{b}' is stale" for b in docs.stale(path)]
+        else:
+            print(f"{name}: {'updated' if docs.update(path) else 'already up to date'}")
+        problems += [f"restated by hand: {r}" for r in docs.restated(path)]
+    for p in problems:
+        print(p)
+    if problems and a.check:
+        print("run `dmacoll report docs` to regenerate the blocks; move measurements out of the prose")
+    return 1 if problems else 0
+
+
 def cmd_report(a: argparse.Namespace) -> int:
+    if a.what == "docs":
+        return cmd_docs(a)
     if a.what == "index":
         from ..analysis import index_page
 
@@ -28,13 +52,10 @@ def cmd_report(a: argparse.Namespace) -> int:
         for r in rows:
             print(f"{r['status']:7s} {r['id']}: {r['reproduced']} (tolerance {r['tolerance']})")
         return 0
-    from ..analysis.report import readme_block, update_readme
+    from ..analysis.report import table
 
-    block = readme_block(a.csv)
-    if a.what == "readme":
-        changed = update_readme(Path(a.readme), block)
-        print(f"{a.readme}: {'updated' if changed else 'already up to date'}")
-    elif a.out:
+    block = table(a.csv)
+    if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(block + "\n")
         print(f"wrote {a.out}")
@@ -58,15 +79,18 @@ def cmd_rules(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    r = sub.add_parser("report", help="tables from result CSVs: table, readme (the README's block), claims, "
-                                      "index (the report's front page)")
-    r.add_argument("what", choices=("table", "readme", "claims", "index"))
+    r = sub.add_parser("report", help="tables from result CSVs: table, claims, docs (the generated blocks of the "
+                                      "README and docs/results.md), index (the report's front page)")
+    r.add_argument("what", choices=("table", "claims", "docs", "index"))
+    r.add_argument("files", nargs="*", help="docs: the documents (default: README.md docs/results.md)")
+    r.add_argument("--check", action="store_true", help="docs: only say which blocks are stale (exit 1 if any)")
     r.add_argument("--csv", nargs="+", help="operator sweep CSV(s)")
     r.add_argument("--out", help="table: write the Markdown here; claims: the JSON (Markdown beside it); index: "
                                  "the HTML page (default REPORT_DIR/index.html)")
-    r.add_argument("--readme", default="README.md")
     r.add_argument("--power", help="claims: the power CSV of `dmacoll power` (its claims are 'not run' without)")
-    r.add_argument("--c3", help="claims: the CSV of `dmacoll c3` (its claims are 'not run' without)")
+    r.add_argument("--c3", nargs="+", default=[],
+                   help="claims: `dmacoll c3` tables, one per run (its claims are 'not run' without; several runs: "
+                        "the worst decides, the spread is reported)")
     r.add_argument("--report-dir", help="index: the folder of rendered platforms")
     r.add_argument("--platform", nargs=2, action="append", metavar=("NAME", "LABEL"),
                    help="index: a rendered platform (repeat)")

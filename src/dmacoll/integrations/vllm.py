@@ -43,8 +43,9 @@ DEFAULT_MAX_BYTES = 32 << 20
 CUDA_COMMUNICATOR = "vllm.distributed.device_communicators.cuda_communicator.CudaCommunicator"
 QUALNAME = f"{__name__}.DmaCudaCommunicator"
 ROUTED_GROUPS = ("tp", "ep", "dp")  # PP only sends and receives
-REDUCE_OPS = ("all_reduce", "reduce_scatter", "reduce_scatterv")
-REDUCE_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")  # validate.REDUCE_DTYPES
+# vLLM's device-communicator calls -> the dmacoll collective that serves them (``dmacoll.ops``)
+SERVED_BY = {"all_reduce": "all_reduce", "all_gather": "all_gather", "all_gatherv": "all_gather",
+             "reduce_scatter": "reduce_scatter", "reduce_scatterv": "reduce_scatter"}
 
 log = logging.getLogger("dmacoll.vllm")
 _logged: set[str] = set()
@@ -125,8 +126,10 @@ def fallback_reason(call: Call, limit: int) -> str:
         return f"{call.op} on {call.device} tensors"
     if call.nbytes == 0:
         return f"{call.op} of an empty tensor"
-    if call.op in REDUCE_OPS and call.dtype not in REDUCE_DTYPES:
-        return f"{call.op} of {call.dtype} (dmacoll sums {', '.join(REDUCE_DTYPES)})"
+    from .. import ops
+
+    if ops.get(SERVED_BY[call.op]).reduces and call.dtype not in ops.REDUCE_DTYPE_NAMES:
+        return f"{call.op} of {call.dtype} (dmacoll sums {', '.join(ops.REDUCE_DTYPE_NAMES)})"
     if call.sizes is not None and len(set(call.sizes)) > 1:
         return f"{call.op} with different sizes per rank"
     if not call.contiguous:

@@ -11,7 +11,7 @@ rest. An ``OpSpec`` says, for one collective:
 * verification: the exact expected output from every rank's input (``reference``), how an in-place call lays
   its tensors out (``in_place_views``), and the same collective through ``torch.distributed``
   (``torch_call``: NCCL on GPUs, gloo on the CPU), the baseline every benchmark runs;
-* which dtypes it accepts (``dtypes``; sums take ``REDUCE_DTYPES`` only).
+* which dtypes it accepts (``accepts``: sums take ``REDUCE_DTYPES`` only).
 
 Sizes follow nccl-tests: ``bytes_per_rank`` is one rank's input; a *chunk* is the part of it that goes to one
 peer (all-to-all, reduce-scatter) or all of it (all-gather, all-reduce).

@@ -1,0 +1,209 @@
+"""The generated parts of README.md and docs/*.md: every number in them is computed here from the committed
+results, and a test fails when one drifts (``stale``) or when prose around them restates one (``restated``).
+
+A generated block sits between ``<!-- generated: NAME MACHINE -->`` and ``<!-- end generated -->``;
+``dmacoll report docs`` rewrites every block of the files named, ``--check`` only says which are stale. NAME is
+one of ``BLOCKS``; MACHINE a folder under results/. Hand-written prose around the blocks interprets them but
+restates no measurement: no decimals, percentages, or numbers with a unit of time, bandwidth, power or energy
+outside blocks and code (``restated`` finds them).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from . import claims, load, report, tables
+
+ROOT = Path(__file__).resolve().parents[3]
+BLOCK = re.compile(r"(<!-- generated: ([\w-]+) ([\w/]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
+HEADLINE_SIZES = (4 << 10, 64 << 10, 1 << 20, 64 << 20)
+
+
+def run(machine: str, experiment: str, name: str) -> str:
+    """A committed run's data.csv, as a path from the repository root."""
+    return f"results/{machine}/{experiment}/{name}/data.csv"
+
+
+def sweeps(machine: str) -> list[str]:
+    return [run(machine, "operator", n) for n in ("sweep_all_gather", "sweep_all_to_all", "nccl_ce")]
+
+
+def _abs(paths: list[str]) -> list[str]:
+    return [str(ROOT / p) for p in paths]
+
+
+def source_line(paths: list[str]) -> str:
+    return report.source_line(paths, ROOT)
+
+
+def _table(df: pd.DataFrame, paths: list[str]) -> str:
+    return source_line(paths) + "\n\n" + report.markdown(df)
+
+
+def _with_n(t: pd.DataFrame) -> pd.DataFrame:
+    """Each configuration's ratio to NCCL with the N it was picked from, in one column."""
+    t = t.copy()
+    t["default / NCCL"] = t["default_over_nccl"]
+    for name in ("tuned", "oracle"):
+        t[f"{name} / NCCL (of N)"] = [f"{v} (of {n})" for v, n in zip(t[f"{name}_over_nccl"], t[f"{name}_n"])]
+    return t
+
+
+# -- the blocks ----------------------------------------------------------------------------------------------------
+def headline(machine: str) -> str:
+    """The README's table: dmacoll's default, tuned and best-of-N configurations against NCCL, graph mode."""
+    paths = sweeps(machine)
+    t = _with_n(report.ratio_table(report.load(_abs(paths)), sizes=HEADLINE_SIZES))
+    t = t[t["mode"] == "graph"].rename(columns={"nccl_us": "NCCL (us)"})
+    return _table(t[["op", "size", "NCCL (us)", "default / NCCL", "tuned / NCCL (of N)", "oracle / NCCL (of N)"]],
+                  paths)
+
+
+def operator(machine: str) -> str:
+    paths = sweeps(machine)
+    df = report.load(_abs(paths))
+    t = _with_n(report.ratio_table(df, sizes=report.TABLE_SIZES))
+    fails, wrong = int((df["status"] != "ok").sum()), int(((df["status"] == "ok") & ~df["ok"]).sum())
+    cols = ["op", "mode", "size", "nccl_us", "nccl_ce_us", "default / NCCL", "tuned / NCCL (of N)",
+            "oracle / NCCL (of N)", "oracle_config", "oracle_minus_peer_copy_us"]
+    return (_table(t[cols], paths) + f"\n\nPoints that failed to run: {fails}; points with a wrong output: {wrong}. "
+            "Time per call, slowest rank, median of repeats; bytes per rank.")
+
+
+def claims_block(machine: str) -> str:
+    paths = sweeps(machine)
+    c3 = [run(machine, "c3", "c3")] if (ROOT / run(machine, "c3", "c3")).exists() else []
+    power = run(machine, "power", "power")
+    rows = pd.DataFrame(claims.evaluate(_abs(paths), str(ROOT / power), _abs(c3)))
+    cols = ["id", "paper (MI300X)", "metric", "configuration", "n", "reproduced", "tolerance", "status", "note"]
+    return _table(rows[cols], paths + [power] + c3)
+
+
+def breakdown(machine: str) -> str:
+    paths = [run(machine, "breakdown", "breakdown")]
+    wide = tables.breakdown_wide(load.read("breakdown", _abs(paths))).round(2)
+    return _table(wide.reset_index(names="size"), paths)
+
+
+def power(machine: str) -> str:
+    paths = [run(machine, "power", "power")]
+    s = tables.power_summary(load.read("power", _abs(paths)))
+    return _table(s[["op", "impl", "size", "avg_power_w", "idle_power_w", "dynamic_energy_per_call_uj",
+                     "energy_vs_nccl"]], paths)
+
+
+def interference(machine: str) -> str:
+    paths = [run(machine, "power", "interference")]
+    return _table(tables.interference_summary(load.read("interference", _abs(paths))), paths)
+
+
+def c3(machine: str) -> str:
+    from . import c3_rules
+
+    paths = [run(machine, "c3", "c3")]
+    coll = c3_rules.collapse(c3_rules.load(_abs(paths)))
+    summary = c3_rules.summary_table(coll)
+    per_op = coll.pivot_table(index="option", columns="op", values="fraction_of_ideal", aggfunc="mean").round(3)
+    res = c3_rules.fit_and_evaluate(coll)
+    return "\n\n".join([_table(summary, paths), report.markdown(per_op.reset_index()),
+                        "Learned strategy rule:", report.markdown(res["scores"].round(3))])
+
+
+def ficco(machine: str) -> str:
+    from . import ficco_rules
+
+    paths = [run(machine, "ficco", "ficco")]
+    coll = ficco_rules.collapse(ficco_rules.load(_abs(paths)))
+    res = ficco_rules.fit_and_evaluate(coll)
+    return "\n\n".join([_table(ficco_rules.summary_table(coll), paths), report.markdown(ficco_rules.losses(coll)),
+                        f"Learned schedule rule (held out: {res['held_out']}):",
+                        report.markdown(res["scores"].round(3))])
+
+
+def e2e(machine: str) -> str:
+    paths = [run(machine, "e2e", "e2e")]
+    return _table(tables.e2e_overview(load.read("e2e", _abs(paths))), paths)
+
+
+def native(machine: str) -> str:
+    paths = [run(machine, "native", "native")]
+    return _table(tables.native_speedup(load.read("operator", _abs(paths))), paths)
+
+
+def probes(machine: str) -> str:
+    parts = []
+    for name, kind, fn in (("flag_latency", "flags", tables.flag_latency),
+                           ("few_sm_kernels", "kernels", tables.few_sm_best),
+                           ("sm_carveout", "carveout", tables.carveout_effect)):
+        path = run(machine, "probes", name)
+        if (ROOT / path).exists():
+            parts.append(_table(fn(pd.read_csv(ROOT / path, keep_default_na=False, na_values=["nan", ""])), [path]))
+    return "\n\n".join(parts)
+
+
+def sources(machine: str) -> str:
+    """Every committed run of a machine: its code, when it ran, and its GPUs."""
+    rows = []
+    for data in sorted((ROOT / "results" / machine).rglob("data.csv")):
+        side = data.with_suffix(".json")
+        if not side.exists():
+            continue
+        prov = load.provenance(data)
+        rows.append({"run": str(data.parent.relative_to(ROOT / "results" / machine)),
+                     "code": str(prov.get("git_sha"))[:10], "created (UTC)": prov.get("created_utc", ""),
+                     "GPUs": len(prov.get("hardware", {}).get("gpus", []))})
+    return report.markdown(pd.DataFrame(rows))
+
+
+BLOCKS: dict[str, Callable[[str], str]] = {
+    "headline": headline, "operator": operator, "claims": claims_block, "breakdown": breakdown, "power": power,
+    "interference": interference, "c3": c3, "ficco": ficco, "e2e": e2e, "native": native, "probes": probes,
+    "sources": sources,
+}
+
+
+# -- files -----------------------------------------------------------------------------------------------------------
+def render(text: str) -> str:
+    """``text`` with every generated block recomputed."""
+    def block(m: re.Match) -> str:
+        name, machine = m.group(2), m.group(3)
+        if name not in BLOCKS:
+            raise ValueError(f"unknown generated block {name!r}; known: {', '.join(BLOCKS)}")
+        return m.group(1) + BLOCKS[name](machine).rstrip("\n") + "\n" + m.group(5)
+    return BLOCK.sub(block, text)
+
+
+def stale(path: Path) -> list[str]:
+    """The blocks of ``path`` whose committed text differs from what the results give now."""
+    text = Path(path).read_text()
+    fresh = {(m.group(2), m.group(3)): m.group(4) for m in BLOCK.finditer(render(text))}
+    return [f"{name} {machine}" for m in BLOCK.finditer(text)
+            for name, machine in [(m.group(2), m.group(3))] if fresh[(name, machine)] != m.group(4)]
+
+
+def update(path: Path) -> bool:
+    text = Path(path).read_text()
+    new = render(text)
+    Path(path).write_text(new)
+    return new != text
+
+
+# a measurement restated in prose: a decimal, a percentage, or a number with a unit of time, bandwidth, power
+# or energy (not inside a name such as Llama-3.1-8B or H200)
+RESTATED = re.compile(r"(?<![\w.-])(\d+(?:\.\d+)?\s*(?:%|us\b|ms\b|s\b|GB/s|W\b|uJ\b|pJ\b)|\d+\.\d+x?)(?![\w-])")
+
+
+def prose(text: str) -> str:
+    """``text`` without its generated blocks, code blocks and code spans."""
+    text = BLOCK.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def restated(path: Path) -> list[str]:
+    """Measurements written by hand in ``path``'s prose: the lines and what they restate."""
+    return [f"{Path(path).name}: {m.group(1)!r} in {line.strip()[:100]!r}"
+            for line in prose(Path(path).read_text()).splitlines() for m in RESTATED.finditer(line)]

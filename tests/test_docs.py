@@ -1,0 +1,37 @@
+"""README.md and docs/results.md: every number in them is generated from the committed results."""
+from pathlib import Path
+
+import pytest
+
+from dmacoll.analysis import docs
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", ROOT / "docs/results.md"]
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.name)
+def test_generated_blocks_match_the_committed_results(path):
+    assert docs.BLOCK.search(path.read_text()), f"{path} has no generated block"
+    assert docs.stale(path) == [], f"run `dmacoll report docs`: {docs.stale(path)}"
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.name)
+def test_prose_restates_no_measurement(path):
+    assert docs.restated(path) == []
+
+
+def test_a_drifted_number_and_a_restated_one_are_caught(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    block = docs.BLOCK.search(text).group(4)
+    drifted = tmp_path / "README.md"
+    drifted.write_text(text.replace(block, block.replace("| 0.", "| 9.", 1)))
+    assert docs.stale(drifted) == ["headline h200x2"]
+    drifted.write_text(text + "\nThe all-gather is 0.52x NCCL's time, 62% less, 11.3 us and 390 GB/s; "
+                              "Llama-3.1-8B on H200 stays. `0.5` in code stays.\n")
+    found = [m.group(1) for m in docs.RESTATED.finditer(docs.prose(drifted.read_text()))]
+    assert found == ["0.52x", "62%", "11.3 us", "390 GB/s"]  # not the names, not the code span
+    assert len(docs.restated(drifted)) == 4
+
+
+def test_readme_is_short():
+    assert len((ROOT / "README.md").read_bytes()) <= 10_000

@@ -1,0 +1,149 @@
+"""The OpSpec registry: every collective described once, and everything else asks it."""
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from dmacoll import Communicator, ops
+from dmacoll.verify.launch import run_ranks
+from dmacoll.verify.reference import draw, expected
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_registry_names_every_collective_and_the_communicator_has_a_method_each():
+    assert ops.NAMES == ("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce")
+    for name, spec in ops.REGISTRY.items():
+        method = getattr(Communicator, name)
+        assert method.__doc__ == type(spec).__doc__ and "**options" in str(inspect.signature(method))
+    assert str(inspect.signature(Communicator.all_reduce)) == "(self, tensor, input=None, **options)"
+    assert str(inspect.signature(Communicator.all_to_all_v)) == "(self, output, input, send_counts, **options)"
+    with pytest.raises(ops.spec.InvalidArgument, match="unknown collective 'broadcast'"):
+        ops.get("broadcast")
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_sizes_and_bus_factors_follow_nccl_tests(world):
+    mb = 1 << 20
+    for name, (total, bus) in {"all_gather": (world * mb, (world - 1) / world),
+                               "all_to_all": (mb, (world - 1) / world), "all_to_all_v": (mb, (world - 1) / world),
+                               "reduce_scatter": (mb, (world - 1) / world),
+                               "all_reduce": (mb, 2 * (world - 1) / world)}.items():
+        spec = ops.get(name)
+        assert spec.total_bytes(mb, world) == total and spec.bus_factor(world) == pytest.approx(bus)
+        assert spec.bus_bytes(mb, world) == pytest.approx(total * bus)
+    # a chunk of 5 elements: the inputs and outputs of every rank
+    assert ops.get("all_gather").numels(5, world, 0) == (5, 5 * world)
+    assert ops.get("reduce_scatter").numels(5, world, 0) == (5 * world, 5)
+    a2av = ops.get("all_to_all_v")
+    skew = a2av.counts(5, world)
+    assert all(sum(row) <= 5 * world for row in skew) and len({c for row in skew for c in row}) > 1
+    assert a2av.numels(5, world, 1, skew) == (sum(skew[1]), sum(row[1] for row in skew))
+
+
+def test_in_place_forms_and_dtypes():
+    assert {n for n, s in ops.REGISTRY.items() if s.in_place} == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert {n for n, s in ops.REGISTRY.items() if s.reduces} == {"reduce_scatter", "all_reduce"}
+    assert not ops.get("all_reduce").accepts(torch.int8) and ops.get("all_gather").accepts(torch.bool)
+    out, inp = torch.zeros(12), torch.zeros(12)
+    o, i = ops.get("all_gather").in_place_views(out, inp[:4], 1)
+    assert o is out and i.data_ptr() == out.data_ptr() + 4 * 4
+    o, i = ops.get("reduce_scatter").in_place_views(out[:4], inp, 2)
+    assert i is inp and o.data_ptr() == inp.data_ptr() + 8 * 4
+
+
+def _torch_matches_reference(rank, world):
+    """Every spec's torch.distributed call (gloo here) against its reference, on seeded inputs."""
+    bad = []
+    for name, spec in ops.REGISTRY.items():
+        for dtype in (torch.float32, torch.int32, torch.bfloat16):
+            chunk = 7
+            counts = spec.counts(chunk, world, seed=3)
+            inputs = [draw(spec, spec.numels(chunk, world, r, counts)[0], dtype, 11 + r, exact_sums=True)
+                      for r in range(world)]
+            out = torch.empty(spec.numels(chunk, world, rank, counts)[1], dtype=dtype)
+            spec.torch_call(out, inputs[rank].clone(), counts=counts)
+            want = expected(spec, inputs, rank, counts)[0].to(dtype)
+            if not torch.equal(out, want):
+                bad.append((name, str(dtype)))
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_call_and_reference_agree(world):
+    assert run_ranks(_torch_matches_reference, world) == [[]] * world
+
+
+def test_workflow_schema_offers_every_collective_where_ops_are_chosen():
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    props = schema["properties"]
+    for section in ("operator", "c3"):
+        assert tuple(props[section]["properties"]["ops"]["items"]["enum"]) == ops.NAMES, section
+
+
+# -- a sixth collective, added from here alone: its spec and its plan builder ----------------------------------
+def _broadcast_spec():
+    """Broadcast from rank 0 as a new OpSpec: one exchange in which rank 0 sends its input to everyone."""
+    from dmacoll.errors import InvalidArgument
+    from dmacoll.ops.spec import OpSpec, Request, exchange_plans, nbytes
+    from dmacoll.plan import Exchange
+
+    def broadcast_exchange(world: int, size: int) -> Exchange:  # the plan builder
+        n = tuple(tuple(size if r == 0 else 0 for _ in range(world)) for r in range(world))
+        zeros = tuple(tuple(0 for _ in range(world)) for _ in range(world))
+        return Exchange(n, zeros, zeros)
+
+    class Broadcast(OpSpec):
+        """``output`` = rank 0's ``input`` on every rank."""
+
+        name = "broadcast"
+
+        def chunks(self, world):
+            return 1, 1
+
+        def bind(self, group, output, input=None):
+            input = self.check_pair(group, output, input)
+            if output.numel() != input.numel():
+                raise InvalidArgument("broadcast: output and input differ in size")
+            size = nbytes(input)
+            return Request(output, input, (size,), size, False,
+                           exchange_plans(broadcast_exchange(group.world, size), group.rank))
+
+        def reference(self, inputs, rank, counts=None):
+            return inputs[0].reshape(-1).clone()
+
+        def torch_call(self, output, input, group=None, counts=None):
+            import torch.distributed as dist
+
+            output.copy_(input)
+            dist.broadcast(output, 0, group=group)
+
+    return Broadcast()
+
+
+def _run_a_sixth_collective(rank, world):
+    from dmacoll.verify.check import cases, run_cases
+
+    spec = _broadcast_spec()
+    ops.REGISTRY[spec.name] = spec  # what `ops/__init__.py` does for a registered module
+    comm = Communicator(backend="host", timeout_s=60)
+    try:
+        rows = run_cases(comm, cases(["pcpy", "b2b", "multi"], ["push", "pull"], ["float32", "int8"], [1, 33],
+                                     ops=["broadcast"], seed=5), nccl=True)
+        x = comm.empty(4)
+        x.fill_(rank + 1)
+        y = comm.empty(4)
+        comm.collective("broadcast", y, x)
+        return rows, y.tolist()
+    finally:
+        comm.close()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_sixth_collective_needs_only_its_spec_and_plan_builder(world):
+    per_rank = run_ranks(_run_a_sixth_collective, world)
+    for rows, y in per_rank:
+        assert len(rows) == 3 * 2 * 2 * 2 * 2 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]][:2]
+        assert y == [1.0] * 4
