@@ -14,6 +14,7 @@ include: "workflow/rules/check.smk"
 include: "workflow/rules/operator.smk"
 include: "workflow/rules/c3.smk"
 include: "workflow/rules/ficco.smk"
+include: "workflow/rules/probes.smk"
 include: "workflow/rules/e2e_functions.smk"
 include: "workflow/rules/e2e.smk"
 if DMALATTE_ON:
@@ -26,3 +27,4 @@ rule all:
         "build/native/toolchain.json",
         f"{OUT}/check/host_w{config['host_check']['world']}.txt",
         f"{REPORT}/index.html",
+        [f"{OUT}/probes/{name}/data.csv" for name in PROBE_RUNS],

@@ -29,7 +29,7 @@ def test_default_target_renders_from_reference_results(tmp_path):
         for job in ("claims.json", *(f"notebooks/{n}.html" for n in ("operator", "speedup", "breakdown",
                                                                       "resources"))):
             assert f"{tmp_path}/report/{platform}/{job}" in r.stdout
-    for gpu_rule in ("operator_sweep", "breakdown:", "power:"):  # no GPUs: nothing is measured
+    for gpu_rule in ("operator_sweep", "breakdown:", "power:", "probe:"):  # no GPUs: nothing is measured
         assert f"rule {gpu_rule}" not in r.stdout
 
 
@@ -61,6 +61,20 @@ def test_gpu_platform_configs_plan_every_experiment(platform_file, tmp_path):
         assert f"rule {rule}:" in r.stdout
     assert f"{tmp_path}/report/measured/notebooks/c3.html" in r.stdout
     assert f"{tmp_path}/report/measured/notebooks/ficco.html" in r.stdout
+
+
+def test_probes_run_when_the_config_lists_them(tmp_path):
+    r = dry_run("-p", "--configfile", "config/config.yaml", "config/h200x2.yaml",
+                config=(f"outdir={tmp_path}", "probes=[flag_latency]"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("rule probe:") == 1
+    run = f"{tmp_path}/probes/flag_latency"
+    assert f" -m dmacoll probe flag_latency --out {run}/data.csv 2>&1 | tee {run}/run.log" in r.stdout
+    assert "gpu=2" in r.stdout.split("rule probe:")[1].split("Shell command")[0]
+    # without a GPU the list is set aside: a CPU render plans nothing new
+    cpu = dry_run(config=("platform=none", f"outdir={tmp_path}", "probes=[flag_latency]"))
+    assert cpu.returncode == 0 and "rule probe:" not in cpu.stdout, cpu.stderr[-2000:]
+    assert "probes ['flag_latency'] not run" in cpu.stderr
 
 
 def test_mi300x_config_dry_runs_the_full_dag(tmp_path):

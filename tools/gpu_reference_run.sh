@@ -11,12 +11,15 @@
 #         build    compile + self-test the native submission library (build/native; a carried copy stays if no cc);
 #                  its build.log and toolchain.json go beside the native run (native/native/)
 #         native   eager sweep, driver calls from Python vs the native library, 1 KB - 4 MB
-#         batchprobe  which cuMemcpyBatchAsync calls the driver accepts (tools/probe_memcpy_batch.py)
+#         batchprobe  which cuMemcpyBatchAsync calls the driver accepts (`dmacoll probe memcpy_batch`, 2 GPUs)
 #         c3       compute next to each collective per overlap strategy, then the strategy heuristic
 #         contention  copy-engine copies (device-local vs to the peer) alone and next to a GEMM
+#                  (`dmacoll probe copy_contention`, 2 GPUs)
 #         probes   one-GPU probes: device-local copy paths and SM carveouts next to a GEMM, flag crossing latency
+#                  (`dmacoll probe local_copy_paths | flag_latency | sm_carveout`; sm_carveout's GEMM-cost table
+#                  goes in a run folder of its own, probes/sm_carveout_gemm_cost/)
 #         fewsm    one-GPU probe: copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a
-#                  carved-out GEMM (tools/probe_few_sm_kernels.py)
+#                  carved-out GEMM (`dmacoll probe few_sm_kernels`)
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
 #         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll, logits compared
 # Everything is packed into OUTDIR/results.tgz (few files come back), laid out as results/<machine>/ is: a run folder
@@ -85,25 +88,23 @@ case "$part" in
       --repeats 15 --out "$d/data.csv" > "$d/run.log" 2>&1; tail -3 "$d/run.log" ;;
   batchprobe)
     d=$(rundir operator/memcpy_batch)
-    timeout 240 python3 tools/probe_memcpy_batch.py "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;
+    timeout 240 python3 -m dmacoll probe memcpy_batch --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;
   c3)
     d=$(rundir c3/c3)
     timeout ${C3_TIMEOUT_S:-540} python3 -m dmacoll c3 --out "$d/data.csv" > "$d/run.log" 2>&1; tail -12 "$d/run.log"
     python3 -m dmacoll rules c3 "$d/data.csv" > "$d/c3_rules.log" 2>&1; tail -30 "$d/c3_rules.log" ;;
   contention)
     d=$(rundir c3/copy_contention)
-    timeout 120 python3 tools/probe_copy_contention.py "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -10 ;;
+    timeout 120 python3 -m dmacoll probe copy_contention --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -10 ;;
   probes)
     for t in local_copy_paths flag_latency sm_carveout; do
       d=$(rundir probes/$t)
-      timeout 120 python3 tools/probe_$t.py "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -4
-    done
-    # probe_sm_carveout.py writes its GEMM-cost table beside its CSV (data_gemm_cost.*): a run folder of its own
-    g=$(rundir probes/sm_carveout_gemm_cost)
-    for ext in csv json; do mv "$d/data_gemm_cost.$ext" "$g/data.$ext" 2>/dev/null; done ;;
+      # sm_carveout also writes its GEMM-cost table, into probes/sm_carveout_gemm_cost/
+      timeout 120 python3 -m dmacoll probe $t --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -4
+    done ;;
   fewsm)
     d=$(rundir probes/few_sm_kernels)
-    timeout 240 python3 tools/probe_few_sm_kernels.py "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;
+    timeout 240 python3 -m dmacoll probe few_sm_kernels --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;
   ficco)
     d=$(rundir ficco/ficco)
     timeout ${FICCO_TIMEOUT_S:-240} python3 -m dmacoll ficco --out "$d/data.csv" > "$d/run.log" 2>&1

@@ -11,13 +11,13 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from . import analysis, bench, e2e, verify
+from . import analysis, bench, e2e, probe, verify
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dmacoll", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True, metavar="command")
-    for family in (verify, bench, e2e, analysis):
+    for family in (verify, bench, e2e, probe, analysis):
         family.register(sub)
     return p
 

@@ -9,17 +9,60 @@ with CUDA VMM (torch symmetric memory). Two ranks (one GPU each) try every combi
 and record the CUresult and whether the bytes arrived. Then, on a created stream with an accepted
 attribute set, the host time to submit k copies as k cuMemcpyAsync calls vs one batch call.
 
-Usage (2 GPUs): python3 tools/probe_memcpy_batch.py OUT.csv
+Usage (2 GPUs): dmacoll probe memcpy_batch [--bytes 1M] [--repeats 200] [--out CSV]
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from .common import Table, add_repeats, driver, size_multiple_of
+
+NAME = "memcpy_batch"
+HELP = "which cuMemcpyBatchAsync calls the driver accepts (VMM peer memory, capture), and what batching saves (2 GPUs)"
+GPUS = 2
+COLUMNS = ["rank", "stream", "memory", "src_access_order", "loc_hint", "flags", "mode", "result", "data_arrived",
+           "host_us_median"]
+EXTRA: dict[str, list[str]] = {}
+KS = (1, 2, 4, 8)  # copies per submission; each moves bytes / 8
+DEADLINE_S = 300
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bytes", type=size_multiple_of(max(KS)), default=1 << 20,
+                   help="bytes per copy of the acceptance cases (a multiple of 8; default 1M)")
+    add_repeats(p, 200, "host-time samples per submission way and k (their median is reported)")
+
+
+def case_row(rank: int, stream: str, memory: str, order: str, hint: str, flags: int, mode: str, result,
+             arrived: bool) -> dict:
+    """One acceptance case: the CUresult (or the exception) and whether the bytes arrived."""
+    return {"rank": rank, "stream": stream, "memory": memory, "src_access_order": order, "loc_hint": hint,
+            "flags": flags, "mode": mode, "result": str(result), "data_arrived": arrived, "host_us_median": ""}
+
+
+def submit_row(rank: int, how: str, k: int, result, samples_us: list[float]) -> dict:
+    """Host time to submit k copies as k cuMemcpyAsync calls (``loop``) or one batch call (``batch``)."""
+    return {"rank": rank, "stream": "created", "memory": "vmm_to_peer_vmm", "src_access_order": "stream",
+            "loc_hint": "none", "flags": 0, "mode": f"submit_{how}_k{k}", "result": str(result),
+            "data_arrived": "", "host_us_median": statistics.median(samples_us)}
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """What the log shows: accepted cases, the results per (stream, order, mode), rank 0's submission times."""
+    ok = [r for r in rows if r["result"].endswith("CUDA_SUCCESS") and r["data_arrived"] is True]
+    lines = [f"{len(rows)} rows, {len(ok)} accepted with the data delivered"]
+    by_case: dict = {}
+    for r in rows:
+        if not r["mode"].startswith("submit"):
+            key = (r["stream"], r["src_access_order"], r["mode"])
+            by_case.setdefault(key, set()).add(r["result"].split(".")[-1][:40])
+    lines += [f"{key} {sorted(results)}" for key, results in sorted(by_case.items())]
+    lines += [f"{r['mode']} {r['result'].split('.')[-1]} {r['host_us_median']:.2f} us" for r in rows
+              if r["mode"].startswith("submit") and r["rank"] == 0]
+    return lines
 
 
 def _batch(drv, dsts, srcs, sizes, attrs, stream):
@@ -47,14 +90,15 @@ def _attrs(drv, order: str, hint: str, flags: int, src_dev: int, dst_dev: int):
 def probe_rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch
     import torch.distributed as dist
-    from cuda.bindings import driver as drv
 
-    from dmacoll.communicator import Communicator
+    from ...communicator import Communicator
 
+    drv = driver()
     peer = 1 - rank
-    comm = Communicator(backend="cuda")
+    n = cfg["bytes"]
+    # the default 64 MB heap unless the copies need more
+    comm = Communicator(backend="cuda", heap_bytes=max(64 << 20, 3 * n + (1 << 20)))
     eng = comm.engine
-    n = 1 << 20
     heap_in = comm.empty(n, dtype=torch.uint8)  # VMM (symmetric) memory, mapped by the peer too
     heap_out = comm.empty(2 * n, dtype=torch.uint8)
     plain = torch.empty(n, dtype=torch.uint8, device=eng.device)  # cudaMalloc (caching allocator)
@@ -101,17 +145,16 @@ def probe_rank(rank: int, world: int, cfg: dict) -> list[dict]:
         dist.barrier()  # the peer's writes into our heap are done
         # push cases: the peer's call of the same case wrote our slot; pull: our own call did
         arrived = bool((heap_out[peer * n:(peer + 1) * n] == value).all().item())
-        rows.append({"rank": rank, "stream": sname, "memory": mem, "src_access_order": order, "loc_hint": hint,
-                     "flags": flags, "mode": mode, "result": str(err), "data_arrived": arrived, "host_us_median": ""})
+        rows.append(case_row(rank, sname, mem, order, hint, flags, mode, err, arrived))
     # submission cost: k copies (to the peer) as k calls vs one batch call, on the created stream
     attrs = _attrs(drv, "stream", "none", 0, rank, peer)
-    chunk = n // 8
-    for k in (1, 2, 4, 8):
+    chunk = n // max(KS)
+    for k in KS:
         dsts = [eng.ptrs[peer] + off_out + rank * n + j * chunk for j in range(k)]
         srcs = [eng.ptrs[rank] + off_in + j * chunk for j in range(k)]
         for how in ("loop", "batch"):
             samples = []
-            for _ in range(200):
+            for _ in range(cfg["repeats"]):
                 t0 = time.perf_counter()
                 if how == "loop":
                     for d, s in zip(dsts, srcs):
@@ -123,38 +166,19 @@ def probe_rank(rank: int, world: int, cfg: dict) -> list[dict]:
                 if len(samples) % 50 == 0:
                     created.synchronize()
             created.synchronize()
-            rows.append({"rank": rank, "stream": "created", "memory": "vmm_to_peer_vmm", "src_access_order": "stream",
-                         "loc_hint": "none", "flags": 0, "mode": f"submit_{how}_k{k}", "result": str(err),
-                         "data_arrived": "", "host_us_median": statistics.median(samples)})
+            rows.append(submit_row(rank, how, k, err, samples))
     dist.barrier()
     comm.close()
     return rows
 
 
-def main() -> int:
-    from dmacoll.bench import provenance
-    from dmacoll.verify.launch import run_ranks
+def run(args: argparse.Namespace) -> dict[str, Table]:
+    from ...verify.launch import run_ranks
 
-    out = Path(sys.argv[1])
-    per_rank = run_ranks(probe_rank, 2, {}, device="cuda", timeout_s=300)
+    driver()  # here, not only on the ranks: a missing cuda-bindings is one line
+    cfg = {"bytes": args.bytes, "repeats": args.repeats}
+    per_rank = run_ranks(probe_rank, 2, cfg, device="cuda", timeout_s=DEADLINE_S)
     rows = [r for rows in per_rank for r in rows]
-    columns = ["rank", "stream", "memory", "src_access_order", "loc_hint", "flags", "mode", "result", "data_arrived",
-               "host_us_median"]
-    provenance.write_table(out, rows, columns, {"probe": "cuMemcpyBatchAsync", "bytes": 1 << 20})
-    ok = [r for r in rows if r["result"].endswith("CUDA_SUCCESS") and r["data_arrived"] is True]
-    print(f"{len(rows)} rows, {len(ok)} accepted with the data delivered; wrote {out}")
-    summary: dict = {}
-    for r in rows:
-        if not r["mode"].startswith("submit"):
-            key = (r["stream"], r["src_access_order"], r["mode"])
-            summary.setdefault(key, set()).add(r["result"].split(".")[-1][:40])
-    for key, results in sorted(summary.items()):
-        print(key, sorted(results))
-    for r in rows:
-        if r["mode"].startswith("submit") and r["rank"] == 0:
-            print(r["mode"], r["result"].split(".")[-1], f"{r['host_us_median']:.2f} us")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    for line in summary(rows):
+        print(line, flush=True)
+    return {NAME: Table(rows, {"probe": "cuMemcpyBatchAsync", "bytes": args.bytes, "repeats": args.repeats})}

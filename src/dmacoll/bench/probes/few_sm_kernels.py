@@ -11,27 +11,50 @@ Side jobs: ``driver_copy`` (``cuMemcpyAsync`` device to device, what the cuda ba
 (what ``backends/reduce.py`` issues), and NVRTC-compiled ``copy_u4`` / ``add_bf16`` kernels over a grid of
 (threads per block, loads in flight per thread, blocks). Each side job is timed alone on an idle GPU and next
 to three bf16 8192^3 GEMMs through cuBLASLt with a carveout of 8 or 16 SMs, arriving 100 us after the GEMMs
-start (as ``tools/probe_sm_carveout.py``). Medians of 5. Columns: ``side_us`` (issue -> end), ``gb_per_s``
+start (as ``dmacoll probe sm_carveout``). Medians of 5. Columns: ``side_us`` (issue -> end), ``gb_per_s``
 (bytes read + written / side_us), ``gemm_us`` (release -> GEMMs' end, empty alone), ``correct`` (the output
 compared with torch's).
 
-Usage: python3 tools/probe_few_sm_kernels.py OUT.csv
+Usage: dmacoll probe few_sm_kernels [--carveouts 8 16] [--threads ...] [--unrolls ...] [--blocks ...] [--out CSV]
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from .common import Table, add_repeats, count, driver, size_multiple_of
 
-REPEATS = 5
-CARVEOUTS = (None, 8, 16)  # None: the side job alone on an idle GPU
-THREADS = (256, 512, 1024)
-UNROLLS = (4, 8)
-BLOCKS = (8, 16, 32, 264)
+NAME = "few_sm_kernels"
+HELP = "copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a carved-out GEMM (1 GPU)"
+GPUS = 1
 COLUMNS = ["carveout", "side", "threads", "unroll", "blocks", "side_us", "gb_per_s", "gemm_us", "correct"]
+EXTRA: dict[str, list[str]] = {}
+SIDE_DELAY_US = 100
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_repeats(p, 5)
+    p.add_argument("--carveouts", nargs="+", type=count, default=[8, 16],
+                   help="SMs the GEMMs leave free (cuBLASLt's SM-count target); every side job is also timed alone "
+                        "(default 8 16)")
+    p.add_argument("--threads", nargs="+", type=count, default=[256, 512, 1024], help="threads per block")
+    p.add_argument("--unrolls", nargs="+", type=count, default=[4, 8], help="16-byte loads in flight per thread")
+    p.add_argument("--blocks", nargs="+", type=count, default=[8, 16, 32, 264], help="grid sizes")
+    p.add_argument("--copy-bytes", type=size_multiple_of(16), default=64 << 20,
+                   help="bytes the copies move (a multiple of 16; default 64M)")
+    p.add_argument("--add-elements", type=size_multiple_of(8), default=16 << 20,
+                   help="bf16 elements per add operand (a multiple of 8; default 16M = 16 Mi)")
+
+
+def side_row(carveout, side: str, threads: int, unroll: int, blocks: int, nbytes: int,
+             times: list[tuple[float, float]], correct: bool) -> dict:
+    """One side job at one carveout (None: alone) from its (side_us, gemm_us) samples; ``nbytes`` read + written."""
+    side_us = statistics.median(t[0] for t in times)
+    return {"carveout": carveout if carveout is not None else "alone", "side": side, "threads": threads,
+            "unroll": unroll, "blocks": blocks, "side_us": side_us, "gb_per_s": nbytes / side_us / 1e3,
+            "gemm_us": statistics.median(t[1] for t in times), "correct": correct}
+
 
 SOURCE = r"""
 // bf16 <-> float by bit moves; round to nearest even (inputs here are finite)
@@ -88,7 +111,7 @@ def _ok(result, what: str):
 
 def compile_kernels(unroll: int, arch: str) -> dict:
     """The two kernels for one UNROLL, compiled by NVRTC to a cubin for ``arch`` and loaded."""
-    from cuda.bindings import driver as drv
+    drv = driver()
     from cuda.bindings import nvrtc
 
     prog = _ok(nvrtc.nvrtcCreateProgram(SOURCE.encode(), b"few_sm.cu", 0, [], []), "nvrtcCreateProgram")
@@ -107,35 +130,35 @@ def compile_kernels(unroll: int, arch: str) -> dict:
 
 
 def launcher(fn, blocks: int, threads: int, ptrs: list, n16: int):
-    from cuda.bindings import driver as drv
     import torch
 
+    drv = driver()
     args = (tuple(ptrs) + (n16,), (ctypes.c_void_p,) * len(ptrs) + (ctypes.c_ulonglong,))
     return lambda: _ok(drv.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0,
                                           torch.cuda.current_stream().cuda_stream, args, 0), "cuLaunchKernel")
 
 
-def main() -> int:
+def run(args: argparse.Namespace) -> dict[str, Table]:
     import torch
 
-    from dmacoll.bench import provenance
-    from dmacoll.bench.c3 import sleep_cycles_per_us
+    from ..harness import sleep_cycles_per_us
 
+    driver()  # before any GPU work: a missing cuda-bindings is one line, not a traceback halfway
     torch.backends.cuda.preferred_blas_library("cublaslt")
     major, minor = torch.cuda.get_device_capability(0)
     a = torch.randn(8192, 8192, device=0, dtype=torch.bfloat16)
     c = torch.empty_like(a)
-    src = torch.randint(0, 255, (64 << 20,), dtype=torch.uint8, device=0)
+    src = torch.randint(0, 255, (args.copy_bytes,), dtype=torch.uint8, device=0)
     dst = torch.empty_like(src)
-    x, y = (torch.randn(16 << 20, device=0, dtype=torch.bfloat16) for _ in range(2))
+    x, y = (torch.randn(args.add_elements, device=0, dtype=torch.bfloat16) for _ in range(2))
     z = torch.empty_like(x)
     want = x + y
     sides = {("driver_copy", 0, 0, 0): (lambda: dst.copy_(src), lambda: torch.equal(dst, src), 2 * src.numel()),
              ("torch_add", 0, 0, 0): (lambda: torch.add(x, y, out=z), lambda: torch.equal(z, want), 6 * x.numel())}
-    for unroll in UNROLLS:
+    for unroll in args.unrolls:
         fns = compile_kernels(unroll, f"sm_{major}{minor}")
-        for threads in THREADS:
-            for blocks in BLOCKS:
+        for threads in args.threads:
+            for blocks in args.blocks:
                 sides[("copy_u4", threads, unroll, blocks)] = (
                     launcher(fns["copy_u4"], blocks, threads, [src.data_ptr(), dst.data_ptr()], src.numel() // 16),
                     lambda: torch.equal(dst, src), 2 * src.numel())
@@ -145,7 +168,7 @@ def main() -> int:
                     lambda: torch.equal(z, want), 6 * x.numel())
     side_stream, comp = torch.cuda.Stream(), torch.cuda.Stream()
     cycles = sleep_cycles_per_us()
-    hold, delay = int(200 * cycles), int(100 * cycles)
+    hold, delay = int(200 * cycles), int(SIDE_DELAY_US * cycles)
 
     def gemms():
         with torch.cuda.stream(comp):
@@ -173,29 +196,21 @@ def main() -> int:
                 release.elapsed_time(gemm_end) * 1e3 if with_gemms else float("nan"))
 
     rows = []
-    for carveout in CARVEOUTS:
+    for carveout in (None, *args.carveouts):  # None: the side job alone on an idle GPU
         torch._C._set_sm_carveout_experimental(carveout)
         gemms()  # cuBLASLt's choice for this carveout
         for (name, threads, unroll, blocks), (side, check, nbytes) in sides.items():
             z.zero_()  # a kernel that wrote nothing fails its check
             dst.zero_()
             side()  # warm-up
-            times = [once(side, carveout is not None) for _ in range(REPEATS)]
-            side_us = statistics.median(t[0] for t in times)
-            rows.append({"carveout": carveout if carveout is not None else "alone", "side": name, "threads": threads,
-                         "unroll": unroll, "blocks": blocks, "side_us": side_us, "gb_per_s": nbytes / side_us / 1e3,
-                         "gemm_us": statistics.median(t[1] for t in times), "correct": check()})
+            times = [once(side, carveout is not None) for _ in range(args.repeats)]
+            rows.append(side_row(carveout, name, threads, unroll, blocks, nbytes, times, check()))
             r = rows[-1]
-            print(f"{str(r['carveout']):>5s} {name:12s} t{threads:<5d} u{unroll} b{blocks:<4d} {side_us:8.1f} us "
+            print(f"{str(r['carveout']):>5s} {name:12s} t{threads:<5d} u{unroll} b{blocks:<4d} {r['side_us']:8.1f} us "
                   f"{r['gb_per_s']:7.0f} GB/s  GEMMs {r['gemm_us']:7.0f} us{'' if r['correct'] else '  WRONG'}",
                   flush=True)
     torch._C._set_sm_carveout_experimental(None)
-    provenance.write_table(Path(sys.argv[1]), rows, COLUMNS,
-                           {"gemm": "3x bf16 8192^3 cuBLASLt", "repeats": REPEATS, "side_delay_us": 100,
-                            "copy_bytes": src.numel(), "add_elements": x.numel(),
-                            "sms": torch.cuda.get_device_properties(0).multi_processor_count})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    config = {"gemm": "3x bf16 8192^3 cuBLASLt", "repeats": args.repeats, "side_delay_us": SIDE_DELAY_US,
+              "copy_bytes": src.numel(), "add_elements": x.numel(),
+              "sms": torch.cuda.get_device_properties(0).multi_processor_count}
+    return {NAME: Table(rows, config)}

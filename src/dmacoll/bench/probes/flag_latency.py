@@ -3,9 +3,9 @@
 Every dmacoll call pays at least one flag crossing (DONE: a stream memop write after the copies, a stream memop
 wait on the receiver), ~7 us each on 2x H200 (`dmacoll breakdown`), which is most of a small collective and the
 rest of the gap to one peer copy at 64 MB. This ping-pongs a flag between two streams of one GPU: stream B
-writes f0 = i and waits for f1 >= i; stream A waits for f0 >= i and writes f1 = i; ``ROUNDS`` round trips,
+writes f0 = i and waits for f1 >= i; stream A waits for f0 >= i and writes f1 = i; ``--rounds`` round trips,
 queued behind a gate (a host-memory flag the CPU sets once everything is queued), so the host does not pace
-them. One crossing = total / (2 x rounds), median of ``REPEATS``. Ways:
+them. One crossing = total / (2 x rounds), median of ``--repeats``. Ways:
 
 * ``memop_device``: flags in device memory (cudaMalloc), ``cuStreamWriteValue32`` / ``cuStreamWaitValue32``
   GEQ, the write with its default memory barrier (what dmacoll issues);
@@ -18,20 +18,45 @@ them. One crossing = total / (2 x rounds), median of ``REPEATS``. Ways:
   copies device to peer device);
 * ``self_chain``: one stream, write then a wait already satisfied, ``2 x rounds`` times: the memops' own cost.
 
-Usage: python3 tools/probe_flag_latency.py OUT.csv
+Usage: dmacoll probe flag_latency [--rounds 200] [--repeats 5] [--ways ...] [--out CSV]
 """
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from .common import Table, add_repeats, at_most, driver
 
-ROUNDS = 200  # 400 queued memops per stream: well inside a stream's queue, so the host never blocks
-REPEATS = 5
+NAME = "flag_latency"
+HELP = "one flag crossing between two streams (stream memops, VMM / host flags, priority, graph, copy) (1 GPU)"
+GPUS = 1
+COLUMNS = ["way", "rounds", "total_us", "crossing_us", "total_us_min", "total_us_max", "error"]
+EXTRA: dict[str, list[str]] = {}
+# every round is queued before the gate opens: 200 rounds are 400 queued memops per stream (800 for self_chain),
+# well inside a stream's queue, so the host never blocks; many more could fill it and hang behind the gate
+MAX_ROUNDS = 400
 WAYS = ("memop_device", "memop_device_no_barrier", "memop_vmm", "memop_host", "memop_high_priority",
         "memop_graph", "copy_signal_h2d", "self_chain")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rounds", type=at_most(MAX_ROUNDS), default=200,
+                   help=f"round trips per timing, all queued before the gate opens (at most {MAX_ROUNDS}; default 200)")
+    add_repeats(p, 5)
+    p.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS), help="ways to cross (default: all)")
+
+
+def way_row(way: str, rounds: int, totals_us: list[float]) -> dict:
+    """One way from its total times of ``rounds`` round trips: one crossing = total / (2 x rounds)."""
+    total = statistics.median(totals_us)
+    return {"way": way, "rounds": rounds, "total_us": total, "crossing_us": total / (2 * rounds),
+            "total_us_min": min(totals_us), "total_us_max": max(totals_us), "error": ""}
+
+
+def failed_row(way: str, rounds: int, error: str) -> dict:
+    """A way this driver refuses: recorded with its error, the times empty."""
+    return {"way": way, "rounds": rounds, "total_us": "", "crossing_us": "", "total_us_min": "", "total_us_max": "",
+            "error": error}
 
 
 def _ok(result) -> None:
@@ -40,15 +65,14 @@ def _ok(result) -> None:
         raise RuntimeError(f"CUDA driver error {err}")
 
 
-def main() -> int:
+def run(args: argparse.Namespace) -> dict[str, Table]:
     import torch
-    from cuda.bindings import driver as drv
 
-    from dmacoll.bench import provenance
-    from dmacoll.bench.c3 import greatest_priority_stream
+    from ..c3 import greatest_priority_stream
+    from .local_copy_paths import vmm_buffer
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from probe_local_copy_paths import vmm_buffer
+    drv = driver()
+    rounds = args.rounds
 
     geq = drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
     no_barrier = drv.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER
@@ -56,7 +80,7 @@ def main() -> int:
     dev_flags = torch.zeros(2, dtype=torch.int32, device=0)
     host_flags = torch.zeros(2, dtype=torch.int32, pin_memory=True)
     vmm, release_vmm = vmm_buffer(8, 0)
-    values = torch.arange(ROUNDS + 1, dtype=torch.int32).pin_memory()  # copy_signal_h2d's sources
+    values = torch.arange(rounds + 1, dtype=torch.int32).pin_memory()  # copy_signal_h2d's sources
     normal = (torch.cuda.Stream(), torch.cuda.Stream())
     high = (greatest_priority_stream(0), greatest_priority_stream(0))
 
@@ -87,7 +111,7 @@ def main() -> int:
 
     def enqueue(way: str, a, b) -> None:
         f0, f1 = flags_of(way)
-        for i in range(1, ROUNDS + 1):
+        for i in range(1, rounds + 1):
             if way == "self_chain":
                 for flag in (f0, f1):
                     write(b, flag, i, way)
@@ -127,28 +151,20 @@ def main() -> int:
         return graph
 
     rows = []
-    for way in WAYS:
+    for way in args.ways:
         try:
             graph = captured() if way == "memop_graph" else None
             run_once(way, graph)  # warm-up
-            totals = [run_once(way, graph) for _ in range(REPEATS)]
+            totals = [run_once(way, graph) for _ in range(args.repeats)]
         except RuntimeError as e:  # a way this driver refuses: recorded, not fatal
-            rows.append({"way": way, "rounds": ROUNDS, "error": str(e)})
+            rows.append(failed_row(way, rounds, str(e)))
             print(f"{way:26s} failed: {e}", flush=True)
             gate[0] = 1  # release whatever was queued before the failure
             torch.cuda.synchronize()
             continue
-        total = statistics.median(totals)
-        rows.append({"way": way, "rounds": ROUNDS, "total_us": total, "crossing_us": total / (2 * ROUNDS),
-                     "total_us_min": min(totals), "total_us_max": max(totals), "error": ""})
+        rows.append(way_row(way, rounds, totals))
+        total = rows[-1]["total_us"]
         print(f"{way:26s} one crossing {rows[-1]['crossing_us']:6.2f} us (total {total:9.1f} us, "
               f"min {min(totals):9.1f}, max {max(totals):9.1f})", flush=True)
     release_vmm()
-    provenance.write_table(Path(sys.argv[1]), rows,
-                           ["way", "rounds", "total_us", "crossing_us", "total_us_min", "total_us_max", "error"],
-                           {"rounds": ROUNDS, "repeats": REPEATS})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {NAME: Table(rows, {"rounds": rounds, "repeats": args.repeats, "ways": list(args.ways)})}

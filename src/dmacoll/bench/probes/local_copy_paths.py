@@ -1,6 +1,6 @@
 """Which way of issuing a device-local copy keeps it off the SMs (so a concurrent GEMM does not delay it)?
 
-tools/probe_copy_contention.py showed a 64 MB device-local cuMemcpyAsync waiting for a whole concurrent GEMM
+``dmacoll probe copy_contention`` showed a 64 MB device-local cuMemcpyAsync waiting for a whole concurrent GEMM
 (70 us alone, ~1.5 ms next to it). This times the same copy issued in several ways, each alone and next to
 three bf16 8192^3 GEMMs on another stream, medians of 7, one GPU:
 
@@ -16,19 +16,39 @@ three bf16 8192^3 GEMMs on another stream, medians of 7, one GPU:
 Columns: ``copy_us`` copy issue -> copy end; ``gemm_us`` release -> GEMMs' end (empty alone; the GEMMs alone
 are in the sidecar's config, ``gemm_alone_us``).
 
-Usage: python3 tools/probe_local_copy_paths.py OUT.csv
+Usage: dmacoll probe local_copy_paths [--bytes 64M] [--repeats 7] [--ways ...] [--orders ...] [--out CSV]
 """
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from .common import Table, add_repeats, driver, size_multiple_of
 
-N = 64 << 20
+NAME = "local_copy_paths"
+HELP = "a device-local copy issued several ways (driver calls, graph, VMM, host bounce) next to GEMMs (1 GPU)"
+GPUS = 1
+COLUMNS = ["way", "order", "copy_us", "gemm_us", "correct"]
+EXTRA: dict[str, list[str]] = {}
 ORDERS = ("alone", "together", "gemm_running", "gemm_running_high")
-ROW = 64 << 10
+WAYS = ("cuMemcpyAsync", "cuMemcpyDtoDAsync", "cuMemcpyPeerAsync_same_ctx", "cuMemcpy2DAsync", "batch_prefer_overlap",
+        "graph_memcpy_node", "to_vmm_mapping", "host_bounce")
+ROW = 64 << 10  # cuMemcpy2DAsync's row: the copy is bytes / ROW rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bytes", type=size_multiple_of(ROW), default=64 << 20,
+                   help=f"bytes per copy (a multiple of {ROW >> 10}K, the 2D copy's row; default 64M)")
+    add_repeats(p, 7)
+    p.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS), help="ways to issue the copy (default: all)")
+    p.add_argument("--orders", nargs="+", choices=ORDERS, default=list(ORDERS),
+                   help="alone, or how it meets the GEMMs (default: all)")
+
+
+def path_row(way: str, order: str, timed: list[tuple[float, float]], correct: bool) -> dict:
+    """One (way, order) from its (copy_us, gemm_us) samples: medians."""
+    return {"way": way, "order": order, "copy_us": statistics.median(t[0] for t in timed),
+            "gemm_us": statistics.median(t[1] for t in timed), "correct": correct}
 
 
 def _ok(result) -> None:
@@ -39,7 +59,7 @@ def _ok(result) -> None:
 
 def vmm_buffer(nbytes: int, device: int):
     """A device buffer mapped with CUDA VMM (cuMemCreate + cuMemMap), returned as (address, release)."""
-    from cuda.bindings import driver as drv
+    drv = driver()
 
     prop = drv.CUmemAllocationProp()
     prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -66,17 +86,18 @@ def vmm_buffer(nbytes: int, device: int):
     return int(va), release
 
 
-def main() -> int:
+def run(args: argparse.Namespace) -> dict[str, Table]:
     import torch
-    from cuda.bindings import driver as drv
 
-    from dmacoll.bench import provenance
-    from dmacoll.bench.c3 import greatest_priority_stream, sleep_cycles_per_us
+    from ..c3 import greatest_priority_stream
+    from ..harness import sleep_cycles_per_us
 
-    src = torch.randint(0, 255, (N,), dtype=torch.uint8, device=0)
+    drv = driver()
+    n = args.bytes
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device=0)
     dst = torch.empty_like(src)
-    host = torch.empty(N, dtype=torch.uint8, pin_memory=True)
-    vmm, release_vmm = vmm_buffer(N, 0)
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    vmm, release_vmm = vmm_buffer(n, 0)
     a = torch.randn(8192, 8192, device=0, dtype=torch.bfloat16)
     c = torch.empty_like(a)
     comp, normal, high = torch.cuda.Stream(), torch.cuda.Stream(), greatest_priority_stream(0)
@@ -92,12 +113,12 @@ def main() -> int:
         p.srcMemoryType = p.dstMemoryType = drv.CUmemorytype.CU_MEMORYTYPE_DEVICE
         p.srcDevice, p.dstDevice = s, d
         p.srcPitch = p.dstPitch = p.WidthInBytes = ROW
-        p.Height = N // ROW
+        p.Height = n // ROW
         _ok(drv.cuMemcpy2DAsync(p, stream.cuda_stream))
 
     def bounce(stream):
-        _ok(drv.cuMemcpyAsync(host.data_ptr(), s, N, stream.cuda_stream))
-        _ok(drv.cuMemcpyAsync(d, host.data_ptr(), N, stream.cuda_stream))
+        _ok(drv.cuMemcpyAsync(host.data_ptr(), s, n, stream.cuda_stream))
+        _ok(drv.cuMemcpyAsync(d, host.data_ptr(), n, stream.cuda_stream))
 
     def replay_on(graph, stream):
         with torch.cuda.stream(stream):  # replay() launches on the current stream
@@ -109,15 +130,15 @@ def main() -> int:
         with torch.cuda.graph(g, stream=stream):
             dst.copy_(src)
         graphs[name] = g
-    ways = {
-        "cuMemcpyAsync": lambda st: _ok(drv.cuMemcpyAsync(d, s, N, st.cuda_stream)),
-        "cuMemcpyDtoDAsync": lambda st: _ok(drv.cuMemcpyDtoDAsync(d, s, N, st.cuda_stream)),
-        "cuMemcpyPeerAsync_same_ctx": lambda st: _ok(drv.cuMemcpyPeerAsync(d, ctx, s, ctx, N, st.cuda_stream)),
+    ways = {  # WAYS, each a function of the stream it issues on
+        "cuMemcpyAsync": lambda st: _ok(drv.cuMemcpyAsync(d, s, n, st.cuda_stream)),
+        "cuMemcpyDtoDAsync": lambda st: _ok(drv.cuMemcpyDtoDAsync(d, s, n, st.cuda_stream)),
+        "cuMemcpyPeerAsync_same_ctx": lambda st: _ok(drv.cuMemcpyPeerAsync(d, ctx, s, ctx, n, st.cuda_stream)),
         "cuMemcpy2DAsync": copy2d,
         "batch_prefer_overlap": lambda st: _ok(drv.cuMemcpyBatchAsync(
-            [drv.CUdeviceptr(d)], [drv.CUdeviceptr(s)], [N], 1, [attrs], [0], 1, st.cuda_stream)),
+            [drv.CUdeviceptr(d)], [drv.CUdeviceptr(s)], [n], 1, [attrs], [0], 1, st.cuda_stream)),
         "graph_memcpy_node": lambda st: replay_on(graphs["high" if st is high else "normal"], st),
-        "to_vmm_mapping": lambda st: _ok(drv.cuMemcpyAsync(vmm, s, N, st.cuda_stream)),
+        "to_vmm_mapping": lambda st: _ok(drv.cuMemcpyAsync(vmm, s, n, st.cuda_stream)),
         "host_bounce": bounce,
     }
     cycles = sleep_cycles_per_us()
@@ -159,28 +180,23 @@ def main() -> int:
         return start.elapsed_time(end) * 1e3
 
     gemms_alone()  # warm-up
-    gemm_alone_us = statistics.median(gemms_alone() for _ in range(7))
+    gemm_alone_us = statistics.median(gemms_alone() for _ in range(args.repeats))
     print(f"three GEMMs alone: {gemm_alone_us:.1f} us", flush=True)
     rows = []
-    for name, issue in ways.items():
-        for order in ORDERS:
-            timed = [time_one(issue, order) for _ in range(7)]
+    for name in args.ways:
+        issue = ways[name]
+        for order in args.orders:
+            timed = [time_one(issue, order) for _ in range(args.repeats)]
             if name == "to_vmm_mapping":  # read the mapping back into dst
-                _ok(drv.cuMemcpy(d, vmm, N))
+                _ok(drv.cuMemcpy(d, vmm, n))
             correct = bool(torch.equal(dst, src))
             dst.zero_()
-            _ok(drv.cuMemsetD8(vmm, 0, N))
-            row = {"way": name, "order": order, "copy_us": statistics.median(t[0] for t in timed),
-                   "gemm_us": statistics.median(t[1] for t in timed), "correct": correct}
+            _ok(drv.cuMemsetD8(vmm, 0, n))
+            row = path_row(name, order, timed, correct)
             rows.append(row)
             print(f"{name:28s} {order:10s}: copy {row['copy_us']:8.1f} us  gemms {row['gemm_us']:8.1f} us "
                   f"{'ok' if correct else 'WRONG'}", flush=True)
     release_vmm()
-    provenance.write_table(Path(sys.argv[1]), rows, ["way", "order", "copy_us", "gemm_us", "correct"],
-                           {"bytes": N, "row_bytes_2d": ROW, "gemm": "3x bf16 8192^3", "repeats": 7,
-                            "gemm_alone_us": round(gemm_alone_us, 1)})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    config = {"bytes": n, "row_bytes_2d": ROW, "gemm": "3x bf16 8192^3", "repeats": args.repeats,
+              "gemm_alone_us": round(gemm_alone_us, 1)}
+    return {NAME: Table(rows, config)}

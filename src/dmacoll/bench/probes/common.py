@@ -1,0 +1,67 @@
+"""What the probes share: the table a probe returns, the checks that it can run here, argument types."""
+from __future__ import annotations
+
+import argparse
+from typing import NamedTuple
+
+from ...errors import BackendUnavailable
+from ...sizes import parse_size
+
+
+class Table(NamedTuple):
+    rows: list[dict]
+    config: dict  # what the provenance sidecar records as the run's config
+
+
+def require_gpus(n: int, what: str) -> None:
+    """Raise BackendUnavailable unless ``n`` CUDA GPUs are visible."""
+    import torch
+
+    found = torch.cuda.device_count() if torch.version.cuda and torch.cuda.is_available() else 0
+    if found < n:
+        raise BackendUnavailable(f"{what} needs {n} CUDA GPU{'s' if n > 1 else ''}, found {found}")
+
+
+def driver():
+    """cuda-bindings' driver module, or BackendUnavailable saying it is missing."""
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError as e:
+        raise BackendUnavailable(f"this probe needs cuda-bindings (pip install cuda-bindings): {e}") from None
+    return drv
+
+
+# -- argument types shared by the probes ---------------------------------------------------------------------
+def count(text: str) -> int:
+    """A positive whole number."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def at_most(limit: int):
+    """A positive whole number up to ``limit``."""
+    def parse(text: str) -> int:
+        value = count(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"at most {limit}: {text!r}")
+        return value
+    return parse
+
+
+def size_multiple_of(granule: int):
+    """A size with units (``64M``) that is a whole multiple of ``granule`` bytes (or elements)."""
+    def parse(text: str) -> int:
+        value = parse_size(text)
+        if value % granule:
+            raise argparse.ArgumentTypeError(f"must be a multiple of {granule}: {text!r}")
+        return value
+    return parse
+
+
+def add_repeats(p: argparse.ArgumentParser, default: int, what: str = "timed repeats (their median is reported)"):
+    p.add_argument("--repeats", type=count, default=default, help=f"{what} (default {default})")

@@ -1,0 +1,305 @@
+"""`dmacoll probe <name>` without a GPU: argument handling, each probe's tables (rows assembled by its pure functions
+from fake measurements, written by the command), the committed results each probe made, and the one-line refusal
+where its GPUs are missing."""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from dmacoll.bench.probes import PROBES, copy_contention, few_sm_kernels, flag_latency, local_copy_paths, \
+    memcpy_batch, sm_carveout, table_path, tables
+from dmacoll.bench.probes.common import Table
+from dmacoll.cli import build_parser, main
+from dmacoll.cli.probe import cmd_probe
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+NAMES = sorted(PROBES)
+NAN = float("nan")
+
+# today's values (what the committed results were measured with): a rerun with the defaults measures the same
+DEFAULTS = {
+    "copy_contention": dict(bytes=64 << 20, copies=[1, 4], repeats=7),
+    "few_sm_kernels": dict(repeats=5, carveouts=[8, 16], threads=[256, 512, 1024], unrolls=[4, 8],
+                           blocks=[8, 16, 32, 264], copy_bytes=64 << 20, add_elements=16 << 20),
+    "flag_latency": dict(rounds=200, repeats=5, ways=list(flag_latency.WAYS)),
+    "local_copy_paths": dict(bytes=64 << 20, repeats=7, ways=list(local_copy_paths.WAYS),
+                             orders=list(local_copy_paths.ORDERS)),
+    "memcpy_batch": dict(bytes=1 << 20, repeats=200),
+    "sm_carveout": dict(repeats=5, rounds=15, copy_bytes=64 << 20, add_elements=16 << 20),
+}
+
+# values each probe must refuse (argparse: usage + exit 2), beside the ones every probe refuses
+BAD = {
+    "copy_contention": [["--bytes", "-64M"], ["--bytes", "lots"], ["--copies", "0"]],
+    "few_sm_kernels": [["--copy-bytes", "-1"], ["--copy-bytes", "100"], ["--add-elements", "3"], ["--threads", "0"],
+                       ["--carveouts", "-8"]],
+    "flag_latency": [["--rounds", "-5"], ["--rounds", str(flag_latency.MAX_ROUNDS + 1)], ["--ways", "smoke_signal"]],
+    "local_copy_paths": [["--bytes", "-1M"], ["--bytes", "1000"], ["--orders", "sideways"], ["--ways", "dma"]],
+    "memcpy_batch": [["--bytes", "-1"], ["--bytes", "12"]],
+    "sm_carveout": [["--copy-bytes", "-64M"], ["--copy-bytes", "1000K"], ["--rounds", "0"]],
+}
+EVERY_PROBE_BAD = [["--repeats", "0"], ["--repeats", "-3"], ["--repeats", "two"], ["--nope"], ["--out"]]
+
+
+def parse(*argv):
+    return build_parser().parse_args(["probe", *argv])
+
+
+# -- (a) argument handling -------------------------------------------------------------------------------------------
+def test_help_lists_every_probe(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["probe", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for name in NAMES:
+        assert re.search(rf"^\s+{name}\b", out, re.M), name
+    assert set(NAMES) == {"copy_contention", "few_sm_kernels", "flag_latency", "local_copy_paths", "memcpy_batch",
+                          "sm_carveout"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_defaults_parse_to_todays_values(name):
+    a = parse(name)
+    assert a.func is cmd_probe and a.probe_module is PROBES[name]
+    assert a.out == f"results/local/probes/{name}/data.csv"
+    assert {k: getattr(a, k) for k in DEFAULTS[name]} == DEFAULTS[name]
+    assert set(vars(a)) == {"cmd", "probe", "func", "probe_module", "out", *DEFAULTS[name]}  # no option untested
+
+
+def test_sizes_take_units():
+    assert parse("local_copy_paths", "--bytes", "128M").bytes == 128 << 20
+    assert parse("memcpy_batch", "--bytes", "4K").bytes == 4096
+    assert parse("copy_contention", "--copies", "1", "2", "8").copies == [1, 2, 8]
+
+
+@pytest.mark.parametrize("name, argv", [(n, bad) for n in NAMES for bad in BAD[n] + EVERY_PROBE_BAD],
+                         ids=lambda x: x if isinstance(x, str) else " ".join(x))
+def test_bad_values_exit_2(name, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["probe", name, *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err  # an unknown option is the top parser's to report
+    assert f"dmacoll{'' if argv == ['--nope'] else ' probe ' + name}: error:" in err
+
+
+def test_unknown_or_missing_probe_exits_2(capsys):
+    for argv in (["probe", "nope"], ["probe"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+# -- (b) tables: rows from fake measurements, written by the command --------------------------------------------------
+def fake_tables(name: str) -> dict[str, Table]:
+    """Each probe's rows as its pure functions assemble them from made-up measurements."""
+    if name == "copy_contention":
+        rows = [copy_contention.measurement_row(0, "local", 64 << 20, 1, False, [70.5, 70.1, 71.0]),
+                copy_contention.measurement_row(1, "peer", 64 << 20, 4, True, [1450.0, 1460.0, 1440.0])]
+        for r in rows:
+            r["correct"] = True
+        return {name: Table(rows, {"bytes": 64 << 20})}
+    if name == "few_sm_kernels":
+        return {name: Table([
+            few_sm_kernels.side_row(None, "driver_copy", 0, 0, 0, 2 * (64 << 20), [(35.0, NAN)] * 5, True),
+            few_sm_kernels.side_row(8, "copy_u4", 256, 4, 32, 2 * (64 << 20), [(276.0, 4200.0), (280.0, 4210.0)],
+                                    True)], {"repeats": 5})}
+    if name == "flag_latency":
+        return {name: Table([flag_latency.way_row("memop_device", 200, [2800.0, 2810.0, 2790.0]),
+                             flag_latency.failed_row("memop_graph", 200, "CUDA driver error 1")], {"rounds": 200})}
+    if name == "local_copy_paths":
+        return {name: Table([local_copy_paths.path_row("cuMemcpyAsync", "alone", [(70.0, NAN)] * 7, True),
+                             local_copy_paths.path_row("host_bounce", "together", [(900.0, 4300.0)] * 7, False)],
+                            {"bytes": 64 << 20})}
+    if name == "memcpy_batch":
+        ok = "CUresult.CUDA_SUCCESS"
+        return {name: Table([memcpy_batch.case_row(0, "created", "vmm_to_peer_vmm", "stream", "none", 0, "eager", ok,
+                                                   True),
+                             memcpy_batch.case_row(1, "legacy_default", "plain_to_peer_vmm", "unset", "device", 1,
+                                                   "capture", "skipped: the legacy stream cannot be captured", False),
+                             memcpy_batch.submit_row(0, "batch", 4, ok, [3.0, 2.0, 2.5])], {"bytes": 1 << 20})}
+    assert name == "sm_carveout"
+    copy, add = sm_carveout.side_names(64 << 20, 16 << 20)
+    rows = [sm_carveout.setting_row("cublas", "full", None, None, 132, copy, 4200.0, 35.0, [(1400.0, 4250.0)] * 5,
+                                    True),
+            sm_carveout.setting_row("cublaslt", "green_120_carveout_12", 120, 12, 132, add, 4500.0, 60.0,
+                                    [(200.0, 4600.0)] * 5, True)]
+    times = {s: [100.0 + 10 * i, 200.0] for i, s in enumerate(sm_carveout.COST_SETTINGS)}
+    return {name: Table(rows, {"repeats": 5}),
+            sm_carveout.COST: Table(sm_carveout.cost_rows(512, 28672, 8192, times), {"rounds": 2})}
+
+
+def header(csv_path: Path) -> list[str]:
+    return csv_path.read_text().splitlines()[0].split(",")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rows_have_the_declared_columns_and_the_command_writes_them(name, tmp_path, monkeypatch):
+    probe = PROBES[name]
+    fake = fake_tables(name)
+    assert set(fake) == set(tables(probe))  # every table the probe declares, and no other
+    for table, (rows, _) in fake.items():
+        for row in rows:
+            assert list(row) == tables(probe)[table], (table, row)
+    # the command, its GPU part replaced: the tables land where table_path says, with their sidecars
+    monkeypatch.setattr("dmacoll.bench.probes.common.require_gpus", lambda n, what: None)
+    monkeypatch.setattr(probe, "run", lambda args: fake)
+    out = tmp_path / "probes" / name / "data.csv"
+    assert main(["probe", name, "--out", str(out)]) == 0
+    for table, (rows, config) in fake.items():
+        path = table_path(out, name, table)
+        assert path == tmp_path / "probes" / table / "data.csv"
+        assert header(path) == tables(probe)[table]
+        assert len(path.read_text().splitlines()) == 1 + len(rows)
+        assert json.loads(path.with_suffix(".json").read_text())["config"] == config
+
+
+def test_derived_quantities():
+    r = few_sm_kernels.side_row(16, "add_bf16", 512, 8, 16, 6 * (16 << 20), [(100.0, 1.0), (200.0, 3.0),
+                                                                              (300.0, 2.0)], True)
+    assert (r["side_us"], r["gemm_us"], r["gb_per_s"]) == (200.0, 2.0, 6 * (16 << 20) / 200.0 / 1e3)
+    assert few_sm_kernels.side_row(None, "torch_add", 0, 0, 0, 6, [(1.0, NAN)], True)["carveout"] == "alone"
+    f = flag_latency.way_row("self_chain", 200, [2000.0, 2400.0, 1000.0])
+    assert (f["total_us"], f["crossing_us"], f["total_us_min"], f["total_us_max"]) == (2000.0, 5.0, 1000.0, 2400.0)
+    p = local_copy_paths.path_row("cuMemcpyAsync", "alone", [(70.0, NAN), (72.0, NAN), (71.0, NAN)], True)
+    assert p["copy_us"] == 71.0 and math.isnan(p["gemm_us"])
+    assert memcpy_batch.submit_row(0, "loop", 8, "ok", [1.0, 9.0, 2.0])["mode"] == "submit_loop_k8"
+    # the GEMM-cost ratio is per round, against cuBLAS in the same round, then the median over rounds
+    base, lt = ("cublas", None), ("cublaslt", 8)
+    cost = {r["blas"] + str(r["carveout"]): r for r in sm_carveout.cost_rows(
+        1, 2, 3, {base: [100.0, 200.0, 400.0], lt: [110.0, 180.0, 400.0]})}
+    assert cost["cublas0"]["ratio_to_cublas"] == 1.0
+    assert (cost["cublaslt8"]["gemm_us"], cost["cublaslt8"]["ratio_to_cublas"]) == (180.0, 1.0)
+    s = sm_carveout.setting_row("cublas", "green_128", 128, None, 132, "x", 1.0, 2.0, [(3.0, 4.0)], True)
+    assert (s["green_sms"], s["carveout"]) == (128, 0)
+    assert sm_carveout.setting_row("cublas", "full", None, None, 132, "x", 1, 2, [(3, 4)], True)["green_sms"] == 132
+    assert sm_carveout.side_names(64 << 20, 16 << 20) == ("local_copy_64MB", "add_bf16_16Mi")
+    assert sm_carveout.side_names(1 << 30, 1 << 20) == ("local_copy_1GB", "add_bf16_1Mi")
+
+
+def test_memcpy_batch_summary():
+    ok = "CUresult.CUDA_SUCCESS"
+    rows = [memcpy_batch.case_row(0, "created", "vmm_to_peer_vmm", "any", "none", 0, "eager", ok, True),
+            memcpy_batch.case_row(1, "created", "vmm_to_peer_vmm", "any", "none", 0, "eager",
+                                  "CUresult.CUDA_ERROR_INVALID_VALUE", False),
+            memcpy_batch.submit_row(0, "batch", 2, ok, [1.5])]
+    lines = memcpy_batch.summary(rows)
+    assert lines[0] == "3 rows, 1 accepted with the data delivered"
+    assert "('created', 'any', 'eager') ['CUDA_ERROR_INVALID_VALUE', 'CUDA_SUCCESS']" in lines
+    assert lines[-1] == "submit_batch_k2 CUDA_SUCCESS 1.50 us"
+
+
+def test_table_paths():
+    assert table_path("r/probes/sm_carveout/data.csv", "sm_carveout", "sm_carveout") == \
+        Path("r/probes/sm_carveout/data.csv")
+    assert table_path("r/probes/sm_carveout/data.csv", "sm_carveout", "sm_carveout_gemm_cost") == \
+        Path("r/probes/sm_carveout_gemm_cost/data.csv")
+    assert table_path("out/x.csv", "sm_carveout", "sm_carveout_gemm_cost") == Path("out/x_gemm_cost.csv")
+
+
+# -- (c) the committed results each probe made -------------------------------------------------------------------------
+# Made by a probe's earlier version, whose table the module no longer describes: the folder, its columns then.
+EARLIER = {
+    # code 39a4503: three ways, each alone and next to a GEMM (later: eight ways x four orders, copy_us / gemm_us)
+    "h200x2/c3/local_copy_paths": ["way", "next_to_gemm", "time_us", "correct"],
+}
+
+
+def probe_of(command: list[str]):
+    """The probe a sidecar's command ran: tools/probe_<name>.py (before the CLI) or `dmacoll probe <name>`."""
+    m = re.search(r"probe_(\w+)\.py$", command[0]) if command else None
+    if m:
+        return m.group(1)
+    if "probe" in command[1:-1]:
+        return command[command.index("probe") + 1]
+    return None
+
+
+def committed():
+    """(run folder, probe, table) for every committed table a probe made, found by its sidecar's command."""
+    found = []
+    for side in sorted(RESULTS.glob("*/**/data.json")):
+        if "local" in side.relative_to(RESULTS).parts[:1]:
+            continue  # fresh, not committed
+        name = probe_of(json.loads(side.read_text()).get("command") or [])
+        if name:
+            run = side.parent
+            found.append((run, name, run.name if run.name in PROBES[name].EXTRA else name))
+    return found
+
+
+COMMITTED = committed()
+
+
+def test_every_probe_table_has_committed_results():
+    made = {(name, table) for _, name, table in COMMITTED}
+    assert made == {(n, t) for n in NAMES for t in tables(PROBES[n])}
+    assert {str(run.relative_to(RESULTS)) for run, _, _ in COMMITTED} >= set(EARLIER)
+
+
+@pytest.mark.parametrize("run, name, table", COMMITTED, ids=lambda x: str(x.relative_to(RESULTS))
+                         if isinstance(x, Path) else None)
+def test_committed_results_have_the_declared_columns(run, name, table):
+    expected = EARLIER.get(str(run.relative_to(RESULTS))) or tables(PROBES[name])[table]
+    assert header(run / "data.csv") == expected
+    # and the defaults are what it was measured with, where its sidecar names an option
+    config = json.loads((run / "data.json").read_text())["config"]
+    for key in set(config) & set(DEFAULTS[name]):
+        assert DEFAULTS[name][key] == config[key], key
+    if table == "sm_carveout":  # the side jobs' names carry their sizes
+        sides = {line.split(",")[4] for line in (run / "data.csv").read_text().splitlines()[1:]}
+        assert sides == set(sm_carveout.side_names(DEFAULTS[name]["copy_bytes"], DEFAULTS[name]["add_elements"]))
+
+
+# -- (d) no GPU: one line, exit 2 ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+def test_without_gpus_a_probe_says_so_and_exits_2(name, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    out = tmp_path / "data.csv"
+    assert main(["probe", name, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    gpus = PROBES[name].GPUS
+    assert err == f"dmacoll probe: {name} needs {gpus} CUDA GPU{'s' if gpus > 1 else ''}, found 0\n"
+    assert not out.exists()
+
+
+def test_a_two_gpu_probe_refuses_one_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["probe", "copy_contention"]) == 2
+    assert capsys.readouterr().err == "dmacoll probe: copy_contention needs 2 CUDA GPUs, found 1\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here: the probe would run")
+def test_the_command_refuses_in_one_line_without_a_traceback(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    r = subprocess.run([sys.executable, "-m", "dmacoll", "probe", "memcpy_batch", "--out", str(tmp_path / "x.csv")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2
+    assert r.stderr == "dmacoll probe: memcpy_batch needs 2 CUDA GPUs, found 0\n"
+
+
+# -- the probes as the workflow and the reference runs call them ----------------------------------------------------
+def test_workflow_config_names_every_probe():
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    assert sorted(schema["properties"]["probes"]["items"]["enum"]) == NAMES
+    assert yaml.safe_load((ROOT / "config/config.yaml").read_text())["probes"] == []
+
+
+def test_reference_run_calls_registered_probes_and_no_scripts():
+    script = (ROOT / "tools/gpu_reference_run.sh").read_text()
+    called = set(re.findall(r"dmacoll probe (\w+|\$t)", script))
+    loop = re.search(r"for t in ([\w ]+); do", script).group(1).split()
+    assert (called - {"$t"}) | set(loop) == set(NAMES)
+    assert "tools/probe_" not in script and not list((ROOT / "tools").glob("probe_*.py"))
+    assert not [p for p in (ROOT / "src").rglob("*.py") if "sys.path" in p.read_text()]
