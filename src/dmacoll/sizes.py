@@ -1,4 +1,4 @@
-"""Byte sizes as people write them (``256M``) and read them (``256 MB``)."""
+"""Sizes and counts as people write them on a command line (``256M``, ``15``, ``2.5``) and read them (``256 MB``)."""
 from __future__ import annotations
 
 import argparse
@@ -23,3 +23,20 @@ def human(nbytes: int) -> str:
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale} {unit}"
     return f"{nbytes} B"
+
+
+def positive(cast, what: str):
+    """An argparse type: ``cast(text)`` that must be > 0."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+        return value
+    return parse
+
+
+count = positive(int, "a whole number")
+seconds = positive(float, "a number of seconds")

@@ -191,9 +191,7 @@ def run_c3(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
     for i, text in enumerate(cfg["shapes"]):
         rows += measure_shape(rk, Shape.parse(text), ladders, 1000 * (i + 1))
         torch.cuda.empty_cache()
-    rows = rk.rows_on_rank0(rows)
-    rk.close()
-    return rows
+    return rk.finish(rows)
 
 
 def measure_shape(rk: Rank, shape: Shape, ladders: dict, seed: int) -> list[dict]:

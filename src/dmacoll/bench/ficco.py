@@ -277,6 +277,4 @@ def run_ficco(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                       f"decomp {r['decomposition_loss']:.3f}, contention {r['contention_loss']:.3f}, {note}",
                       flush=True)
         torch.cuda.empty_cache()
-    rows = rk.rows_on_rank0(rows)
-    rk.close()
-    return rows
+    return rk.finish(rows)

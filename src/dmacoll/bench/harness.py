@@ -204,6 +204,12 @@ class Rank:
         gathered = self.gather(rows)
         return [r for per_rank in gathered for r in per_rank] if self.rank == 0 else None
 
+    def finish(self, rows: list[dict]) -> Optional[list[dict]]:
+        """The end of a benchmark: every rank's rows on rank 0 (None elsewhere), the communicator closed."""
+        rows = self.rows_on_rank0(rows)
+        self.close()
+        return rows
+
     def close(self) -> None:
         if self.comm is not None:
             self.comm.close()

@@ -224,6 +224,4 @@ def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                     print(f"{op:14s} {pt.impl:5s} {pt.variant:5s} {nbytes:>10d} B: {last['avg_power_w']:6.1f} W "
                           f"(idle {idle_w:.1f}), {last['dynamic_energy_per_call_uj']:9.2f} uJ/call above idle, "
                           f"{'ok' if ok else 'WRONG'}", flush=True)
-    rows = rk.rows_on_rank0(rows)
-    rk.close()
-    return rows
+    return rk.finish(rows)

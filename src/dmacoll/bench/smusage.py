@@ -87,6 +87,4 @@ def run_sm_usage(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                         print(f"{op:14s} {pt.impl:5s} {pt.variant:5s} {nbytes:>10d} B {mode:5s}: "
                               f"{r['kernels_per_call']:.1f} kernels ({r['kernel_us_per_call']:.1f} us), "
                               f"{r['copies_per_call']:.1f} copies per call", flush=True)
-    rows = rk.rows_on_rank0(rows)
-    rk.close()
-    return rows
+    return rk.finish(rows)

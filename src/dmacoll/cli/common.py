@@ -12,29 +12,10 @@ import argparse
 import os
 import sys
 
-from ..sizes import parse_size
+from ..sizes import count as positive
+from ..sizes import parse_size, seconds
 
 __all__ = ["parse_size", "positive", "add_ranks", "add_sizes", "add_out", "gpu_world", "run_on_gpus"]
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
 
 
 def add_ranks(p: argparse.ArgumentParser, world_default: int = 0, deadline_s: float = 1800.0) -> None:

@@ -5,7 +5,7 @@ import argparse
 from typing import NamedTuple
 
 from ...errors import BackendUnavailable
-from ...sizes import parse_size
+from ...sizes import count, parse_size
 
 
 class Table(NamedTuple):
@@ -31,18 +31,18 @@ def driver():
     return drv
 
 
+def gemm_and_side_operands(copy_bytes: int, add_elements: int) -> tuple:
+    """On GPU 0: the GEMMs' bf16 8192^3 operands (a, c = a @ a) and the side jobs' buffers: a device-local copy
+    (src -> dst, bytes) and a bf16 add (x + y -> z)."""
+    import torch
+
+    a = torch.randn(8192, 8192, device=0, dtype=torch.bfloat16)
+    src = torch.randint(0, 255, (copy_bytes,), dtype=torch.uint8, device=0)
+    x, y = (torch.randn(add_elements, device=0, dtype=torch.bfloat16) for _ in range(2))
+    return a, torch.empty_like(a), src, torch.empty_like(src), x, y, torch.empty_like(x)
+
+
 # -- argument types shared by the probes ---------------------------------------------------------------------
-def count(text: str) -> int:
-    """A positive whole number."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
 def at_most(limit: int):
     """A positive whole number up to ``limit``."""
     def parse(text: str) -> int:

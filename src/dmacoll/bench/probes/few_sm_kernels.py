@@ -23,7 +23,7 @@ import argparse
 import ctypes
 import statistics
 
-from .common import Table, add_repeats, count, driver, size_multiple_of
+from .common import Table, add_repeats, count, driver, gemm_and_side_operands, size_multiple_of
 
 NAME = "few_sm_kernels"
 HELP = "copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a carved-out GEMM (1 GPU)"
@@ -146,12 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
     driver()  # before any GPU work: a missing cuda-bindings is one line, not a traceback halfway
     torch.backends.cuda.preferred_blas_library("cublaslt")
     major, minor = torch.cuda.get_device_capability(0)
-    a = torch.randn(8192, 8192, device=0, dtype=torch.bfloat16)
-    c = torch.empty_like(a)
-    src = torch.randint(0, 255, (args.copy_bytes,), dtype=torch.uint8, device=0)
-    dst = torch.empty_like(src)
-    x, y = (torch.randn(args.add_elements, device=0, dtype=torch.bfloat16) for _ in range(2))
-    z = torch.empty_like(x)
+    a, c, src, dst, x, y, z = gemm_and_side_operands(args.copy_bytes, args.add_elements)
     want = x + y
     sides = {("driver_copy", 0, 0, 0): (lambda: dst.copy_(src), lambda: torch.equal(dst, src), 2 * src.numel()),
              ("torch_add", 0, 0, 0): (lambda: torch.add(x, y, out=z), lambda: torch.equal(z, want), 6 * x.numel())}

@@ -27,7 +27,7 @@ import argparse
 import statistics
 
 from ...sizes import human
-from .common import Table, add_repeats, count, size_multiple_of
+from .common import Table, add_repeats, count, gemm_and_side_operands, size_multiple_of
 
 NAME = "sm_carveout"
 HELP = "SM carveouts, green contexts: does a copy / bf16 add next to GEMMs find free SMs; their GEMM cost (1 GPU)"
@@ -84,12 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
     from ..harness import sleep_cycles_per_us
 
     total = torch.cuda.get_device_properties(0).multi_processor_count
-    a = torch.randn(8192, 8192, device=0, dtype=torch.bfloat16)
-    c = torch.empty_like(a)
-    src = torch.randint(0, 255, (args.copy_bytes,), dtype=torch.uint8, device=0)
-    dst = torch.empty_like(src)
-    x, y = (torch.randn(args.add_elements, device=0, dtype=torch.bfloat16) for _ in range(2))
-    z = torch.empty_like(x)
+    a, c, src, dst, x, y, z = gemm_and_side_operands(args.copy_bytes, args.add_elements)
     copy_name, add_name = side_names(args.copy_bytes, args.add_elements)
     sides = {copy_name: lambda: dst.copy_(src), add_name: lambda: torch.add(x, y, out=z)}
     expected = {copy_name: lambda: torch.equal(dst, src), add_name: lambda: torch.equal(z, x + y)}

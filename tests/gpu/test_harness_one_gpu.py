@@ -1,0 +1,60 @@
+"""The measurement harness's CUDA paths on one GPU (a world of one rank): events, graph capture and replay, released
+parts on two streams, the post-timing check through NCCL for every collective, and the e2e runner. Two-GPU runs of
+the benchmarks themselves are the run issues' (tools/gpu_reference_run.sh)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmacoll.verify.launch import run_ranks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _harness(rank: int, world: int) -> dict:
+    from dmacoll import ops
+    from dmacoll.bench import harness
+
+    rk = harness.Rank(rank, world, hold_us=100.0)
+    rk.priv_in = torch.empty(1 << 20, dtype=torch.uint8, device=rk.device)
+    rk.priv_out = torch.empty(1 << 20, dtype=torch.uint8, device=rk.device)
+    out = {"device": rk.device.type, "hold": rk.hold}
+    x = torch.ones(1 << 22, device=rk.device)
+    graph = harness.capture(lambda: x.add_(1), calls=4)
+    out["graph_us"] = rk.time_graph(graph, 4, 3)
+    out["eager_us"] = rk.time_calls(lambda: x.add_(1), 4, 3)
+    side = torch.cuda.Stream()
+    parts = rk.time_parts([("a", lambda: x.mul_(1), torch.cuda.current_stream()), ("b", lambda: x.add_(0), side)], 3)
+    out["parts"] = sorted(parts)
+    out["total_is_last"] = parts["total"] >= max(parts["a"], parts["b"])
+    out["checks"] = {}
+    for name, spec in ops.REGISTRY.items():
+        right = harness.Bound(rk, spec, 4096, 7, harness.torch_caller(spec), symmetric=False, in_place=True)
+        g = harness.capture(right.run, 1)
+        lazy = harness.Bound(rk, spec, 4096, 7, lambda o, i, c: (lambda: None), symmetric=False)
+        out["checks"][name] = (right.check(g.replay), lazy.check(lazy.run))
+    rk.close()
+    return out
+
+
+def test_harness_times_and_checks_on_a_gpu():
+    out = run_ranks(_harness, 1, device="cuda", timeout_s=300)[0]
+    assert out["device"] == "cuda" and out["hold"] > 0
+    assert all(t > 0 for t in out["graph_us"] + out["eager_us"])
+    assert out["parts"] == ["a", "b", "total"] and out["total_is_last"]
+    # every op's graph-replayed NCCL call passes the check; a call that writes nothing fails it
+    assert out["checks"] == {name: (True, False) for name in out["checks"]} and len(out["checks"]) == 5
+
+
+def _e2e(rank: int, world: int):
+    from dmacoll.e2e.bench import run_e2e
+    from dmacoll.e2e.config import DEFAULTS
+
+    cfg = {**DEFAULTS, "models": ["llama-3.1-8b"], "layers": 1, "batches": [2], "prompts": [32], "impls": ["nccl"],
+           "decode_steps": 2, "repeats": 2}
+    return run_e2e(rank, world, cfg)
+
+
+def test_the_e2e_runner_measures_on_a_gpu():
+    rows = run_ranks(_e2e, 1, device="cuda", timeout_s=300)[0]
+    assert len(rows) == 1 and rows[0]["status"] == "ok" and rows[0]["decode_ms"] > 0 and rows[0]["ttft_ms"] > 0
