@@ -314,6 +314,7 @@ class _FakeBound:
         from dmacoll import ops
 
         self.impl, self.run, self.spec = impl, (lambda: None), ops.get(op)
+        self.sums_in_place = False
 
     def check(self, replay, stream) -> bool:
         return True

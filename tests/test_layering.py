@@ -72,3 +72,18 @@ def test_the_runtime_does_not_load_pandas():
             "from dmacoll import Communicator; assert 'pandas' not in sys.modules, 'pandas'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-1000:]
+
+
+def test_every_dmacoll_name_the_tests_import_exists():
+    """Imports inside test functions (the GPU tests run only on GPU machines) name what the package has."""
+    import importlib
+
+    missing = []
+    for path in sorted((SRC.parent / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dmacoll"):
+                module = importlib.import_module(node.module)
+                missing += [f"{path.name}: {node.module}.{a.name}" for a in node.names
+                            if not hasattr(module, a.name) and importlib.util.find_spec(f"{node.module}.{a.name}")
+                            is None]
+    assert not missing, missing

@@ -36,13 +36,15 @@ def test_every_op_variant_dtype_matches_nccl():
 
 
 def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
-    from dmacoll import Communicator
-    from dmacoll.verify.check import DTYPES, random_tensor
+    from dmacoll import Communicator, ops
+    from dmacoll.verify.reference import draw
+
+    def random_tensor(numel, dtype, seed):  # data to move: every bit pattern matters
+        return draw(ops.get("all_gather"), numel, dtype, seed)
 
     comm = Communicator(timeout_s=30, signal=signal)
     n = world * 4099  # odd chunks, divisible by world for all_to_all
     failures = []
-    gen = torch.Generator().manual_seed(seed)
     for op in ("all_gather", "all_to_all"):
         for variant in VARIANTS:
             for direction in ("push", "pull"):
@@ -53,7 +55,7 @@ def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
                     out = comm.empty(out_n, dtype=torch.bfloat16) if buffers == "sym" else torch.empty(
                         out_n, dtype=torch.bfloat16, device=comm.device)
                     fn = comm.all_gather if op == "all_gather" else comm.all_to_all
-                    inp.copy_(random_tensor(n, DTYPES["bfloat16"], gen))  # warm-up data
+                    inp.copy_(random_tensor(n, torch.bfloat16, seed - 1))  # warm-up data
                     fn(out, inp, variant=variant, direction=direction)
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
@@ -61,10 +63,8 @@ def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
                         for _ in range(3):
                             fn(out, inp, variant=variant, direction=direction)
                     for replay in range(20):  # fresh data every replay: the graph must move it each time
-                        mine = random_tensor(n, DTYPES["bfloat16"], torch.Generator().manual_seed(
-                            seed + replay * 2 + rank)).to(comm.device)
-                        peer = random_tensor(n, DTYPES["bfloat16"], torch.Generator().manual_seed(
-                            seed + replay * 2 + 1 - rank)).to(comm.device)
+                        mine = random_tensor(n, torch.bfloat16, seed + replay * 2 + rank).to(comm.device)
+                        peer = random_tensor(n, torch.bfloat16, seed + replay * 2 + 1 - rank).to(comm.device)
                         inp.copy_(mine)
                         out.fill_(float("nan"))
                         graph.replay()

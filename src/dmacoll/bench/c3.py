@@ -44,8 +44,8 @@ the host has queued both sides before either starts: ``harness.Rank.time_parts``
 Every op is called in place where it has an in-place form (``OpSpec.in_place``), for NCCL and dma alike.
 After the strategies of a (shape, op, target) are timed, every collective graph is checked (``harness.Bound``):
 outputs poisoned, replayed once, compared with the op spec's reference of every rank's seeded input (sums use
-small integers, exact in bf16 in any order; an in-place op whose graph holds several calls, which would sum
-again, is checked with a one-call graph). Rows are per rank.
+small integers, exact in bf16 in any order; an in-place sum whose graph holds several calls, which would sum
+again, is checked with a one-call graph: ``harness.one_call``). Rows are per rank.
 
 ``sizes`` (the ``dmacoll interference`` view) replaces the targets: each of those collective sizes, called
 often enough to span the compute (target 1).
@@ -106,8 +106,7 @@ class Rank(harness.Rank):
 
     def __init__(self, rank: int, world: int, cfg: dict):
         top = max(cfg["sizes"] or cfg["ladder"])
-        # staging: reduce_scatter stages world x chunk (= its input), all_reduce about the tensor
-        super().__init__(rank, world, pool_bytes=top, staging_bytes=2 * top + (1 << 20), hold_us=cfg["hold_us"])
+        super().__init__(rank, world, pool_bytes=top, hold_us=cfg["hold_us"])
         self.cfg = cfg
         self.comp_stream, self.comm_stream = torch.cuda.Stream(), torch.cuda.Stream()
         self.comm_hi = greatest_priority_stream(self.device)
@@ -275,10 +274,7 @@ def measure_point(rk: Rank, op: str, size: int, calls: int, base: dict, placemen
                                           together), "correct": None, "skipped": ""})
     checks = {}
     for name, (b, graph, stream) in graphs.items():
-        replay = graph.replay
-        if b.spec.in_place and calls > 1:  # in place, repeated calls would sum again: check one call
-            replay = harness.capture(b.run, 1, stream, warmup=0).replay
-        checks[name] = b.check(replay, stream)
+        checks[name] = b.check(harness.one_call(b, graph, calls, stream), stream)
     for r in rows:
         if not r["skipped"]:
             r["correct"] = checks[GRAPH_OF[r["strategy"]]]

@@ -202,7 +202,7 @@ class FiccoRank(Rank):
     def __init__(self, rank: int, world: int, cfg: dict, top: int):
         import torch
 
-        super().__init__(rank, world, pool_bytes=top, staging_bytes=2 * top + (1 << 20), hold_us=cfg["hold_us"])
+        super().__init__(rank, world, pool_bytes=top, hold_us=cfg["hold_us"])
         self.cfg, self.comp_stream, self.comm_stream = cfg, torch.cuda.Stream(), torch.cuda.Stream()
 
 

@@ -95,7 +95,7 @@ class Rank:
     ``sym_in`` / ``sym_out`` (dmacoll's heap) and private ``priv_in`` / ``priv_out`` (NCCL's, and dmacoll's
     staged calls), inputs of ``pool_bytes`` per rank and outputs of ``world`` times that."""
 
-    def __init__(self, rank: int, world: int, pool_bytes: int = 0, staging_bytes: int = 1 << 20,
+    def __init__(self, rank: int, world: int, pool_bytes: int = 0, staging_bytes: int = 0,
                  extra_outputs: int = 0, hold_us: float = 0.0, dtype: str = "bfloat16"):
         self.rank, self.world = rank, world
         if torch.cuda.is_available():
@@ -110,8 +110,10 @@ class Rank:
             from ..communicator import Communicator
 
             out = world * pool_bytes
+            # staging: a reduce-scatter receives every rank's chunk (its input's size), a one-exchange all-reduce
+            # every rank's whole tensor (up to twice its size at two ranks)
             self.comm = Communicator(heap_bytes=pool_bytes + (1 + extra_outputs) * out + (1 << 20),
-                                     staging_bytes=staging_bytes)
+                                     staging_bytes=staging_bytes or 2 * pool_bytes + (1 << 20))
             self.sym_in = self.comm.empty(pool_bytes, dtype=torch.uint8)
             self.sym_outs = [self.comm.empty(out, dtype=torch.uint8) for _ in range(1 + extra_outputs)]
             self.sym_out = self.sym_outs[0]
@@ -240,7 +242,8 @@ class Bound:
         n_in, n_out = sizes[rank]
         pool_in, pool_out = (rk.sym_in, rk.sym_outs[output_index]) if symmetric else (rk.priv_in, rk.priv_out)
         self.out, self.inp = pool_out[: n_out * size].view(dtype), pool_in[: n_in * size].view(dtype)
-        if in_place and spec.in_place:
+        self.in_place = in_place and bool(spec.in_place)
+        if self.in_place:
             self.out, self.inp = spec.in_place_views(self.out, self.inp, rank)
         self.inp.copy_(self.inputs[rank])
         self.fn = caller(self.out, self.inp, self.counts)
@@ -249,6 +252,12 @@ class Bound:
     def run(self) -> None:
         r = self.fn()
         self.result = r if isinstance(r, torch.Tensor) else self.out
+
+    @property
+    def sums_in_place(self) -> bool:
+        """Whether a call changes its own input (an in-place sum): calls repeated in one graph sum again, so a
+        check must rerun one call (``one_call``), not a graph of several."""
+        return self.in_place and self.spec.reduces
 
     def restore(self) -> None:
         """Put this rank's input back (an in-place call overwrote it)."""
@@ -266,6 +275,14 @@ class Bound:
     def check(self, rerun: Callable[[], None], stream=None) -> bool:
         """Poison the output, restore the input, ``rerun`` once (on ``stream``), compare."""
         return checked_run(self.rk, [self], rerun, stream) and self.right()
+
+
+def one_call(bound, graph: torch.cuda.CUDAGraph, calls: int, stream=None) -> Callable[[], None]:
+    """What a check after timing reruns: the timed graph's replay, or a graph of one call where ``calls`` repeated
+    calls would give another result (``Bound.sums_in_place``)."""
+    if bound.sums_in_place and calls > 1:
+        return capture(bound.run, 1, stream, warmup=0).replay
+    return graph.replay
 
 
 def checked_run(rk: Rank, bounds: Sequence["Bound"], rerun: Callable[[], None], stream=None) -> bool:
