@@ -30,8 +30,8 @@ Reduce collectives (sum) are exchanges too: reduce-scatter is an all-to-all
 of the peers' chunks into a symmetric scratch block (one slot per sending peer)
 followed by a ``Reduce`` command in ``post``, after the DONE waits, that adds
 our own chunk straight from the input (no device-local copy: on Hopper a local
-copy waits for a concurrent GEMM, a peer copy does not; see ``results/reference/
-h200x2/c3/evidence``); all-reduce is that plan followed by
+copy waits for a concurrent GEMM, a peer copy does not; see ``results/
+h200x2/c3/copy_contention``); all-reduce is that plan followed by
 a second plan, an all-gather of the reduced chunks (see ``reduce_scatter_plans``
 and ``all_reduce_plans``); small all-reduces (``one_shot_all_reduce``) are instead one
 exchange of whole tensors and a local sum (``all_reduce_one_shot_plans``).

@@ -110,7 +110,7 @@ def green_stream(num_sms: int, device: int) -> GreenStream:
 class SmCarveout:
     """Inside ``with SmCarveout(n):`` torch's matmuls go through cuBLASLt asked to leave ``n`` SMs free
     (``torch._C._set_sm_carveout_experimental``: cuBLASLt's SM-count target; plain cuBLAS ignores it, see
-    ``results/reference/h100x1/evidence/``), so a kernel launched beside a persistent GEMM finds free SMs. Unlike a
+    ``results/h100x1/probes/``), so a kernel launched beside a persistent GEMM finds free SMs. Unlike a
     green context, the GEMM is sized for the SMs it keeps. The previous settings come back on exit."""
 
     def __init__(self, sms: int):
