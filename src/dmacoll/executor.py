@@ -27,12 +27,9 @@ How a flag travels (``signal``, reset mode only for the last two):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence, Union
+from typing import Mapping, NamedTuple, Sequence, Union
 
 from .plan import NUM_PHASES, Command, Copy, Plan, Reduce, Signal, Wait
-
-if TYPE_CHECKING:
-    from .backends.engine import Engine
 
 SYNC_MODES = ("reset", "epoch")
 SIGNAL_MODES = ("memop", "copy", "kernel")  # how a flag travels (see above)
@@ -133,7 +130,8 @@ def lower(plan: Plan, sync: str = "reset", signal: str = "memop") -> Program:
     return Program(steps(plan.pre), tuple(steps(q) for q in plan.queues), steps(plan.post), sync == "epoch")
 
 
-def run(program: Program, engine: "Engine", bases: Mapping[str, object], epoch: int = 1) -> None:
+def run(program: Program, engine, bases: Mapping[str, object], epoch: int = 1) -> None:
+    """Issue ``program`` on ``engine`` (a ``backends.engine.Engine``): pre, the queues in parallel, post."""
     def issue(steps: Sequence[Step], queue: object) -> None:
         for step in steps:
             if type(step) is Copy:
@@ -150,7 +148,7 @@ def run(program: Program, engine: "Engine", bases: Mapping[str, object], epoch: 
     issue(program.post, main)
 
 
-def execute(plan: Plan, engine: "Engine", bases: Mapping[str, object], sync: str = "reset", epoch: int = 1,
+def execute(plan: Plan, engine, bases: Mapping[str, object], sync: str = "reset", epoch: int = 1,
             signal: str = "memop") -> None:
     """Lower and run in one go (callers that repeat a plan keep the Program instead)."""
     run(lower(plan, sync, signal), engine, bases, epoch)
