@@ -10,14 +10,17 @@ from dmacoll.verify.launch import run_ranks
 
 def test_host_sweep_runs_and_checks_every_collective(tmp_path):
     out = tmp_path / "sweep" / "data.csv"
-    cfg = SweepConfig(ops=ops.NAMES, impls=("nccl", "dma", "peer_copy"), variants=("pcpy", "b2b"),
+    cfg = SweepConfig(ops=ops.NAMES, impls=("nccl", "dma_default", "dma", "peer_copy"), variants=("pcpy", "b2b"),
                       directions=("push", "pull"), places=("out", "in"), handshakes=("full", "lean"),
                       min_bytes=1 << 10, max_bytes=3 << 10, modes=("eager",), dtype="bfloat16", calls=2,
                       repeats=2, warmup=1, out=str(out))
     rows = run_ranks(run_sweep, 3, cfg, timeout_s=600)[0]
     df = pd.read_csv(out)
     assert list(df.columns) == COLUMNS and len(df) == len(rows) and out.with_suffix(".json").exists()
-    assert set(df["op"]) == set(ops.NAMES) and set(df["impl"]) == {"nccl", "dma", "peer_copy"}
+    assert set(df["op"]) == set(ops.NAMES) and set(df["impl"]) == {"nccl", "dma_default", "dma", "peer_copy"}
+    # the no-options call says what it ran (no tuning table on the host: pcpy/push)
+    default = df[df["impl"] == "dma_default"]
+    assert set(zip(default["variant"], default["direction"], default["signal"])) == {("pcpy", "push", "memop")}
     bad = df[(df["status"] != "ok") | ~df["correct"]]
     assert bad.empty, bad[["op", "impl", "variant", "direction", "place", "handshake", "bytes_per_rank", "error"]]
     # in place and lean only where they apply: in-place forms, push exchanges

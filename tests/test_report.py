@@ -168,3 +168,17 @@ def test_index_page_links_every_rendered_notebook(tmp_path):
     page = index_page.render(tmp_path, [("h200x2", "2x H200"), ("h200x4", "4x H200")])
     assert 'href="h200x2/notebooks/operator.html"' in page and "<td>pass</td>" in page
     assert "NVIDIA Hopper" in page and "nothing rendered" in page  # h200x4 has no pages here
+
+
+def test_a_measured_no_options_call_is_the_default_where_a_sweep_has_one():
+    rows = []
+    for impl, variant, t in (("nccl", "", 10.0), ("dma_default", "b2b", 9.0), ("dma", "pcpy", 8.0),
+                             ("dma", "b2b", 6.0)):
+        rows.append({"op": "all_gather", "impl": impl, "variant": variant, "direction": "push", "place": "out",
+                     "signal": "memop", "prerecord": False, "submit": "python", "handshake": "full", "mode": "graph",
+                     "bytes_per_rank": 4096, "time_us": t, "busbw_GBps": 1.0, "status": "ok", "correct": True,
+                     "error": "", "ok": True})
+    p = report.picks(pd.DataFrame(rows))
+    key = ("all_gather", "graph", 4096)
+    assert p["default"].loc[key, "time_us"] == 9.0 and p["default"].loc[key, "impl"] == "dma_default"
+    assert p["oracle"].loc[key, "time_us"] == 6.0  # the oracle picks among the configurations, not the default row

@@ -2,9 +2,11 @@
 
 Three dmacoll configurations are reported per (op, mode, size), never mixed (``picks``):
 
-* **default**: what ``Communicator()`` does with no options for an out-of-place call: memop flags, the full
-  handshake, Python submission, no prerecording, and the (variant, direction) that ``variant='auto'`` takes from
-  the tuning table shipped for the machine (``tuning.find``; pcpy/push without one);
+* **default**: what ``Communicator()`` does with no options for an out-of-place call: the sweep's ``dma_default``
+  rows where it measured them (a call with no options); for older sweeps, the row of the options that were the
+  defaults then (memop flags, the full handshake, Python submission, no prerecording) and the (variant,
+  direction) that ``variant='auto'`` takes from the tuning table shipped for the machine (``tuning.find``;
+  pcpy/push without one);
 * **tuned**: ``variant='auto'`` with the shipped table and the options a caller may set without promising
   anything about its data flow (signal, prerecord, submit, in place), the fastest of those N measured rows;
 * **oracle**: the fastest of all N measured dma configurations, picked after the fact (the lean handshake
@@ -80,7 +82,10 @@ def picks(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     ``baseline``, per (op, mode, size): the row measured for each, and the N it was picked from."""
     dma = df[(df["impl"] == "dma") & df["ok"]]
     auto = dma[auto_choice(dma)]
-    return {"default": fastest(matching(auto, DEFAULT)), "tuned": fastest(auto[auto["handshake"] == "full"]),
+    measured = fastest(df[(df["impl"] == "dma_default") & df["ok"]])
+    derived = fastest(matching(auto, DEFAULT))
+    default = pd.concat([measured, derived[~derived.index.isin(measured.index)]])
+    return {"default": default, "tuned": fastest(auto[auto["handshake"] == "full"]),
             "oracle": fastest(dma), "baseline": fastest(matching(dma, BASELINE))}
 
 

@@ -29,7 +29,9 @@ from . import harness
 from .bandwidth import bandwidths
 from .baselines import Baselines, peer_chunk
 
-IMPLS = ("nccl", "dma", "symm_mem_lc", "nccl_ce", "peer_copy")
+# dma_default: a call with no options on a Communicator() with none (what a user gets); dma: each configuration
+IMPLS = ("nccl", "dma_default", "dma", "symm_mem_lc", "nccl_ce", "peer_copy")
+HEAP_IMPLS = ("dma_default", "dma", "peer_copy")  # on dmacoll's symmetric heap
 COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "prerecord", "submit", "handshake", "world",
            "bytes_per_rank",
            "total_bytes", "dtype", "mode",
@@ -40,7 +42,7 @@ COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "prerecord",
 @dataclass
 class SweepConfig:
     ops: tuple[str, ...] = ("all_gather", "all_to_all")
-    impls: tuple[str, ...] = ("nccl", "dma", "symm_mem_lc", "peer_copy")
+    impls: tuple[str, ...] = ("nccl", "dma_default", "dma", "symm_mem_lc", "peer_copy")
     variants: tuple[str, ...] = ("pcpy", "b2b")
     directions: tuple[str, ...] = ("push", "pull")
     places: tuple[str, ...] = ("out", "in")
@@ -112,7 +114,9 @@ class Bound:
 
     def __init__(self, rk: harness.Rank, baselines: Baselines, pt: Point, nbytes: int, seed: int):
         self.pt, spec = pt, ops.get(pt.op)
-        if pt.impl != "dma":
+        if pt.impl == "dma_default":
+            self.bounds = [harness.Bound(rk, spec, nbytes, seed, harness.dma_caller(rk.comm, spec), symmetric=True)]
+        elif pt.impl != "dma":
             self.bounds = [harness.Bound(rk, spec, nbytes, seed, baselines.caller(pt.impl, spec),
                                          symmetric=pt.impl == "peer_copy")]
         else:
@@ -162,14 +166,19 @@ def measure(rk: harness.Rank, cfg: SweepConfig, baselines: Baselines, pt: Point,
     if mode == "graph":
         graph = harness.capture(b.run, cfg.calls, warmup=cfg.warmup)
         samples = rk.time_graph(graph, cfg.calls, cfg.repeats)
-        return {"samples": samples, "correct": b.check(harness.one_call(b, graph, cfg.calls))}
-    samples = rk.time_calls(b.run, cfg.calls, cfg.repeats, cfg.warmup)
-    return {"samples": samples, "correct": b.check(b.run)}
+        correct = b.check(harness.one_call(b, graph, cfg.calls))
+    else:
+        samples = rk.time_calls(b.run, cfg.calls, cfg.repeats, cfg.warmup)
+        correct = b.check(b.run)
+    # what a call with no options ran: the variant and direction 'auto' chose, the communicator's flag signal
+    chosen = {"variant": rk.comm.last_choice[0], "direction": rk.comm.last_choice[1],
+              "signal": rk.comm.options.signal} if pt.impl == "dma_default" else {}
+    return {"samples": samples, "correct": correct, "chosen": chosen}
 
 
 def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
     # NCCL's copy-engine path switches torch's symmetric-memory backend globally: the CLI runs it alone
-    uses_heap = bool({"dma", "peer_copy"} & set(cfg.impls))
+    uses_heap = bool(set(HEAP_IMPLS) & set(cfg.impls))
     lean = any(h == "lean" for h in cfg.handshakes)
     rk = harness.Rank(rank, world, pool_bytes=cfg.max_bytes if uses_heap else 0, extra_outputs=int(lean),
                       dtype=cfg.dtype)
@@ -186,7 +195,8 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
     for i, (nbytes, op, pt, mode) in enumerate(plan, 1):
         try:
             res = measure(rk, cfg, baselines, pt, nbytes, mode, cfg.seed * 1000 + i)
-            local = {"status": "ok", "error": "", **harness.summarize(res["samples"]), "correct": res["correct"]}
+            local = {"status": "ok", "error": "", **harness.summarize(res["samples"]), "correct": res["correct"],
+                     "chosen": res["chosen"]}
         except Exception as e:  # noqa: BLE001 - a failing implementation is a result, not a crash
             local = {"status": "failed", "error": f"{type(e).__name__}: {e}".replace("\n", " ")[:500],
                      "time_us": float("nan"), "time_us_p10": float("nan"), "time_us_p90": float("nan"),
@@ -214,7 +224,7 @@ def merge(per_rank: list[dict], cfg: SweepConfig, pt: Point, nbytes: int, mode: 
     row = {"op": pt.op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction, "place": pt.place,
            "signal": pt.signal, "prerecord": pt.prerecord, "submit": pt.submit, "handshake": pt.handshake,
            "world": world, "bytes_per_rank": nbytes, "total_bytes": total, "dtype": cfg.dtype, "mode": mode,
-           "calls": cfg.calls, "repeats": cfg.repeats}
+           "calls": cfg.calls, "repeats": cfg.repeats, **per_rank[0].get("chosen", {})}
     if failed:
         return {**row, **{k: float("nan") for k in ("time_us", "time_us_p10", "time_us_p90", "algbw_GBps",
                                                    "busbw_GBps")},

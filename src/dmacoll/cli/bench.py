@@ -11,10 +11,10 @@ from .common import add_out, add_ranks, add_sizes, apply_timeout, gpu_world, par
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
-    from ..bench.sweep import SweepConfig, run_sweep
+    from ..bench.sweep import HEAP_IMPLS, SweepConfig, run_sweep
     from ..verify.launch import run_ranks
 
-    if "nccl_ce" in a.impls and {"dma", "peer_copy"} & set(a.impls):
+    if "nccl_ce" in a.impls and set(HEAP_IMPLS) & set(a.impls):
         print("dmacoll sweep: run nccl_ce in a sweep of its own: it switches torch's symmetric-memory backend to "
               "NCCL for the whole process", file=sys.stderr)
         return 2
@@ -141,7 +141,10 @@ def register(sub) -> None:
     s = sub.add_parser("sweep", help="time collectives over message sizes (GPUs)")
     add_ranks(s, deadline_s=3600.0)
     s.add_argument("--ops", nargs="+", choices=NAMES, default=["all_gather", "all_to_all"])
-    s.add_argument("--impls", nargs="+", choices=IMPLS, default=["nccl", "dma", "symm_mem_lc", "peer_copy"])
+    s.add_argument("--impls", nargs="+", choices=IMPLS, default=["nccl", "dma_default", "dma", "symm_mem_lc",
+                                                                 "peer_copy"],
+                   help="dma_default: a call with no options on Communicator() (what a user gets); dma: every "
+                        "configuration of the options below")
     add_sweep_options(s, VARIANTS, DIRECTIONS, SIGNAL_MODES)
     add_out(s, "results/local/operator/sweep/data.csv")
     s.set_defaults(func=cmd_sweep)
