@@ -122,7 +122,9 @@ def test_collective_buffers_and_exact_references():
     u8 = lambda n: torch.zeros(n, dtype=torch.uint8)  # noqa: E731
     sym_out = u8(world * big)
     rk = SimpleNamespace(world=world, rank=1, dtype=torch.bfloat16, device="cpu", sym_in=u8(big), sym_out=sym_out,
-                         sym_outs=[sym_out], priv_in=u8(big), priv_out=u8(world * big), comm=SimpleNamespace())
+                         sym_outs=[sym_out], priv_in=u8(big), priv_out=u8(world * big), comm=SimpleNamespace(),
+                         _inputs=((), []))
+    rk.inputs = lambda spec, numels, seed: harness.Rank.inputs(rk, spec, numels, seed)
     for op in g.DEFAULT_OPS:
         spec = c3.ops.get(op)
         for impl in ("nccl", "dma"):

@@ -71,3 +71,33 @@ def test_communicator_resolves_auto_from_the_table(tmp_path):
     assert res["table"][0] == ("multi", "pull", "reset")
     assert res["table"][1] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
     assert res["table_override"] == ("b2b", "pull", "reset")
+
+
+def _uneven_auto(rank, world, table_path):
+    """all_to_all_v whose rows differ per rank, variant 'auto' from a table whose choice flips with the size."""
+    from dmacoll import Communicator
+
+    comm = Communicator(backend="host", tuning_table=table_path, timeout_s=10)
+    counts = [[256, 256], [128, 128]]  # rank 0 sends 2 KB in all, rank 1 1 KB (float32)
+    x = torch.arange(sum(counts[rank]), dtype=torch.float32) + 1000 * rank
+    y = torch.full((sum(row[rank] for row in counts),), -1.0)
+    comm.all_to_all_v(y, x, counts)
+    choice = comm.last_choice
+    comm.close()
+    return choice, y.tolist()
+
+
+def test_all_to_all_v_ranks_agree_on_the_variant_whatever_their_own_row():
+    """Each rank must look the table up by a size every rank agrees on, or their plans would not meet."""
+    import tempfile
+
+    rows = [("all_to_all", "eager", "out", 1 << 10, "pcpy", "pull", 1.0),
+            ("all_to_all", "eager", "out", 2 << 10, "pcpy", "push", 1.0)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/t.json"
+        with open(path, "w") as f:
+            f.write(_table(rows).to_json())
+        (c0, y0), (c1, y1) = run_ranks(_uneven_auto, 2, path)
+    assert c0 == c1 == ("pcpy", "push", "reset")  # the largest row (2 KB) decides, alike on both ranks
+    assert -1.0 not in y0 + y1
+    assert y1 == list(range(256, 512)) + [1000.0 + i for i in range(128, 256)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from .plan import DIRECTIONS, DONE, DONE_ALT, FULL, VARIANTS, Handshake, Layout,
 
 ALIGN = 512
 HANDSHAKES = ("full", "lean")
+log = logging.getLogger("dmacoll")
+_REFUSALS_SAID: set[str] = set()  # each reason for a fallback is logged once per process
 SUBMITS = ("python", "native")
 DEFAULT_TIMEOUT_S = float(os.environ.get("DMACOLL_TIMEOUT_S", "120"))
 
@@ -55,11 +58,13 @@ class Options:
     handshake: str = "full"
 
     def override(self, changes: dict, engine) -> "Options":
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if not changes:  # the common call: nothing to check again
+            return self
+        names = [f.name for f in dataclasses.fields(self)]
+        unknown = set(changes) - set(names)
         if unknown:
-            raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use "
-                                  + ", ".join(f"{f.name}=" for f in dataclasses.fields(self)))
-        return dataclasses.replace(self, **changes).checked(engine) if changes else self
+            raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use " + ", ".join(f"{n}=" for n in names))
+        return dataclasses.replace(self, **changes).checked(engine)
 
     def checked(self, engine) -> "Options":
         for name, allowed in (("variant", VARIANTS + ("auto",)), ("direction", DIRECTIONS + ("auto",)),
@@ -78,6 +83,20 @@ class Options:
         if self.submit == "native" and self.signal == "kernel":
             raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy'")
         return self
+
+    def on(self, engine) -> "Options":
+        """These options as ``engine`` can run them: where its driver refuses stream-memop writes into peer memory
+        (``engine.memop_refusal``), memop flags travel as 4-byte copies instead (said once per process)."""
+        if self.signal != "memop" or engine.remote_memop_writes:
+            return self
+        if self.sync == "epoch":
+            raise InvalidArgument(f"sync='epoch' sends sequence numbers as stream-memop writes to peers, and "
+                                  f"{engine.memop_refusal}; use sync='reset'")
+        if engine.memop_refusal not in _REFUSALS_SAID:
+            _REFUSALS_SAID.add(engine.memop_refusal)
+            log.warning("dmacoll: %s: flags travel as 4-byte copy-engine copies (signal='copy')",
+                        engine.memop_refusal)
+        return dataclasses.replace(self, signal="copy")
 
 
 class LeanState:
@@ -171,6 +190,11 @@ class Communicator:
         self.heap_start = self.staging + _align(staging_bytes)
         total = self.heap_start + _align(heap_bytes)
         self.engine = make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
+        try:
+            self.options = self.options.on(self.engine)
+        except InvalidArgument:
+            self.engine.close()
+            raise
         self.device = self.engine.device
         self._ops_group = ops.Group(self.world, self.rank, self.device)
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
@@ -180,6 +204,7 @@ class Communicator:
         self._epoch = 0
         self._calls = 0
         self._programs: dict[tuple, tuple[tuple[Program, ...], frozenset]] = {}
+        self._option_sets: dict[tuple, Options] = {}  # a call's option changes -> its checked Options
         self._lean = LeanState()
         self.last_handshake: Handshake = FULL  # the flags the last call used (for tests and logs)
         self.last_choice: tuple[str, str, str] = ("", "", "")  # (variant, direction, sync) the last call ran
@@ -212,7 +237,7 @@ class Communicator:
         """Run collective ``op`` (a name in ``dmacoll.ops``); the named methods call this."""
         spec = ops.get(op)
         request = spec.bind(self._ops_group, output, input, *args)
-        opts = self.options.override(options, self.engine)
+        opts = self._options_for(options)
         self._check_usable(op)
         capturing = self.engine.is_capturing()
         if opts.sync == "epoch" and capturing:
@@ -227,6 +252,19 @@ class Communicator:
         programs = self._plan(spec, request, opts, variant, direction, capturing, prerecord)
         self._submit(spec, request, opts, programs, variant, direction, prerecord)
         return output
+
+    def _options_for(self, changes: dict) -> Options:
+        """The communicator's options with a call's changes, checked once per set of changes (then looked up)."""
+        if not changes:
+            return self.options
+        key = tuple(sorted(changes.items()))
+        try:
+            opts = self._option_sets.get(key)
+        except TypeError:  # an unhashable value: not an option, override says which
+            return self.options.override(changes, self.engine)
+        if opts is None:
+            opts = self._option_sets[key] = self.options.override(changes, self.engine).on(self.engine)
+        return opts
 
     def _check_usable(self, op: str) -> None:
         if self.error is not None:
@@ -363,8 +401,11 @@ class Communicator:
 def _collective_method(spec: ops.OpSpec):
     """``Communicator.<op>``: the spec's parameters (see ``OpSpec.params``), then per-call options."""
     signature = spec.signature()
+    params = frozenset(signature.parameters) - {"self", "options"}
 
     def method(self, *args, **kwargs):
+        if params.isdisjoint(kwargs):  # tensors passed by position (the common call): no binding to do
+            return self.collective(spec.name, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         arguments = dict(bound.arguments)

@@ -35,7 +35,7 @@ SYNC_MODES = ("reset", "epoch")
 SIGNAL_MODES = ("memop", "copy", "kernel")  # how a flag travels (see above)
 GATES = 4  # prelaunch gates per communicator (see Communicator.prelaunch)
 
-# A rank's flag words: [collective flags: sync mode x phase x signalling rank | GATES gates | ONE (reads 1)]
+# A rank's flag words: [collective flags: sync mode x phase x signalling rank | GATES gates | ONE (reads 1) | PROBE]
 
 
 def _collective_words(world: int) -> int:
@@ -43,7 +43,7 @@ def _collective_words(world: int) -> int:
 
 
 def flag_words(world: int) -> int:
-    return _collective_words(world) + GATES + 1
+    return _collective_words(world) + GATES + 2
 
 
 def gate_index(world: int, slot: int) -> int:
@@ -52,6 +52,11 @@ def gate_index(world: int, slot: int) -> int:
 
 def one_index(world: int) -> int:
     return _collective_words(world) + GATES
+
+
+def probe_index(world: int) -> int:
+    """A word a peer writes once, at start-up, to see whether the driver takes memop writes to peer memory."""
+    return _collective_words(world) + GATES + 1
 
 
 def gate_ops(world: int, rank: int, slot: int) -> tuple["MemOp", "MemOp"]:

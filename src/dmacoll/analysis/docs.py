@@ -9,6 +9,7 @@ outside blocks and code (``restated`` finds them).
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Callable
@@ -17,7 +18,7 @@ import pandas as pd
 
 from . import claims, load, report, tables
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[3]  # the checkout whose results/ the blocks read (a source install)
 BLOCK = re.compile(r"(<!-- generated: ([\w-]+) ([\w/]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
 HEADLINE_SIZES = (4 << 10, 64 << 10, 1 << 20, 64 << 20)
 
@@ -29,6 +30,12 @@ def run(machine: str, experiment: str, name: str) -> str:
 
 def sweeps(machine: str) -> list[str]:
     return [run(machine, "operator", n) for n in ("sweep_all_gather", "sweep_all_to_all", "nccl_ce")]
+
+
+@functools.lru_cache(maxsize=None)
+def sweep_table(machine: str) -> pd.DataFrame:
+    """A machine's operator sweeps, read once per process (several blocks show them)."""
+    return report.load(_abs(sweeps(machine)))
 
 
 def _abs(paths: list[str]) -> list[str]:
@@ -56,7 +63,7 @@ def _with_n(t: pd.DataFrame) -> pd.DataFrame:
 def headline(machine: str) -> str:
     """The README's table: dmacoll's default, tuned and best-of-N configurations against NCCL, graph mode."""
     paths = sweeps(machine)
-    t = _with_n(report.ratio_table(report.load(_abs(paths)), sizes=HEADLINE_SIZES))
+    t = _with_n(report.ratio_table(sweep_table(machine), sizes=HEADLINE_SIZES))
     t = t[t["mode"] == "graph"].rename(columns={"nccl_us": "NCCL (us)"})
     return _table(t[["op", "size", "NCCL (us)", "default / NCCL", "tuned / NCCL (of N)", "oracle / NCCL (of N)"]],
                   paths)
@@ -64,13 +71,11 @@ def headline(machine: str) -> str:
 
 def operator(machine: str) -> str:
     paths = sweeps(machine)
-    df = report.load(_abs(paths))
+    df = sweep_table(machine)
     t = _with_n(report.ratio_table(df, sizes=report.TABLE_SIZES))
-    fails, wrong = int((df["status"] != "ok").sum()), int(((df["status"] == "ok") & ~df["ok"]).sum())
     cols = ["op", "mode", "size", "nccl_us", "nccl_ce_us", "default / NCCL", "tuned / NCCL (of N)",
             "oracle / NCCL (of N)", "oracle_config", "oracle_minus_peer_copy_us"]
-    return (_table(t[cols], paths) + f"\n\nPoints that failed to run: {fails}; points with a wrong output: {wrong}. "
-            "Time per call, slowest rank, median of repeats; bytes per rank.")
+    return _table(t[cols], paths) + "\n\n" + report.failures_line(df)
 
 
 def claims_block(machine: str) -> str:
@@ -135,12 +140,11 @@ def native(machine: str) -> str:
 
 def probes(machine: str) -> str:
     parts = []
-    for name, kind, fn in (("flag_latency", "flags", tables.flag_latency),
-                           ("few_sm_kernels", "kernels", tables.few_sm_best),
-                           ("sm_carveout", "carveout", tables.carveout_effect)):
+    for name, summary in (("flag_latency", tables.flag_latency), ("few_sm_kernels", tables.few_sm_best),
+                          ("sm_carveout", tables.carveout_effect)):
         path = run(machine, "probes", name)
         if (ROOT / path).exists():
-            parts.append(_table(fn(pd.read_csv(ROOT / path, keep_default_na=False, na_values=["nan", ""])), [path]))
+            parts.append(_table(summary(load.read("probe", _abs([path]))), [path]))
     return "\n\n".join(parts)
 
 

@@ -15,7 +15,6 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from ..bench.bandwidth import bandwidths
 
 
 def csv_path(path: str | Path) -> Path:
@@ -44,6 +43,8 @@ def _operator(df: pd.DataFrame) -> pd.DataFrame:
     # sweeps before 2026-11-22 gave peer_copy the collective's bus factor (wrong at world > 2): recompute
     copies = df["impl"] == "peer_copy"
     if copies.any():
+        from ..bench.bandwidth import bandwidths
+
         df.loc[copies, ["total_bytes", "algbw_GBps", "busbw_GBps"]] = [
             bandwidths(r.op, r.impl, r.bytes_per_rank, r.world, r.time_us) for r in df[copies].itertuples()]
     return df
@@ -85,6 +86,7 @@ KINDS: dict[str, tuple[list[str] | None, Callable[[pd.DataFrame], pd.DataFrame]]
     "ficco": (["nan", "NaN", ""], _as_written),
     "e2e": (["nan", ""], _as_written),
     "vllm": (["nan", ""], _as_written),
+    "probe": (["nan", ""], _as_written),  # `dmacoll probe` tables
 }
 
 

@@ -58,10 +58,13 @@ def shipped_table(df: pd.DataFrame):
 def auto_choice(dma: pd.DataFrame) -> pd.Series:
     """Per row, whether its (variant, direction) is what ``variant='auto'`` picks for its op, size, mode, place
     and signal."""
+    from .. import ops  # the op specs (torch) only where the analysis needs them
+
     table = shipped_table(dma) if len(dma) else None
 
     def picked(r) -> bool:
-        choice = table.select(r.op, int(r.bytes_per_rank), r.mode, r.place == "in", r.signal) if table \
+        op = ops.get(r.op).tuning_op  # all_to_all_v's variant comes from all_to_all's rows, as in the communicator
+        choice = table.select(op, int(r.bytes_per_rank), r.mode, r.place == "in", r.signal) if table \
             else tuning.FALLBACK
         return (r.variant, r.direction) == choice
     return pd.Series([picked(r) for r in dma.itertuples()], index=dma.index, dtype=bool)
@@ -219,10 +222,14 @@ def source_line(paths: list[str], root: Path = Path(".")) -> str:
             f"torch {sw.get('torch')}, NCCL {sw.get('nccl')}). Measured on NVIDIA Hopper, not the papers' MI300X.")
 
 
+def failures_line(df: pd.DataFrame) -> str:
+    fails, wrong = int((df["status"] != "ok").sum()), int(((df["status"] == "ok") & ~df["ok"]).sum())
+    return (f"Points that failed to run: {fails}; points with a wrong output: {wrong}. Time per call, slowest rank, "
+            "median of repeats; bytes per rank.")
+
+
 def table(paths: list[str], sizes=TABLE_SIZES) -> str:
     """`dmacoll report table`: the ratio table of some sweeps, with their provenance and what failed."""
     df = load(paths)
-    fails, wrong = int((df["status"] != "ok").sum()), int(((df["status"] == "ok") & ~df["ok"]).sum())
-    return (source_line(paths) + "\n\n" + markdown(ratio_table(df, sizes).drop(columns=["bytes"])) +
-            f"\n\nPoints that failed to run: {fails}; points with a wrong output: {wrong}. Time per call, slowest "
-            "rank, median of repeats; bytes per rank.")
+    return (source_line(paths) + "\n\n" + markdown(ratio_table(df, sizes).drop(columns=["bytes"])) + "\n\n" +
+            failures_line(df))

@@ -10,6 +10,10 @@
   ``cuStreamWaitValue32`` on the own flag word. Neither launches a kernel.
   ``signal="copy"`` sends a flag as a 4-byte copy; ``signal="kernel"`` uses
   PyTorch's one-block signal-pad kernels (``put_signal`` / ``wait_signal``).
+  From CUDA 13.1 the driver does not take stream-memop writes to peer memory
+  (NVIDIA/nccl issue 2052): the engine finds out at creation (the driver's
+  version, then a write into a peer's probe word that every rank checks) and
+  says so in ``remote_memop_writes``; the communicator then sends flags as copies.
 * Reductions (reduce-scatter, all-reduce): the received chunks plus the own
   one (``backends/reduce.py``), small kernels on the caller's stream after the DONE waits.
 * Queues: the caller's current stream plus side streams, forked and joined
@@ -22,13 +26,13 @@
 from __future__ import annotations
 
 import warnings
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollError
-from ..executor import MemOp, one_index
+from ..executor import MemOp, one_index, probe_index
 from ..plan import Reduce, Ref
 from . import sym_offset
 from .reduce import reduce_step
@@ -47,6 +51,31 @@ def check_driver(result: tuple, what: str) -> tuple:
         name = _drv.cuGetErrorName(err)[1]
         raise DmaCollError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
     return result[1:]
+
+
+# The newest driver API version known to take stream-memop writes into another GPU's memory: from 13.1 the driver
+# refuses them (NVIDIA/nccl issue 2052; NCCL 2.29 sends its copy-engine flags as copies since)
+REMOTE_MEMOP_WRITES_UP_TO = 13000
+PROBE_TAG = 0x5EED0000
+
+
+def memop_write_refusal(version: int, write_to_peer: Callable[[], None], arrived: Callable[[], bool],
+                        barrier: Callable[[], None]) -> str:
+    """Why stream-memop writes into a peer's memory cannot be used here ('' when they can): a driver too new to
+    take them, a write the driver refuses, or one that does not arrive. ``barrier`` runs on every rank whatever
+    happens (every rank of a host has the same driver, so the version test decides alike everywhere)."""
+    if version > REMOTE_MEMOP_WRITES_UP_TO:
+        return (f"CUDA driver {version // 1000}.{version % 1000 // 10} does not take stream memory-operation writes "
+                "to peer memory")
+    try:
+        write_to_peer()
+        refused = ""
+    except DmaCollError as e:
+        refused = f"this driver refused a stream memory-operation write to peer memory ({e})"
+    barrier()
+    if refused:
+        return refused
+    return "" if arrived() else "a stream memory-operation write into a peer's memory did not arrive"
 
 
 def available() -> Optional[str]:
@@ -103,6 +132,8 @@ class CudaEngine(StreamEngine):
         self.release_stream = torch.cuda.Stream(self.device)
         self.main_queue: torch.cuda.Stream = torch.cuda.current_stream(self.device)
         self.watchdog = Watchdog(self, "dmacoll-watchdog")
+        self.memop_refusal = self._memop_refusal()
+        self.remote_memop_writes = not self.memop_refusal
         self._geq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
         self._eq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ)
         self._batches: dict[tuple, list] = {}  # memop arrays by content (epoch values make new ones)
@@ -110,6 +141,26 @@ class CudaEngine(StreamEngine):
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # prerecord=True
         self._gate_done: dict[int, torch.cuda.Event] = {}
         self._native = None  # submit='native': a NativeSubmitter, made on first use
+
+    def _memop_refusal(self) -> str:
+        """``memop_write_refusal`` here: each rank writes its tag into the next rank's probe word; every rank then
+        checks its own, and the ranks agree (any rank's reason is every rank's)."""
+        version = check_driver(_drv.cuDriverGetVersion(), "cuDriverGetVersion")[0]
+        probe, peer = probe_index(self.world), (self.rank + 1) % self.world
+        stream = self.release_stream
+
+        def write() -> None:
+            check_driver(_drv.cuStreamWriteValue32(stream.cuda_stream, self.ptrs[peer] + 4 * probe,
+                                                   PROBE_TAG + self.rank, 0), "cuStreamWriteValue32 (to a peer)")
+            stream.synchronize()
+
+        def arrived() -> bool:
+            return int(self.flag_view[probe]) == PROBE_TAG + (self.rank - 1) % self.world
+
+        why = memop_write_refusal(int(version), write, arrived, lambda: dist.barrier(group=self.group))
+        reasons: list = [None] * self.world
+        dist.all_gather_object(reasons, why, group=self.group)
+        return next((r for r in reasons if r), "")
 
     # -- addresses ---------------------------------------------------------
     def bases(self, input: torch.Tensor, output: torch.Tensor) -> dict[str, object]:

@@ -7,7 +7,7 @@ before an engine exists, so that a bad option fails before any memory is allocat
 """
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Mapping, Optional, Protocol, Sequence
+from typing import Callable, ClassVar, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -15,11 +15,15 @@ from ..executor import MemOp, Program
 from ..plan import Reduce, Ref
 
 
+@runtime_checkable
 class Engine(Protocol):
     name: ClassVar[str]             # the backend: cuda, hip or host
     graphs: ClassVar[bool]          # calls can be captured in (and prerecorded as) CUDA / HIP graphs
     native_submit: ClassVar[bool]   # submit='native': the C library issues a call's driver commands
     kernel_signals: ClassVar[bool]  # signal='kernel': flags set and awaited by one-block kernels
+
+    remote_memop_writes: bool       # flags may be stream-memop writes into peer memory (else copies carry them)
+    memop_refusal: str              # why not, where they may not
 
     device: torch.device
     rank: int

@@ -62,6 +62,8 @@ class HipEngine(StreamEngine):
     graphs = True            # torch.cuda graphs are HIP graphs on ROCm (unverified on MI300X: see above)
     native_submit = False    # the native library issues CUDA driver calls
     kernel_signals = False   # no torch symmetric-memory signal pads here
+    remote_memop_writes = True  # hipStreamWriteValue32 into a peer's signal memory (unverified on hardware)
+    memop_refusal = ""
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
                  device: Optional[torch.device] = None):

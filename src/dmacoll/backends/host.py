@@ -43,6 +43,8 @@ class HostEngine:
     native_submit = False
     kernel_signals = True   # emulated: a signal waits until the previous one was consumed
     main_queue = "main"
+    remote_memop_writes = True  # flags are plain stores
+    memop_refusal = ""
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float, device=None):
         self.group = group

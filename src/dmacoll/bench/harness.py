@@ -96,7 +96,7 @@ class Rank:
     staged calls), inputs of ``pool_bytes`` per rank and outputs of ``world`` times that."""
 
     def __init__(self, rank: int, world: int, pool_bytes: int = 0, staging_bytes: int = 0,
-                 extra_outputs: int = 0, hold_us: float = 0.0, dtype: str = "bfloat16"):
+                 extra_outputs: int = 0, hold_us: float = 0.0, dtype: str = "bfloat16", communicator: bool = True):
         self.rank, self.world = rank, world
         if torch.cuda.is_available():
             torch.cuda.set_stream(torch.cuda.Stream())  # never the legacy stream
@@ -106,10 +106,10 @@ class Rank:
         self.dtype = getattr(torch, dtype)
         self.cpu_group = dist.new_group(backend="gloo")
         self.comm = None
-        if pool_bytes:
+        out = world * pool_bytes
+        if pool_bytes and communicator:
             from ..communicator import Communicator
 
-            out = world * pool_bytes
             # staging: a reduce-scatter receives every rank's chunk (its input's size), a one-exchange all-reduce
             # every rank's whole tensor (up to twice its size at two ranks)
             self.comm = Communicator(heap_bytes=pool_bytes + (1 + extra_outputs) * out + (1 << 20),
@@ -117,9 +117,11 @@ class Rank:
             self.sym_in = self.comm.empty(pool_bytes, dtype=torch.uint8)
             self.sym_outs = [self.comm.empty(out, dtype=torch.uint8) for _ in range(1 + extra_outputs)]
             self.sym_out = self.sym_outs[0]
+        if pool_bytes:
             self.priv_in = torch.empty(pool_bytes, dtype=torch.uint8, device=self.device)
             self.priv_out = torch.empty(out, dtype=torch.uint8, device=self.device)
         self.hold = int(sleep_cycles_per_us() * hold_us) if hold_us else 0
+        self._inputs: tuple = ((), [])  # the last (spec, numels, dtype, seed) drawn, and its inputs
 
     def barrier(self) -> None:
         dist.barrier(group=self.cpu_group)
@@ -146,6 +148,16 @@ class Rank:
     def most(self, value: float):
         """The largest of every rank's ``value`` (a count every rank must use alike)."""
         return max(self.gather(value))
+
+    def inputs(self, spec: ops.OpSpec, numels: list[int], seed: int) -> list[torch.Tensor]:
+        """Every rank's seeded input (``verify.reference.draw``, exact sums); the last set is kept, so the
+        implementations of one point share it (the biggest may be a GiB per rank)."""
+        key = (spec.name, tuple(numels), self.dtype, seed)
+        if self._inputs[0] != key:
+            self._inputs = (), []  # free the previous set before drawing the next
+            self._inputs = key, [draw(spec, n, self.dtype, seed * 7919 + r, self.device, exact_sums=True)
+                                 for r, n in enumerate(numels)]
+        return self._inputs[1]
 
     # -- timing on this rank -------------------------------------------------------------------------------
     def time_calls(self, fn: Callable[[], object], calls: int, repeats: int, warmup: int = 3) -> list[float]:
@@ -237,8 +249,7 @@ class Bound:
         chunk = bytes_per_rank // size // spec.chunks(world)[0]
         self.counts = spec.counts(chunk, world)
         sizes = [spec.numels(chunk, world, r, self.counts) for r in range(world)]
-        self.inputs = [draw(spec, sizes[r][0], dtype, seed * 7919 + r, rk.device, exact_sums=True)
-                       for r in range(world)]
+        self.inputs = rk.inputs(spec, [n_in for n_in, _ in sizes], seed)
         n_in, n_out = sizes[rank]
         pool_in, pool_out = (rk.sym_in, rk.sym_outs[output_index]) if symmetric else (rk.priv_in, rk.priv_out)
         self.out, self.inp = pool_out[: n_out * size].view(dtype), pool_in[: n_in * size].view(dtype)
@@ -269,12 +280,13 @@ class Bound:
         self.restore()
 
     def right(self) -> bool:
-        """After a checked run: whether the output is the op spec's exact reference."""
-        return mismatch(self.spec, self.result, self.inputs, self.rk.rank, self.counts) is None
+        """After a checked run: whether the output is the op spec's exact reference (byte for byte)."""
+        return mismatch(self.spec, self.result, self.inputs, self.rk.rank, self.counts, exact_sums=True) is None
 
     def check(self, rerun: Callable[[], None], stream=None) -> bool:
         """Poison the output, restore the input, ``rerun`` once (on ``stream``), compare."""
-        return checked_run(self.rk, [self], rerun, stream) and self.right()
+        checked_run(self.rk, self.prepare, rerun, stream)
+        return self.right()
 
 
 def one_call(bound, graph: torch.cuda.CUDAGraph, calls: int, stream=None) -> Callable[[], None]:
@@ -285,17 +297,16 @@ def one_call(bound, graph: torch.cuda.CUDAGraph, calls: int, stream=None) -> Cal
     return graph.replay
 
 
-def checked_run(rk: Rank, bounds: Sequence["Bound"], rerun: Callable[[], None], stream=None) -> bool:
-    """Prepare every bound, run ``rerun`` once on ``stream`` with every rank in step, wait for the peers' writes."""
-    for b in bounds:
-        b.prepare()
+def checked_run(rk: Rank, prepare: Callable[[], None], rerun: Callable[[], None], stream=None) -> None:
+    """``prepare`` (poison outputs, restore inputs), then ``rerun`` once on ``stream`` with every rank in step, and
+    wait for the peers' writes."""
+    prepare()
     synchronize()
     rk.barrier()
     with on_stream(stream):
         rerun()
     synchronize()
     rk.barrier()  # peers' writes into us are complete
-    return True
 
 
 def dma_caller(comm, spec: ops.OpSpec, **options):

@@ -201,7 +201,7 @@ def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                          **r, "idle_power_w": idle_w} for i, r in enumerate(idle)]
     for i, nbytes in enumerate(sizes):
         for op in cfg["ops"]:
-            sent = ops.get(op).bus_bytes(nbytes, world)
+            sent = round(ops.get(op).bus_bytes(nbytes, world))
             for pt in power_points(op, cfg["impls"]):
                 b = Bound(rk, baselines, pt, nbytes, 7919 * (i + 1))
                 probe = harness.capture(b.run, 10, warmup=3)

@@ -126,21 +126,20 @@ class Bound:
         self.calls = itertools.count()
         self.last = self.bounds[0]  # the bound the last call wrote (for a graph: the last captured call's)
         self.sums_in_place = self.bounds[0].sums_in_place  # see harness.Bound
-
+        self.options = dma_options(pt)
     def run(self) -> None:
         if len(self.bounds) == 1:
             return self.bounds[0].run()
         k = next(self.calls)
         self.last = b = self.bounds[k % 2]
         extra = () if b.counts is None else (b.counts,)
-        b.rk.comm.collective(b.spec.name, b.out, b.inp, *extra, handshake="lean" if k else "full",
-                             **dma_options(self.pt))
+        b.rk.comm.collective(b.spec.name, b.out, b.inp, *extra, handshake="lean" if k else "full", **self.options)
 
     def check(self, rerun: Callable[[], None]) -> bool:
         """The output the last call wrote, after one more call (or replay); a peer copy fills only the chunk from
         one peer."""
         if self.pt.impl != "peer_copy":
-            harness.checked_run(self.bounds[0].rk, self.bounds, rerun)
+            harness.checked_run(self.bounds[0].rk, lambda: [b.prepare() for b in self.bounds], rerun)
             return self.last.right()
         return check_peer_copy(self.bounds[0], rerun)
 
@@ -150,12 +149,7 @@ def check_peer_copy(first: harness.Bound, rerun: Callable[[], None]) -> bool:
     chunk = first.spec.peer_bytes(first.inp.numel() * first.inp.element_size(), rk.world)
     start, end = peer_chunk(rk.rank, rk.world, chunk)
     landing = rk.sym_out[start:end]
-    poison(first.spec, landing)
-    harness.synchronize()
-    rk.barrier()
-    rerun()
-    harness.synchronize()
-    rk.barrier()
+    harness.checked_run(rk, lambda: poison(first.spec, landing), rerun)
     sender = (rk.rank - 1) % rk.world
     return compare_bytes(landing, first.inputs[sender].view(torch.uint8)[:chunk], "sender's input") is None
 
@@ -180,21 +174,22 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
     # NCCL's copy-engine path switches torch's symmetric-memory backend globally: the CLI runs it alone
     uses_heap = bool(set(HEAP_IMPLS) & set(cfg.impls))
     lean = any(h == "lean" for h in cfg.handshakes)
-    rk = harness.Rank(rank, world, pool_bytes=cfg.max_bytes if uses_heap else 0, extra_outputs=int(lean),
-                      dtype=cfg.dtype)
-    if not uses_heap:  # the baselines' private buffers only
-        rk.priv_in = torch.empty(cfg.max_bytes, dtype=torch.uint8, device=rk.device)
-        rk.priv_out = torch.empty(world * cfg.max_bytes, dtype=torch.uint8, device=rk.device)
+    reduces = any(ops.get(op).reduces for op in cfg.ops)  # their calls need staging as large as their inputs
+    rk = harness.Rank(rank, world, pool_bytes=cfg.max_bytes, extra_outputs=int(lean), dtype=cfg.dtype,
+                      staging_bytes=0 if reduces else 1 << 20, communicator=uses_heap)
     baselines = Baselines(rk, cfg.max_bytes)
     plan = [(nbytes, op, pt, mode) for nbytes in cfg.sizes() for op in cfg.ops
             for pt in points(cfg, op, world) for mode in cfg.modes
             # inside a graph there is nothing to prerecord, and replays do not submit anything
             if not ((pt.prerecord or pt.submit == "native") and mode == "graph")]
     rows: list[dict] = []
+    seeds: dict[tuple, int] = {}
     started = time.monotonic()
     for i, (nbytes, op, pt, mode) in enumerate(plan, 1):
         try:
-            res = measure(rk, cfg, baselines, pt, nbytes, mode, cfg.seed * 1000 + i)
+            # one set of inputs per (size, op), shared by its implementations (harness.Rank.inputs keeps it)
+            res = measure(rk, cfg, baselines, pt, nbytes, mode, cfg.seed * 1000 + seeds.setdefault((nbytes, op),
+                                                                                               len(seeds)))
             local = {"status": "ok", "error": "", **harness.summarize(res["samples"]), "correct": res["correct"],
                      "chosen": res["chosen"]}
         except Exception as e:  # noqa: BLE001 - a failing implementation is a result, not a crash

@@ -16,8 +16,8 @@ def cmd_docs(a: argparse.Namespace) -> int:
     from ..analysis import docs
 
     problems = []
-    for name in a.files or DOCUMENTS:
-        path = Path(name)
+    for path in [Path(f) for f in a.files] or [docs.ROOT / f for f in DOCUMENTS]:
+        name = path.name
         if a.check:
             problems += [f"{name}: block '{b}' is stale" for b in docs.stale(path)]
         else:

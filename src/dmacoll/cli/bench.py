@@ -3,7 +3,6 @@ sizes), `ficco`, and `amd-dmalatte` (the authors' benchmark output as a sweep ta
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -34,6 +33,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 def cmd_tune(a: argparse.Namespace) -> int:
     """Measure every dma variant (or read a sweep) and write the fastest per (op, size, mode, place)."""
+    from ..analysis import load
     from ..analysis.tuning_table import derive
     from ..bench import provenance
 
@@ -46,8 +46,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
         if rc:
             return rc
         csvs = [sweep_csv]
-    prov = json.loads(Path(csvs[0]).with_suffix(".json").read_text())
-    table = derive(csvs, prov)
+    table = derive(csvs, load.provenance(csvs[0]))
     provenance.write_atomic(out, table.to_json())
     print(f"wrote {out}: {len(table.entries)} entries from {csvs} (world {table.meta['world']}, "
           f"{table.meta['gpu']}, code {str(table.meta['source_git_sha'])[:10]})")

@@ -29,7 +29,7 @@ class AllGather(OpSpec):
         size = nbytes(input)
         in_place = input.data_ptr() == output.data_ptr() + group.rank * size and size > 0
         return Request(output, input, (size, in_place), size, in_place,
-                       exchange_plans(all_gather_exchange(group.world, size, in_place), group.rank))
+                       exchange_plans(lambda: all_gather_exchange(group.world, size, in_place), group.rank))
 
     def reference(self, inputs, rank, counts=None) -> torch.Tensor:
         return torch.cat([x.reshape(-1) for x in inputs])

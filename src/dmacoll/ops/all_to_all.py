@@ -26,8 +26,8 @@ class AllToAll(OpSpec):
             raise InvalidArgument(f"all_to_all output has {output.numel()} elements but input has "
                                   f"{input.numel()}; equal-split all_to_all needs the same number")
         chunk = nbytes(input) // world
-        ex = all_to_all_exchange([[chunk] * world for _ in range(world)])
-        return Request(output, input, (chunk,), nbytes(input), False, exchange_plans(ex, group.rank))
+        return Request(output, input, (chunk,), nbytes(input), False, exchange_plans(
+            lambda: all_to_all_exchange([[chunk] * world for _ in range(world)]), group.rank))
 
     def reference(self, inputs, rank, counts=None) -> torch.Tensor:
         world = len(inputs)

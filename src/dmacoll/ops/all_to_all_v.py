@@ -51,8 +51,10 @@ class AllToAllV(OpSpec):
                                   f"output has only {output.numel()}")
         size = input.element_size()
         matrix = tuple(tuple(c * size for c in row) for row in counts)
-        return Request(output, input, (matrix,), input.numel() * size, False,
-                       exchange_plans(all_to_all_exchange([list(row) for row in matrix]), rank))
+        # the tuning table is looked up by the largest row, the same on every rank (each rank's own row or buffer
+        # would let ranks pick different variants, whose plans do not meet)
+        return Request(output, input, (matrix,), max(map(sum, matrix)), False,
+                       exchange_plans(lambda: all_to_all_exchange([list(row) for row in matrix]), rank))
 
     def reference(self, inputs, rank, counts=None) -> torch.Tensor:
         chunks = []

@@ -30,11 +30,12 @@ class ReduceScatter(OpSpec):
             raise InvalidArgument(f"reduce_scatter input has {input.numel()} elements but needs world x output = "
                                   f"{group.world} x {output.numel()} = {group.world * output.numel()}")
         size, dtype, world, rank = nbytes(output), dtype_name(output.dtype), group.world, group.rank
-        return Request(output, input, (size, dtype), nbytes(input), False, scratch_plans(
+        in_place = output.data_ptr() == input.data_ptr() + rank * size and size > 0
+        return Request(output, input, (size, dtype), nbytes(input), in_place, scratch_plans(
             lambda v, d, layout, engines: reduce_scatter_plans(world, size, rank, dtype, v, d, layout, engines)))
 
     def reference(self, inputs, rank, counts=None) -> torch.Tensor:
-        return torch.stack([x.reshape(-1) for x in inputs]).sum(0).chunk(len(inputs))[rank]
+        return torch.stack([x.reshape(-1).chunk(len(inputs))[rank] for x in inputs]).sum(0)
 
     def in_place_views(self, output, input, rank):
         n = output.numel()

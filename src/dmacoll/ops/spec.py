@@ -19,7 +19,6 @@ peer (all-to-all, reduce-scatter) or all of it (all-gather, all-reduce).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
@@ -43,21 +42,23 @@ class Group(NamedTuple):
     device: torch.device
 
 
-@dataclass(frozen=True)
-class Request:
-    """One checked call: its tensors, what its plans depend on, and how to build them."""
+class Request(NamedTuple):
+    """One checked call: its tensors, what its plans depend on, and how to build them (only on a cache miss: the
+    key is all a cached call needs)."""
 
     output: torch.Tensor
     input: torch.Tensor
     key: tuple          # with the options and buffer offsets: the plan cache's key
-    nbytes: int         # one rank's input bytes: the size a tuning table is looked up by
+    nbytes: int         # the size a tuning table is looked up by: the same on every rank
     in_place: bool
     build: PlanBuilder
 
 
-def exchange_plans(ex: Exchange, rank: int) -> PlanBuilder:
-    """The builder of a collective that is one exchange (the only kind the lean handshake applies to)."""
+def exchange_plans(exchange: Callable[[], Exchange], rank: int) -> PlanBuilder:
+    """The builder of a collective that is one exchange (the only kind the lean handshake applies to); the exchange
+    is made only when plans are built."""
     def build(variant: str, direction: str, layout: Layout, handshake: Handshake, engines: int):
+        ex = exchange()
         return ((build_plan(ex, rank, variant, direction, layout, engines, handshake),),
                 staging_bytes(ex, rank, direction, layout))
     return build

@@ -23,7 +23,7 @@ DTYPES = {
     "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
 }
 POISON = 0xA5
-INT_SUM_RANGE = 1 << 20  # integer inputs of sums lie in [-range, range): no overflow at any world size
+INT_SUM_RANGE = 1 << 20  # integer inputs of sums lie in [-range, range]: no overflow at any world size
 EXACT_SUM_RANGE = 4      # exact_sums: float inputs in [-4, 4], so any sum of up to 32 ranks is exact in bf16
 
 
@@ -68,11 +68,14 @@ def poison(spec: OpSpec, *outputs: torch.Tensor) -> None:
 
 
 def mismatch(spec: OpSpec, got: torch.Tensor, inputs: Sequence[torch.Tensor], rank: int, counts: Counts = None,
-             what: str = "reference") -> Optional[str]:
-    """None if ``got`` is ``rank``'s right output, else what is wrong."""
-    want, magnitude = expected(spec, inputs, rank, counts)
-    if magnitude is None or not fuzzy(spec, got.dtype):
+             what: str = "reference", exact_sums: bool = False) -> Optional[str]:
+    """None if ``got`` is ``rank``'s right output, else what is wrong. ``exact_sums``: the inputs came from
+    ``draw(..., exact_sums=True)``, so a sum is exact in the inputs' own dtype and compared byte for byte."""
+    if exact_sums or not fuzzy(spec, got.dtype):
+        want = spec.reference(inputs, rank, counts) if exact_sums or not spec.reduces else \
+            expected(spec, inputs, rank, counts)[0]
         return compare_bytes(got, want.to(got.dtype), what)
+    want, magnitude = expected(spec, inputs, rank, counts)
     return compare_sum(got, want, magnitude, len(inputs), what)
 
 

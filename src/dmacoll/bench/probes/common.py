@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 from ...errors import BackendUnavailable
 from ...sizes import count, parse_size
@@ -40,6 +40,48 @@ def gemm_and_side_operands(copy_bytes: int, add_elements: int) -> tuple:
     src = torch.randint(0, 255, (copy_bytes,), dtype=torch.uint8, device=0)
     x, y = (torch.randn(add_elements, device=0, dtype=torch.bfloat16) for _ in range(2))
     return a, torch.empty_like(a), src, torch.empty_like(src), x, y, torch.empty_like(x)
+
+
+def stream_time_us(fn: Callable[[], None], stream) -> float:
+    """Microseconds of ``fn``'s work on ``stream`` alone (the GPU idle before it), by CUDA events."""
+    import torch
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    with torch.cuda.stream(stream):
+        fn()
+    end.record(stream)
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def next_to_gemms(side: Callable[[], None], side_stream, gemms: Optional[Callable[[], None]], comp, hold: int,
+                  delay: int) -> tuple[float, float]:
+    """(side issue -> side end, release -> GEMMs' end) in us: both streams sleep from one instant (``hold`` GPU
+    cycles, one block each on an idle GPU), so both sides are queued before either starts, with no cross-stream
+    wait (which would need an SM while the GEMMs hold them all); the side sleeps ``delay`` cycles longer, so it
+    arrives while a GEMM runs. ``gemms`` None: the side alone (the second time is nan)."""
+    import torch
+
+    torch.cuda.synchronize()
+    release, side_start, side_end, gemm_end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
+    if gemms is not None:
+        with torch.cuda.stream(comp):
+            torch.cuda._sleep(hold)
+        release.record(comp)
+        with torch.cuda.stream(comp):
+            gemms()
+        gemm_end.record(comp)
+    with torch.cuda.stream(side_stream):
+        torch.cuda._sleep(hold + delay)
+    side_start.record(side_stream)
+    with torch.cuda.stream(side_stream):
+        side()
+    side_end.record(side_stream)
+    torch.cuda.synchronize()
+    return (side_start.elapsed_time(side_end) * 1e3,
+            release.elapsed_time(gemm_end) * 1e3 if gemms is not None else float("nan"))
 
 
 # -- argument types shared by the probes ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ import argparse
 import ctypes
 import statistics
 
-from .common import Table, add_repeats, count, driver, gemm_and_side_operands, size_multiple_of
+from .common import Table, add_repeats, count, driver, gemm_and_side_operands, next_to_gemms, size_multiple_of
 
 NAME = "few_sm_kernels"
 HELP = "copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a carved-out GEMM (1 GPU)"
@@ -166,34 +166,18 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
     hold, delay = int(200 * cycles), int(SIDE_DELAY_US * cycles)
 
     def gemms():
-        with torch.cuda.stream(comp):
-            for _ in range(3):
-                torch.mm(a, a, out=c)
+        for _ in range(3):
+            torch.mm(a, a, out=c)
 
     def once(side, with_gemms: bool) -> tuple[float, float]:
-        """(side issue -> end, release -> GEMMs' end): both streams sleep from one instant, the side longer."""
-        torch.cuda.synchronize()
-        release, side_start, side_end, gemm_end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
-        if with_gemms:
-            with torch.cuda.stream(comp):
-                torch.cuda._sleep(hold)
-            release.record(comp)
-            gemms()
-            gemm_end.record(comp)
-        with torch.cuda.stream(side_stream):
-            if with_gemms:
-                torch.cuda._sleep(hold + delay)
-            side_start.record(side_stream)
-            side()
-            side_end.record(side_stream)
-        torch.cuda.synchronize()
-        return (side_start.elapsed_time(side_end) * 1e3,
-                release.elapsed_time(gemm_end) * 1e3 if with_gemms else float("nan"))
+        return next_to_gemms(side, side_stream, gemms if with_gemms else None, comp, hold,
+                             delay if with_gemms else 0)
 
     rows = []
     for carveout in (None, *args.carveouts):  # None: the side job alone on an idle GPU
         torch._C._set_sm_carveout_experimental(carveout)
-        gemms()  # cuBLASLt's choice for this carveout
+        with torch.cuda.stream(comp):
+            gemms()  # cuBLASLt's choice for this carveout
         for (name, threads, unroll, blocks), (side, check, nbytes) in sides.items():
             z.zero_()  # a kernel that wrote nothing fails its check
             dst.zero_()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from .common import Table, add_repeats, driver, size_multiple_of
+from .common import Table, add_repeats, driver, next_to_gemms, size_multiple_of, stream_time_us
 
 NAME = "local_copy_paths"
 HELP = "a device-local copy issued several ways (driver calls, graph, VMM, host bounce) next to GEMMs (1 GPU)"
@@ -144,40 +144,19 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
     cycles = sleep_cycles_per_us()
     hold, delay = int(200 * cycles), int(100 * cycles)
 
+    def gemms() -> None:
+        for _ in range(3):
+            torch.mm(a, a, out=c)
+
     def time_one(issue, order: str) -> tuple[float, float]:
-        """(copy issue -> copy end, release -> GEMMs' end) in us."""
+        """(copy issue -> copy end, release -> GEMMs' end) in us; gemm_running: the copy arrives while the first
+        GEMM holds the SMs."""
         copy_stream = high if order.endswith("_high") else normal
-        torch.cuda.synchronize()
-        release, copy_start, copy_end, gemm_end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
-        # Both streams sleep from the same instant (one block each on an idle GPU), so both sides are queued
-        # before either starts; no cross-stream wait, which would need an SM while the GEMM holds them all.
-        with torch.cuda.stream(comp):
-            torch.cuda._sleep(hold)
-        release.record(comp)
-        if order != "alone":
-            with torch.cuda.stream(comp):
-                for _ in range(3):
-                    torch.mm(a, a, out=c)
-            gemm_end.record(comp)
-        with torch.cuda.stream(copy_stream):  # gemm_running: the first GEMM holds the SMs when the copy comes
-            torch.cuda._sleep(hold + (delay if order.startswith("gemm_running") else 0))
-        copy_start.record(copy_stream)
-        issue(copy_stream)
-        copy_end.record(copy_stream)
-        torch.cuda.synchronize()
-        gemm = release.elapsed_time(gemm_end) * 1e3 if order != "alone" else float("nan")
-        return copy_start.elapsed_time(copy_end) * 1e3, gemm
+        return next_to_gemms(lambda: issue(copy_stream), copy_stream, None if order == "alone" else gemms, comp,
+                             hold, delay if order.startswith("gemm_running") else 0)
 
     def gemms_alone() -> float:
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(comp)
-        with torch.cuda.stream(comp):
-            for _ in range(3):
-                torch.mm(a, a, out=c)
-        end.record(comp)
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3
+        return stream_time_us(gemms, comp)
 
     gemms_alone()  # warm-up
     gemm_alone_us = statistics.median(gemms_alone() for _ in range(args.repeats))

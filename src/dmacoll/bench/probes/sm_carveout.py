@@ -27,7 +27,8 @@ import argparse
 import statistics
 
 from ...sizes import human
-from .common import Table, add_repeats, count, gemm_and_side_operands, size_multiple_of
+from .common import Table, add_repeats, count, gemm_and_side_operands, next_to_gemms, size_multiple_of, \
+    stream_time_us
 
 NAME = "sm_carveout"
 HELP = "SM carveouts, green contexts: does a copy / bf16 add next to GEMMs find free SMs; their GEMM cost (1 GPU)"
@@ -98,33 +99,10 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
             for _ in range(3):
                 torch.mm(a, a, out=c)
 
-    def timed(fn, stream) -> float:
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        with torch.cuda.stream(stream):
-            fn()
-        end.record(stream)
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3
+    timed = stream_time_us
 
     def side_by_side(side, comp) -> tuple[float, float]:
-        """(side issue -> end, release -> GEMMs' end): both streams sleep from one instant, the side longer."""
-        torch.cuda.synchronize()
-        release, side_start, side_end, gemm_end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
-        with torch.cuda.stream(comp):
-            torch.cuda._sleep(hold)
-        release.record(comp)
-        gemms(comp)
-        gemm_end.record(comp)
-        with torch.cuda.stream(side_stream):
-            torch.cuda._sleep(hold + delay)
-        side_start.record(side_stream)
-        with torch.cuda.stream(side_stream):
-            side()
-        side_end.record(side_stream)
-        torch.cuda.synchronize()
-        return side_start.elapsed_time(side_end) * 1e3, release.elapsed_time(gemm_end) * 1e3
+        return next_to_gemms(side, side_stream, lambda: gemms(comp), comp, hold, delay)
 
     rows = []
     for blas in ("cublas", "cublaslt"):
