@@ -55,7 +55,10 @@ def _stream_machinery(rank: int, world: int) -> dict:
     eng = _engine()
     x = torch.zeros(1, dtype=torch.int32, device="cuda")
     x.fill_(0), x.add_(1), x.zero_(), x.item()  # load the kernels now: a lazy load behind a closed gate deadlocks
-    info: dict = {}
+    from cuda.bindings import driver
+
+    info: dict = {"driver": driver.cuDriverGetVersion()[1], "refusal": eng.memop_refusal,
+                  "remote_memop_writes": eng.remote_memop_writes}
     eng.gate_open(2)
     x.fill_(7)  # on the gate stream, behind the gate's wait
     eng.gate_close(2)
@@ -87,7 +90,14 @@ def _stream_machinery(rank: int, world: int) -> dict:
 
 
 def test_gates_prerecorded_replays_and_forked_queues():
+    from dmacoll.backends.cuda import REMOTE_MEMOP_WRITES_UP_TO
+
     info = run_ranks(_stream_machinery, 1, device="cuda", timeout_s=120)[0]
+    driver, refusal = info.pop("driver"), info.pop("refusal")
+    print(f"driver {driver}: remote memop writes {'refused: ' + refusal if refusal else 'accepted'}")
+    # the self-test's verdict is the flag, and a driver the table says takes the writes passes it
+    assert info.pop("remote_memop_writes") == (refusal == "")
+    assert (refusal == "") == (driver <= REMOTE_MEMOP_WRITES_UP_TO), refusal
     assert info == {"before_release": 0, "after_release": 7, "after_replays": 10, "graphs": 1,
                     "parallel": [1, 2, 3]}
 
