@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from . import load as results
-from .rules import Node, Test, learn, pick, score, skipped
+from .rules import Test, by_option, learn_and_score, pick, skipped
 
 SHAPE = ["compute", "M", "N", "K"]
 KEYS = SHAPE + ["op", "target_ratio"]
@@ -88,17 +88,9 @@ def summary_table(coll: pd.DataFrame) -> pd.DataFrame:
     return out.round(3).reset_index(drop=True)
 
 
-def by_option(coll: pd.DataFrame, value: str, worst) -> pd.DataFrame:
-    """``value`` per scenario (rows) and option (columns); an option that did not run in a scenario gets the
-    baseline's value there (a runtime that cannot run its pick runs the default), else ``worst`` of the row."""
-    table = coll.pivot_table(index=KEYS, columns="option", values=value, aggfunc="first")
-    fallback = table["baseline"] if "baseline" in table else worst(table, axis=1)
-    return table.apply(lambda col: col.fillna(fallback))
-
-
 def scenarios(coll: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(features, T_c3 per option) indexed by scenario; missing options filled with the baseline's time."""
-    times = by_option(coll, "t_c3_us", pd.DataFrame.max).dropna()
+    times = by_option(coll, KEYS, "t_c3_us", "baseline", pd.DataFrame.max).dropna()
     feats = coll.groupby(KEYS).agg(bound=("bound", "first"), gflop=("gflop", "first"),
                                    ratio_nccl=("ratio_nccl", "median")).reindex(times.index)
     target = feats.index.get_level_values("target_ratio").to_series(index=feats.index).astype(float)
@@ -130,21 +122,13 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 3, min_
     test = held_out(feats)
     if test.all() or not test.any():
         raise ValueError("need at least two shapes to hold one out")
-    tests = candidate_tests(feats[~test])
-    rule = learn(feats[~test], times[~test], tests, depth, min_leaf, min_gain)
-    single = learn(feats[~test], times[~test], tests, 0)
-    fractions = by_option(coll, "fraction_of_ideal", pd.DataFrame.min).reindex(index=times.index,
-                                                                               columns=times.columns)
-    rows = []
-    for name, model in (("rule", rule), ("always " + str(single.pick), single)) + (
-            (("always baseline", Node(pick="baseline")),) if "baseline" in times and single.pick != "baseline"
-            else ()):
-        for part, m in (("train", ~test), ("test", test)):
-            picks = model.predict(feats[m])
-            rows.append({"model": name, "set": part, **score(picks, times[m]),
-                         "mean_fraction_of_ideal": float(np.mean(pick(fractions[m], picks)))})
+    fractions = by_option(coll, KEYS, "fraction_of_ideal", "baseline", pd.DataFrame.min).reindex(
+        index=times.index, columns=times.columns)
+    rule, scores = learn_and_score(
+        feats, times, test, candidate_tests(feats[~test]), "baseline", depth, min_leaf, min_gain,
+        extra=lambda picks, m: {"mean_fraction_of_ideal": float(np.mean(pick(fractions[m], picks)))})
     best = times.idxmin(axis=1)
-    return {"rule": rule, "text": rule.text(), "scores": pd.DataFrame(rows),
+    return {"rule": rule, "text": rule.text(), "scores": scores,
             "held_out": sorted(set(feats.index[test].droplevel(["op", "target_ratio"]))),
             "best_counts": best.value_counts().to_dict(), "features": feats, "times": times, "test_mask": test}
 

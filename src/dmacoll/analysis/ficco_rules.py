@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from . import load as results
-from .rules import Node, Test, learn, score, skipped
+from .rules import Test, by_option, learn_and_score, skipped
 
 KEYS = ["model", "pattern", "tokens", "world"]
 DEFAULT = "nccl serial"
@@ -36,7 +36,8 @@ def load(paths: Sequence[str]) -> pd.DataFrame:
 
 
 def collapse(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (scenario, option) measured and correct on every rank: the slowest rank's times, speedups and losses recomputed from them."""
+    """One row per (scenario, option) measured and correct on every rank: the slowest rank's times, speedups and
+    losses recomputed from them."""
     from ..bench.ficco_grid import pipeline_time
 
     good = ~skipped(df) & (df["correct"].astype(str) == "True")
@@ -90,9 +91,7 @@ def losses(coll: pd.DataFrame) -> pd.DataFrame:
 
 def scenarios(coll: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(features, time per option) indexed by scenario."""
-    times = coll.pivot_table(index=KEYS, columns="option", values="t_us", aggfunc="first")
-    fallback = times[DEFAULT] if DEFAULT in times else times.max(axis=1)
-    times = times.apply(lambda col: col.fillna(fallback)).dropna()
+    times = by_option(coll, KEYS, "t_us", DEFAULT, pd.DataFrame.max).dropna()
     feats = coll.groupby(KEYS).agg(gflop=("gflop", "first"), ratio=("est_ratio", "first")).reindex(times.index)
     feats["op"] = feats.index.get_level_values("pattern")
     feats["tokens"] = feats.index.get_level_values("tokens").astype(float)
@@ -121,17 +120,9 @@ def fit_and_evaluate(coll: pd.DataFrame, depth: int = 2, min_leaf: int = 2, min_
         raise ValueError(f"need at least two models to hold one out, have {models}")
     held = holdout or holdout_model(models)
     test = (feats["model"] == held).to_numpy()
-    cands = candidate_tests(feats[~test])
-    rule = learn(feats[~test], times[~test], cands, depth, min_leaf, min_gain)
-    single = learn(feats[~test], times[~test], cands, 0)
-    refs = [("rule", rule), ("always " + str(single.pick), single)]
-    refs += [("always " + DEFAULT, Node(pick=DEFAULT))] if DEFAULT in times and single.pick != DEFAULT else []
-    rows = []
-    for name, model in refs:
-        for part, m in (("train", ~test), ("test", test)):
-            if m.any():
-                rows.append({"model": name, "set": part, **score(model.predict(feats[m]), times[m])})
-    return {"rule": rule, "text": rule.text(), "scores": pd.DataFrame(rows), "held_out": held,
+    rule, scores = learn_and_score(feats, times, test, candidate_tests(feats[~test]), DEFAULT, depth, min_leaf,
+                                   min_gain)
+    return {"rule": rule, "text": rule.text(), "scores": scores, "held_out": held,
             "train_models": [m for m in models if m != held], "best": times.idxmin(axis=1),
             "features": feats, "times": times, "test_mask": test}
 

@@ -99,3 +99,30 @@ def score(picks: np.ndarray, times: pd.DataFrame) -> dict:
             "mean_regret": float(np.mean(chosen / best - 1))}
 
 
+
+
+def by_option(coll: pd.DataFrame, keys: Sequence[str], value: str, default: str, worst) -> pd.DataFrame:
+    """``value`` per scenario (rows) and option (columns); an option that did not run in a scenario gets the
+    ``default`` option's value there (a runtime that cannot run its pick runs the default), else ``worst`` of the
+    row."""
+    table = coll.pivot_table(index=list(keys), columns="option", values=value, aggfunc="first")
+    fallback = table[default] if default in table else worst(table, axis=1)
+    return table.apply(lambda col: col.fillna(fallback))
+
+
+def learn_and_score(feats: pd.DataFrame, times: pd.DataFrame, test: np.ndarray, candidates: Sequence[Test],
+                    default: str, depth: int, min_leaf: int, min_gain: float, extra=None) -> tuple[Node, pd.DataFrame]:
+    """The rule learned on the scenarios outside ``test``, and its scores on both sets next to two references:
+    always the single best option on train, always ``default``. ``extra(picks, mask)`` adds columns to a row."""
+    rule = learn(feats[~test], times[~test], candidates, depth, min_leaf, min_gain)
+    single = learn(feats[~test], times[~test], candidates, 0)
+    refs = [("rule", rule), ("always " + str(single.pick), single)]
+    refs += [("always " + default, Node(pick=default))] if default in times and single.pick != default else []
+    rows = []
+    for name, model in refs:
+        for part, m in (("train", ~test), ("test", test)):
+            if m.any():
+                picks = model.predict(feats[m])
+                rows.append({"model": name, "set": part, **score(picks, times[m]),
+                             **(extra(picks, m) if extra else {})})
+    return rule, pd.DataFrame(rows)
