@@ -20,9 +20,9 @@ def test_reference_results_have_provenance_and_all_columns():
     x4 = ROOT / "results/h200x4/operator"
     for csv in CSVS + [str(x4 / run / "data.csv") for run in ("sweep_all_gather", "sweep_all_to_all", "nccl_ce")]:
         df = pd.read_csv(csv)
-        # in order; `submit`, `handshake` came later and report.load fills in their defaults for older sweeps
+        # in order; `submit`, `handshake`, `wait` came later and report.load fills in their defaults for older sweeps
         assert list(df.columns) == [c for c in COLUMNS if c in df.columns]
-        assert set(COLUMNS) - set(df.columns) <= {"submit", "handshake"}
+        assert set(COLUMNS) - set(df.columns) <= {"submit", "handshake", "wait"}
         side = Path(csv).with_suffix(".json")
         assert side.exists()
         text = side.read_text()
@@ -81,7 +81,7 @@ def test_ratio_table_picks_fastest_correct_dma():
     rows = []
     for impl, variant, t in (("nccl", "", 10.0), ("dma", "pcpy", 8.0), ("dma", "b2b", 6.0)):
         rows.append({"op": "all_gather", "impl": impl, "variant": variant, "direction": "push", "place": "out",
-                     "signal": "memop", "prerecord": False, "submit": "python", "handshake": "full",
+                     "signal": "memop", "wait": "memop", "prerecord": False, "submit": "python", "handshake": "full",
                      "mode": "graph", "bytes_per_rank": 4096, "time_us": t, "busbw_GBps": 1.0, "status": "ok", "correct": True,
                      "error": ""})
     rows.append({**rows[-1], "variant": "multi", "time_us": 1.0, "correct": False})  # wrong: never picked
@@ -175,7 +175,7 @@ def test_a_measured_no_options_call_is_the_default_where_a_sweep_has_one():
     for impl, variant, t in (("nccl", "", 10.0), ("dma_default", "b2b", 9.0), ("dma", "pcpy", 8.0),
                              ("dma", "b2b", 6.0)):
         rows.append({"op": "all_gather", "impl": impl, "variant": variant, "direction": "push", "place": "out",
-                     "signal": "memop", "prerecord": False, "submit": "python", "handshake": "full", "mode": "graph",
+                     "signal": "memop", "wait": "memop", "prerecord": False, "submit": "python", "handshake": "full", "mode": "graph",
                      "bytes_per_rank": 4096, "time_us": t, "busbw_GBps": 1.0, "status": "ok", "correct": True,
                      "error": "", "ok": True})
     p = report.picks(pd.DataFrame(rows))

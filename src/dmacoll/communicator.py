@@ -29,7 +29,7 @@ import torch.distributed as dist
 from . import ops, tuning, validate
 from .backends import engine_class, make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
-from .executor import GATES, SIGNAL_MODES, SYNC_MODES, Program, flag_words, lower, run
+from .executor import GATES, SIGNAL_MODES, SYNC_MODES, WAIT_MODES, Program, flag_words, lower, run
 from .plan import DIRECTIONS, DONE, DONE_ALT, FULL, VARIANTS, Handshake, Layout, Wait
 
 ALIGN = 512
@@ -56,6 +56,7 @@ class Options:
     prerecord: bool = False
     submit: str = "python"
     handshake: str = "full"
+    wait: str = "memop"
 
     def override(self, changes: dict, engine) -> "Options":
         if not changes:  # the common call: nothing to check again
@@ -69,7 +70,7 @@ class Options:
     def checked(self, engine) -> "Options":
         for name, allowed in (("variant", VARIANTS + ("auto",)), ("direction", DIRECTIONS + ("auto",)),
                               ("sync", SYNC_MODES), ("signal", SIGNAL_MODES), ("submit", SUBMITS),
-                              ("handshake", HANDSHAKES)):
+                              ("handshake", HANDSHAKES), ("wait", WAIT_MODES)):
             if getattr(self, name) not in allowed:
                 raise InvalidArgument(f"{name}={getattr(self, name)!r} is not one of {allowed}")
         if self.signal != "memop" and self.sync == "epoch":
@@ -82,6 +83,16 @@ class Options:
                                   f"{engine.name!r}")
         if self.submit == "native" and self.signal == "kernel":
             raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy'")
+        if self.wait != "memop":
+            if self.signal == "kernel":
+                raise InvalidArgument(f"wait={self.wait!r} polls dmacoll's flag words, and signal='kernel' sets "
+                                      "PyTorch's signal pads instead: use signal='memop' or 'copy'")
+            if not engine.spin_waits:
+                raise InvalidArgument(f"wait={self.wait!r} runs CUDA kernels; on backend={engine.name!r} use "
+                                      "wait='memop'")
+            if self.submit == "native":
+                raise InvalidArgument(f"submit='native' issues driver calls only, and wait={self.wait!r} launches "
+                                      "a kernel: use wait='memop'")
         return self
 
     def on(self, engine) -> "Options":
@@ -146,6 +157,10 @@ class Communicator:
     ``signal``: how a flag reaches a peer, ``memop`` (cuStreamWriteValue32), ``copy``
     (a 4-byte copy-engine copy queued behind the data) or ``kernel`` (one-thread flag
     kernels; the only option that uses an SM, briefly); the last two need sync='reset';
+    ``wait``: how a rank waits for a flag, ``memop`` (cuStreamWaitValue32 on the stream), ``spin`` (a
+    one-thread kernel polls the flag words and re-arms them: a sliver of one SM while it waits) or ``fold``
+    (``spin``, and a pushed reduction's DONE waits done inside its sum kernel, each slot added as it arrives);
+    cuda only, not with signal='kernel' or submit='native' (see executor.py);
     ``prerecord``: eager calls replay a CUDA graph recorded on first use per (op, size,
     buffers, variant): one launch instead of a command per step (cuda; sync='reset');
     ``submit``: ``python`` (a driver call from Python per step) or ``native`` (the call's
@@ -170,7 +185,7 @@ class Communicator:
                  heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "auto",
                  direction: str = "auto", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
                  engines: int = 2, signal: str = "memop", prerecord: bool = False, submit: str = "python",
-                 handshake: str = "full", tuning_table: Optional[str] = None,
+                 handshake: str = "full", wait: str = "memop", tuning_table: Optional[str] = None,
                  device: Optional[torch.device] = None):
         if not dist.is_initialized():
             raise InvalidArgument("torch.distributed is not initialised; call dist.init_process_group first")
@@ -183,7 +198,7 @@ class Communicator:
         if not 1 <= engines <= 16:
             raise InvalidArgument(f"engines must be between 1 and 16, got {engines}")
         self.backend = resolve(backend)
-        self.options = Options(variant, direction, sync, signal, prerecord, submit, handshake).checked(
+        self.options = Options(variant, direction, sync, signal, prerecord, submit, handshake, wait).checked(
             engine_class(self.backend))
         self.engines = engines
         self.staging = _align(flag_words(self.world) * 4)
@@ -192,7 +207,9 @@ class Communicator:
         self.engine = make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
         try:
             self.options = self.options.on(self.engine)
-        except InvalidArgument:
+            if self.options.wait != "memop":
+                self.engine.load_kernels()
+        except DmaCollError:
             self.engine.close()
             raise
         self.device = self.engine.device
@@ -248,6 +265,8 @@ class Communicator:
             raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
         if opts.submit == "native":
             self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
+        if opts.wait != "memop":
+            self.engine.load_kernels()
         variant, direction = self._choose(spec, request, opts, capturing)
         programs = self._plan(spec, request, opts, variant, direction, capturing, prerecord)
         self._submit(spec, request, opts, programs, variant, direction, prerecord)
@@ -292,7 +311,7 @@ class Communicator:
         # prerecorded graphs and gated calls replay after whatever came before: they never vouch or skip
         context = object() if prerecord or self._gate is not None else self._context(capturing)
         flags = self._lean.flags(spec, opts, direction, context, out_range)
-        key = (spec.name, request.key, variant, direction, opts.sync, opts.signal,
+        key = (spec.name, request.key, variant, direction, opts.sync, opts.signal, opts.wait,
                self.engine.sym_offset(request.input), out_sym, flags)
         programs, done_peers = self._programs.get(key) or self._lower(key, spec, request, opts, variant, direction,
                                                                       flags)
@@ -324,7 +343,7 @@ class Communicator:
         if len(self._programs) >= 4096:  # e.g. all_to_all_v with ever-new splits
             self._programs.clear()
         done = frozenset(c.peer for c in built[-1].post if isinstance(c, Wait) and c.phase in (DONE, DONE_ALT))
-        cached = self._programs[key] = (tuple(lower(plan, opts.sync, opts.signal) for plan in built), done)
+        cached = self._programs[key] = (tuple(lower(plan, opts.sync, opts.signal, opts.wait) for plan in built), done)
         return cached
 
     def _submit(self, spec: ops.OpSpec, request: ops.Request, opts: Options, programs: tuple[Program, ...],
@@ -334,7 +353,7 @@ class Communicator:
         # a sequence number per plan: an epoch wait of a call's second plan must not be met by its first's signals
         first, last = self._epoch + 1, self._epoch + len(programs)
         self._epoch = last
-        label = f"{spec.name} call #{self._calls} ({variant}/{direction}/{opts.sync}/{opts.signal})"
+        label = f"{spec.name} call #{self._calls} ({variant}/{direction}/{opts.sync}/{opts.signal}/{opts.wait})"
         self.last_choice = (variant, direction, opts.sync)
         bases = self.engine.bases(request.input, request.output)
         native = opts.submit == "native"
@@ -353,8 +372,8 @@ class Communicator:
             self.engine.end_call(label, opts.sync, 1 if opts.sync == "reset" else last)
 
         if prerecord:
-            graph_key = (spec.name, request.key, variant, direction, opts.signal, request.input.data_ptr(),
-                         request.output.data_ptr())
+            graph_key = (spec.name, request.key, variant, direction, opts.signal, opts.wait,
+                         request.input.data_ptr(), request.output.data_ptr())
             self.engine.submit(lambda: self.engine.replay_recorded(graph_key, work, label, opts.sync))
         else:
             self.engine.submit(work)  # now, or (host emulator, prelaunch) once the gate opens
@@ -374,7 +393,8 @@ class Communicator:
         it never is before the release: a deadlock that no timeout can break (seen on H200,
         driver 580). Launch the producer's kernels once before opening a gate, or set
         CUDA_MODULE_LOADING=EAGER; a warning says so once per process. reduce_scatter and
-        all_reduce launch a sum kernel themselves: call them once (same dtype) before gating."""
+        all_reduce launch a sum kernel themselves: call them once (same dtype) before gating; the
+        same for a first wait='spin' or 'fold' call (it loads dmacoll's kernels)."""
         if self._gate is not None:
             raise InvalidArgument("a prelaunch gate is already open or pending; call gate.wait() first")
         _warn_lazy_loading(self.backend)

@@ -23,16 +23,26 @@ How a flag travels (``signal``, reset mode only for the last two):
   on the own word until it reads 1 and sets it back to 0 (one op per wait). It
   uses a sliver of one SM while it spins and reacts faster than the stream
   front-end polls a memop wait (``dmacoll breakdown`` measures both).
+
+How a rank waits for a flag (``wait``; with ``signal='kernel'`` the flag kernels wait):
+
+* ``memop``: ``cuStreamWaitValue32`` on the stream (then a write re-arms the word);
+* ``spin``: one thread of one block polls the words of a group of waits with acquire loads, no sleep, and
+  re-arms them itself; the queue's next command starts when it ends;
+* ``fold``: as ``spin``, and the DONE waits in front of a pushed reduction (one per slot, ``Reduce.senders``)
+  go into the sum kernel, which polls each slot's flag before adding that slot (``Folded``): no separate
+  wait, and on more ranks the sum of the slots already there overlaps the others' arrival.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple, Sequence, Union
+from typing import Mapping, NamedTuple, Optional, Sequence, Union
 
-from .plan import NUM_PHASES, Command, Copy, Plan, Reduce, Signal, Wait
+from .plan import DONE, DONE_ALT, NUM_PHASES, Command, Copy, Plan, Reduce, Signal, Wait
 
 SYNC_MODES = ("reset", "epoch")
 SIGNAL_MODES = ("memop", "copy", "kernel")  # how a flag travels (see above)
+WAIT_MODES = ("memop", "spin", "fold")  # how a flag is awaited (see above)
 GATES = 4  # prelaunch gates per communicator (see Communicator.prelaunch)
 
 # A rank's flag words: [collective flags: sync mode x phase x signalling rank | GATES gates | ONE (reads 1) | PROBE]
@@ -72,7 +82,8 @@ def flag_index(world: int, sync: str, phase: int, signaller: int) -> int:
 class MemOp(NamedTuple):
     """A flag operation: write ``value`` to ``rank``'s flag word ``index``, or (``wait``)
     block the queue until the own word is == value (>= with ``geq``). ``via`` says how
-    (see SIGNAL_MODES); a ``kernel`` wait also sets the word back to 0."""
+    (see SIGNAL_MODES, WAIT_MODES); a ``kernel`` or ``spin`` wait of the reset mode also sets the word back
+    to 0."""
 
     wait: bool
     rank: int
@@ -82,7 +93,14 @@ class MemOp(NamedTuple):
     via: str = "memop"
 
 
-Step = Union[Copy, Reduce, tuple]  # a copy, a reduction, or consecutive memory operations issued together
+class Folded(NamedTuple):
+    """A reduction that waits for its slots itself (``wait='fold'``): ``waits[i]`` is slot i's DONE wait."""
+
+    reduce: Reduce
+    waits: tuple[MemOp, ...]
+
+
+Step = Union[Copy, Reduce, Folded, tuple]  # a copy, a reduction, or consecutive flag operations issued together
 
 
 @dataclass(frozen=True)
@@ -96,32 +114,49 @@ class Program:
     epoch: bool  # every flag value is the call's sequence number, filled in by run()
 
 
-def lower(plan: Plan, sync: str = "reset", signal: str = "memop") -> Program:
+def lower(plan: Plan, sync: str = "reset", signal: str = "memop", wait: str = "memop") -> Program:
     if sync not in SYNC_MODES:
         raise ValueError(f"unknown sync mode {sync!r}; choose one of {SYNC_MODES}")
     if signal not in SIGNAL_MODES:
         raise ValueError(f"unknown signal mode {signal!r}; choose one of {SIGNAL_MODES}")
+    if wait not in WAIT_MODES:
+        raise ValueError(f"unknown wait mode {wait!r}; choose one of {WAIT_MODES}")
     if signal != "memop" and sync != "reset":
         raise ValueError(f"signal={signal!r} sends a constant 1: it needs sync='reset'")
+    if signal == "kernel" and wait != "memop":
+        raise ValueError(f"wait={wait!r} polls dmacoll's flag words; signal='kernel' sets PyTorch's signal pads, "
+                         "which its own kernels await")
     value = 1 if sync == "reset" else 0  # epoch mode: a placeholder, see run()
     me, world = plan.rank, plan.world
+    wait_via = "kernel" if signal == "kernel" else ("memop" if wait == "memop" else "spin")
+
+    def fold(reduce: Reduce, ops: list[MemOp]) -> Optional[Folded]:
+        """``reduce`` with its slots' DONE waits taken out of ``ops``, when they are all there."""
+        if wait != "fold" or reduce.senders is None:
+            return None
+        waiting = {op.index % world: op for op in ops if op.wait and op.index // world % NUM_PHASES in (DONE, DONE_ALT)}
+        if not set(reduce.senders) <= set(waiting):
+            return None
+        waits = tuple(waiting[s] for s in reduce.senders)
+        ops[:] = [op for op in ops if op not in waits]
+        return Folded(reduce, waits)
 
     def steps(commands: Sequence[Command]) -> tuple[Step, ...]:
         out: list[Step] = []
         ops: list[MemOp] = []  # consecutive signals/waits go out together (fewer commands)
         for c in commands:
             if isinstance(c, (Copy, Reduce)):
+                folded = fold(c, ops) if isinstance(c, Reduce) else None
                 if ops:
                     out.append(tuple(ops))
                     ops = []
-                out.append(c)
+                out.append(folded or c)
             elif isinstance(c, Signal):
                 ops.append(MemOp(False, c.peer, flag_index(world, sync, c.phase, me), value, via=signal))
             elif isinstance(c, Wait):
                 index = flag_index(world, sync, c.phase, c.peer)
-                kernel = signal == "kernel"  # the waiting kernel consumes the flag itself
-                ops.append(MemOp(True, me, index, value, geq=sync == "epoch", via="kernel" if kernel else "memop"))
-                if sync == "reset" and not kernel:
+                ops.append(MemOp(True, me, index, value, geq=sync == "epoch", via=wait_via))
+                if sync == "reset" and wait_via == "memop":  # a waiting kernel consumes the flag itself
                     ops.append(MemOp(False, me, index, 0))
             else:  # pragma: no cover - plans only hold the four kinds
                 raise TypeError(f"not a command: {c!r}")
@@ -143,6 +178,9 @@ def run(program: Program, engine, bases: Mapping[str, object], epoch: int = 1) -
                 engine.copy(queue, step.src, step.dst, step.nbytes, bases)
             elif type(step) is Reduce:
                 engine.reduce(queue, step, bases)
+            elif type(step) is Folded:
+                engine.folded_reduce(queue, step._replace(waits=tuple(op._replace(value=epoch) for op in step.waits))
+                                     if program.epoch else step, bases)
             else:
                 engine.memops(queue, tuple(op._replace(value=epoch) for op in step) if program.epoch else step)
 
@@ -154,6 +192,6 @@ def run(program: Program, engine, bases: Mapping[str, object], epoch: int = 1) -
 
 
 def execute(plan: Plan, engine, bases: Mapping[str, object], sync: str = "reset", epoch: int = 1,
-            signal: str = "memop") -> None:
+            signal: str = "memop", wait: str = "memop") -> None:
     """Lower and run in one go (callers that repeat a plan keep the Program instead)."""
-    run(lower(plan, sync, signal), engine, bases, epoch)
+    run(lower(plan, sync, signal, wait), engine, bases, epoch)

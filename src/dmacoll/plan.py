@@ -90,7 +90,10 @@ class Reduce:
     """Elementwise sum of ``count`` slots of ``nbytes`` bytes, back to back from ``src``
     (a [count, n] block of ``dtype``), plus ``own`` (``nbytes`` more, if given), into ``dst``.
     Local: every ref is on the calling rank; backends run it on the caller's queue (small
-    kernels on GPUs). ``dst`` may be ``own`` itself (an in-place all-reduce)."""
+    kernels on GPUs). ``dst`` may be ``own`` itself (an in-place all-reduce).
+
+    ``senders`` (push plans): the peer whose DONE says slot i has arrived, so a backend may wait for each slot
+    inside the sum (``wait='fold'``); None where this rank's own copies fill the slots (pull)."""
 
     src: Ref
     dst: Ref
@@ -98,6 +101,7 @@ class Reduce:
     count: int
     dtype: str  # a torch dtype name, e.g. "bfloat16" (plans stay torch-free)
     own: Optional[Ref] = None
+    senders: Optional[tuple[int, ...]] = None
 
 
 Command = Copy | Signal | Wait | Reduce
@@ -374,8 +378,10 @@ def _scatter_plan(chunks: Sequence[int], rank: int, dtype: str, variant: str, di
     if chunks[rank] == 0:
         return plan
     own = _in_ref(layout, rank, offsets[rank], False)
+    # slot i holds rank (rank + 1 + i)'s part (scatter_exchange); pushed, its DONE says it is there
+    senders = tuple((rank + 1 + i) % world for i in range(world - 1)) if direction == "push" else None
     return replace(plan, post=(*plan.post, Reduce(Ref("sym", rank, scratch.recv), out, chunks[rank], world - 1,
-                                                  dtype, own)))
+                                                  dtype, own, senders)))
 
 
 def reduce_scatter_plans(world: int, nbytes: int, rank: int, dtype: str, variant: str = "pcpy",

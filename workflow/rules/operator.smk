@@ -23,6 +23,7 @@ rule operator_sweep:
         impls=" ".join(i for i in OP["impls"] if i != "nccl_ce"),
         modes=" ".join(OP["modes"]),
         signals=" ".join(OP["signals"]),
+        waits=" ".join(OP["waits"]),
         prerecord=" ".join(OP["prerecord"]),
         submit=" ".join(OP["submit"]),
         handshakes=" ".join(OP["handshakes"]),
@@ -30,7 +31,7 @@ rule operator_sweep:
         "../../envs/cuda.yaml"
     shell:
         "{params.py} -m dmacoll sweep --ops {wildcards.op} --impls {params.impls} --modes {params.modes} "
-        "--signals {params.signals} --prerecord {params.prerecord} --submit {params.submit} "
+        "--signals {params.signals} --waits {params.waits} --prerecord {params.prerecord} --submit {params.submit} "
         "--handshakes {params.handshakes} "
         "--min-bytes {params.min_bytes} --max-bytes {params.max_bytes} --repeats {params.repeats} --calls {params.calls} "
         "--out {output.csv} 2>&1 | tee {log}"

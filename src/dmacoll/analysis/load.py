@@ -31,12 +31,13 @@ def provenance(path: str | Path) -> dict:
 def _operator(df: pd.DataFrame) -> pd.DataFrame:
     """Sweeps (operator, NCCL CE, native, AMD-DMA-Latte runs): fill in options older sweeps lack, fix peer_copy."""
     # sweeps from before an option existed ran with its default (a column missing in some files is NaN there)
-    defaults = {"signal": df["impl"].map(lambda i: "memop" if i == "dma" else ""), "prerecord": False,
+    defaults = {"signal": df["impl"].map(lambda i: "memop" if i == "dma" else ""),
+                "wait": df["impl"].map(lambda i: "memop" if i in ("dma", "dma_default") else ""), "prerecord": False,
                 "submit": "python", "handshake": df["impl"].map(lambda i: "full" if i == "dma" else "")}
     for col, default in defaults.items():
         df[col] = df[col].where(df[col].notna(), default) if col in df else default
     df["submit"] = df["submit"].replace("", "python").astype(str)
-    for col in ("variant", "direction", "place", "signal", "handshake", "error"):
+    for col in ("variant", "direction", "place", "signal", "wait", "handshake", "error"):
         df[col] = df[col].astype(str)
     df["prerecord"] = df["prerecord"].astype(str) == "True"
     df["ok"] = (df["status"] == "ok") & (df["correct"].astype(str) == "True")

@@ -37,12 +37,13 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
     sub = df[(df["impl"] == impl) & df["ok"]]
     idx = sub.groupby(["op", "mode", "bytes_per_rank"])["time_us"].idxmin()
     out = sub.loc[idx, ["op", "mode", "bytes_per_rank", "time_us", "busbw_GBps", "variant", "direction", "place",
-                        "signal", "prerecord", "submit", "handshake"]]
+                        "signal", "wait", "prerecord", "submit", "handshake"]]
     return out.set_index(["op", "mode", "bytes_per_rank"])
 
 
 KEYS = ["op", "mode", "bytes_per_rank"]
-DEFAULT = {"place": "out", "signal": "memop", "prerecord": False, "submit": "python", "handshake": "full"}
+DEFAULT = {"place": "out", "signal": "memop", "wait": "memop", "prerecord": False, "submit": "python",
+           "handshake": "full"}
 PICKS = ("default", "tuned", "oracle")
 
 
@@ -95,6 +96,7 @@ def picks(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
 def config_label(r) -> str:
     """variant/direction/place, plus the non-default signal, prerecord, submit and handshake choices."""
     extra = (f"/{r['signal']}-signal" if r["signal"] in ("copy", "kernel") else "") + (
+        f"/{r['wait']}-wait" if r.get("wait", "memop") in ("spin", "fold") else "") + (
         "/prerecorded" if r["prerecord"] else "") + ("/native" if r.get("submit", "python") == "native" else "") + (
         "/lean" if r.get("handshake", "full") == "lean" else "")
     return f"{r['variant']}/{r['direction']}/{r['place']}{extra}"
@@ -123,10 +125,11 @@ def ratio_table(df: pd.DataFrame, sizes=TABLE_SIZES) -> pd.DataFrame:
 
 
 # DMA-Latte's plain baseline, and each feature as one change to it (PERFORMANCE.md style)
-BASELINE = {"variant": "pcpy", "direction": "push", "place": "out", "signal": "memop", "prerecord": False,
-            "submit": "python", "handshake": "full"}
+BASELINE = {"variant": "pcpy", "direction": "push", "place": "out", "signal": "memop", "wait": "memop",
+            "prerecord": False, "submit": "python", "handshake": "full"}
 FEATURES = {"b2b": {"variant": "b2b"}, "multi": {"variant": "multi"}, "pull": {"direction": "pull"},
             "in_place": {"place": "in"}, "copy_signal": {"signal": "copy"}, "kernel_signal": {"signal": "kernel"},
+            "spin_wait": {"wait": "spin"}, "fold_wait": {"wait": "fold"},
             "prerecord": {"prerecord": True}, "native_submit": {"submit": "native"},
             "lean_handshake": {"handshake": "lean"}}
 

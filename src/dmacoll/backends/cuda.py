@@ -10,6 +10,9 @@
   ``cuStreamWaitValue32`` on the own flag word. Neither launches a kernel.
   ``signal="copy"`` sends a flag as a 4-byte copy; ``signal="kernel"`` uses
   PyTorch's one-block signal-pad kernels (``put_signal`` / ``wait_signal``).
+  ``wait="spin"`` polls the flag words with a one-thread kernel, ``wait="fold"``
+  also folds a pushed reduction's DONE waits into its sum kernel (``cuda_kernels.py``,
+  compiled by NVRTC on first use).
   From CUDA 13.1 the driver does not take stream-memop writes to peer memory
   (NVIDIA/nccl issue 2052): the engine finds out at creation (the driver's
   version, then a write into a peer's probe word that every rank checks) and
@@ -25,6 +28,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import warnings
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -32,9 +36,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollError
-from ..executor import MemOp, one_index, probe_index
+from ..executor import Folded, MemOp, one_index, probe_index
 from ..plan import Reduce, Ref
-from . import sym_offset
+from . import cuda_kernels, sym_offset
 from .reduce import reduce_step
 from .stream_engine import StreamEngine
 from .watchdog import Watchdog
@@ -96,6 +100,7 @@ class CudaEngine(StreamEngine):
     graphs = True
     native_submit = True
     kernel_signals = True
+    spin_waits = True
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
                  device: Optional[torch.device] = None):
@@ -141,6 +146,7 @@ class CudaEngine(StreamEngine):
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # prerecord=True
         self._gate_done: dict[int, torch.cuda.Event] = {}
         self._native = None  # submit='native': a NativeSubmitter, made on first use
+        self._kernels = None  # wait='spin' / 'fold': cuda_kernels.Kernels, loaded on first use
 
     def _memop_refusal(self) -> str:
         """``memop_write_refusal`` here: each rank writes its tag into the next rank's probe word; every rank then
@@ -208,24 +214,56 @@ class CudaEngine(StreamEngine):
         check_driver(_drv.cuStreamBatchMemOp(stream, len(params), params, 0), "cuStreamBatchMemOp")
 
     def _mixed_ops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
-        """Flag operations that are not all stream memops, in order: runs of memops go out
-        batched; ``copy`` signals are 4-byte copies of the ONE word (queued behind the data on
-        the same engine path); ``kernel`` ones are PyTorch's one-block signal-pad kernels."""
-        run: list[MemOp] = []
-        for op in ops:
-            if op.via == "memop":
-                run.append(op)
-                continue
-            if run:
-                self.memops(queue, tuple(run))
-                run = []
-            if op.via == "copy":
-                check_driver(_drv.cuMemcpyAsync(self.ptrs[op.rank] + 4 * op.index, self.ptrs[self.rank] + 4 * self._one,
-                                          4, queue.cuda_stream), "cuMemcpyAsync (signal)")
+        """Flag operations that are not all stream memops, in order, a run of one kind at a time: memops go out
+        batched; ``copy`` signals are 4-byte copies of the ONE word (queued behind the data on the same engine
+        path); ``kernel`` ones are PyTorch's one-block signal-pad kernels; ``spin`` waits one polling kernel."""
+        for via, run in itertools.groupby(ops, key=lambda op: op.via):
+            run = tuple(run)
+            if via == "memop":
+                self.memops(queue, run)
+            elif via == "spin":
+                self.kernels().spin(queue.cuda_stream, self.ptrs[self.rank], [op.index for op in run],
+                                    run[0].value, run[0].geq)
+            elif via == "copy":
+                for op in run:
+                    check_driver(_drv.cuMemcpyAsync(self.ptrs[op.rank] + 4 * op.index,
+                                                    self.ptrs[self.rank] + 4 * self._one, 4, queue.cuda_stream),
+                                 "cuMemcpyAsync (signal)")
             else:
-                self._flag_kernel(queue, op)
-        if run:
-            self.memops(queue, tuple(run))
+                for op in run:
+                    self._flag_kernel(queue, op)
+
+    def folded_reduce(self, queue: torch.cuda.Stream, step: Folded, bases: Mapping[str, object]) -> None:
+        """One fold kernel (``cuda_kernels``): each slot added once its flag is met; where no fold kernel fits
+        (a dtype without one, more slots than one launch polls), a spin wait and then the torch sum."""
+        r, waits = step.reduce, step.waits
+        if r.dtype not in cuda_kernels.FOLD_TYPES or r.count > cuda_kernels.MAX_WAITS:
+            self._mixed_ops(queue, waits)
+            self.reduce(queue, r, bases)
+            return
+        numel = r.nbytes // torch.empty((), dtype=getattr(torch, r.dtype)).element_size()
+        own = self._addr(r.own, bases) if r.own is not None else None
+        rearmed = self.kernels().fold(queue.cuda_stream, r.dtype, self._addr(r.src, bases), own,
+                                      self._addr(r.dst, bases), numel, r.count, self.ptrs[self.rank],
+                                      [op.index for op in waits], waits[0].value, waits[0].geq)
+        if not rearmed and not waits[0].geq:  # several blocks polled: re-arm once every one has seen its flags
+            self.memops(queue, tuple(MemOp(False, self.rank, op.index, 0) for op in waits))
+
+    def load_kernels(self) -> None:
+        self.kernels()
+
+    def kernels(self) -> cuda_kernels.Kernels:
+        """dmacoll's kernels for this device, compiled (NVRTC) and loaded on first use. Loading a module is not
+        a stream operation: it is done in relaxed capture mode, so a first use inside a graph capture works."""
+        if self._kernels is None:
+            major, minor = torch.cuda.get_device_capability(self.device)
+            mode = check_driver(_drv.cuThreadExchangeStreamCaptureMode(
+                _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuThreadExchangeStreamCaptureMode")[0]
+            try:
+                self._kernels = cuda_kernels.kernels(_drv, check_driver, self.device.index or 0, f"sm_{major}{minor}")
+            finally:
+                check_driver(_drv.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
+        return self._kernels
 
     def _flag_kernel(self, queue: torch.cuda.Stream, op: MemOp) -> None:
         # Our flag index is channel * world + signalling rank, the signal pad's own layout:

@@ -11,7 +11,7 @@ from typing import Callable, ClassVar, Mapping, Optional, Protocol, Sequence, ru
 
 import torch
 
-from ..executor import MemOp, Program
+from ..executor import Folded, MemOp, Program
 from ..plan import Reduce, Ref
 
 
@@ -21,6 +21,7 @@ class Engine(Protocol):
     graphs: ClassVar[bool]          # calls can be captured in (and prerecorded as) CUDA / HIP graphs
     native_submit: ClassVar[bool]   # submit='native': the C library issues a call's driver commands
     kernel_signals: ClassVar[bool]  # signal='kernel': flags set and awaited by one-block kernels
+    spin_waits: ClassVar[bool]      # wait='spin' / 'fold': flags polled by a kernel, reductions that wait
 
     remote_memop_writes: bool       # flags may be stream-memop writes into peer memory (else copies carry them)
     memop_refusal: str              # why not, where they may not
@@ -39,6 +40,10 @@ class Engine(Protocol):
 
     def reduce(self, queue: object, step: Reduce, bases: Mapping[str, object]) -> None:
         """Sum ``step.count`` slots into ``step.dst`` on ``queue``, after what is queued there."""
+
+    def folded_reduce(self, queue: object, step: Folded, bases: Mapping[str, object]) -> None:
+        """``step.reduce``, each slot added once its wait (``step.waits[i]``) is met; the waits re-arm their
+        words in the reset mode (wait='fold')."""
 
     def parallel(self, tasks: Sequence[Callable[[object], None]]) -> None:
         """Run ``tasks[0]`` on the main queue and the others on side queues, joined back before returning."""
@@ -68,6 +73,9 @@ class Engine(Protocol):
 
     def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
         """prerecord=True: replay the graph recorded for ``key`` (recording ``work`` on first use)."""
+
+    def load_kernels(self) -> None:
+        """Load the engine's own kernels now (wait='spin' / 'fold'), before a gate or a capture needs them."""
 
     def ensure_native(self) -> None:
         """Load the native submission library now (BackendUnavailable if it is not built)."""

@@ -62,6 +62,7 @@ class HipEngine(StreamEngine):
     graphs = True            # torch.cuda graphs are HIP graphs on ROCm (unverified on MI300X: see above)
     native_submit = False    # the native library issues CUDA driver calls
     kernel_signals = False   # no torch symmetric-memory signal pads here
+    spin_waits = False       # no polling kernels written for HIP (nothing to test them on)
     remote_memop_writes = True  # hipStreamWriteValue32 into a peer's signal memory (unverified on hardware)
     memop_refusal = ""
 
@@ -140,6 +141,12 @@ class HipEngine(StreamEngine):
         self.flush_queue(queue)
         reduce_step(queue, step, self.heap, self.rank, bases)
 
+    def load_kernels(self) -> None:
+        raise InvalidArgument("wait='spin' and 'fold' run CUDA kernels; the hip backend waits with wait='memop'")
+
+    def folded_reduce(self, queue, step, bases: Mapping[str, object]) -> None:
+        raise InvalidArgument("wait='fold' runs a CUDA kernel; the hip backend waits with wait='memop'")
+
     def flush_queue(self, queue) -> None:
         """Issue the copies batched on ``queue`` (one hipMemcpyBatchAsync; a single copy as is)."""
         entry = self._pending.pop(queue.cuda_stream, None)
@@ -173,6 +180,8 @@ class HipEngine(StreamEngine):
             if op.via == "kernel":
                 raise InvalidArgument("signal='kernel' uses torch symmetric memory's signal pads, which the hip "
                                       "backend does not use; use signal='memop' or 'copy'")
+            if op.via == "spin":
+                raise InvalidArgument("wait='spin' runs a CUDA kernel; the hip backend waits with wait='memop'")
             if op.via == "copy":  # a 4-byte SDMA copy of the ONE word, queued behind the data
                 self.api.hipMemcpyAsync(addr, self.flag_addrs[self.rank][self._one], 4, self._kind, stream)
             elif op.wait:

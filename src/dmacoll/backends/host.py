@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollTimeoutError
-from ..executor import MemOp, gate_index, gate_ops, one_index
+from ..executor import Folded, MemOp, gate_index, gate_ops, one_index
 from ..plan import NUM_PHASES, Reduce, Ref
 from . import sym_offset
 from .reduce import reduce_operands, sum_slots
@@ -42,6 +42,7 @@ class HostEngine:
     graphs = False          # no graphs on the CPU: prerecord=True runs calls as they come
     native_submit = False
     kernel_signals = True   # emulated: a signal waits until the previous one was consumed
+    spin_waits = True       # emulated: a polling wait that re-arms the word itself
     main_queue = "main"
     remote_memop_writes = True  # flags are plain stores
     memop_refusal = ""
@@ -90,11 +91,17 @@ class HostEngine:
     def reduce(self, queue: object, step: Reduce, bases: Mapping[str, torch.Tensor]) -> None:
         sum_slots(*reduce_operands(lambda ref, n: self._view(ref, n, bases), step))
 
+    def folded_reduce(self, queue: object, step: Folded, bases: Mapping[str, torch.Tensor]) -> None:
+        """The slots' waits in slot order, then the sum (the GPU kernel adds each slot as its wait is met;
+        the result is the same)."""
+        self.memops(queue, step.waits)
+        self.reduce(queue, step.reduce, bases)
+
     def memops(self, queue: object, ops: Sequence[MemOp]) -> None:
         for op in ops:
             if op.wait:
                 self._wait(self.rank, op.index, op.value, op.geq)
-                if op.via == "kernel":  # the waiting kernel consumes the flag
+                if op.via != "memop" and not op.geq:  # a waiting kernel consumes the flag (reset mode)
                     self.flags[self.rank][op.index] = 0
             elif op.via == "kernel":  # the signalling kernel waits until the previous signal was consumed
                 self._wait(op.rank, op.index, 0, False)
@@ -188,6 +195,9 @@ class HostEngine:
 
     def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
         raise BackendUnavailable("the host emulator records no graphs")
+
+    def load_kernels(self) -> None:
+        """The emulator's waits are Python: nothing to load."""
 
     def ensure_native(self) -> None:
         raise BackendUnavailable("submit='native' issues CUDA driver calls: it needs backend='cuda'")

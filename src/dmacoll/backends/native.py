@@ -185,9 +185,9 @@ class _Recorder:
         for op in ops:
             addr = eng.ptrs[op.rank] + 4 * op.index
             epoch = int(op.value == EPOCH_MARK)
-            if op.via == "kernel":
+            if op.via in ("kernel", "spin"):
                 raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy' "
-                                      "(signal='kernel' launches PyTorch kernels)")
+                                      "and wait='memop' (signal='kernel' and wait='spin' launch kernels)")
             if op.via == "copy":  # a 4-byte copy of the ONE word, queued behind the data
                 self._cmd(COPY, queue, dst=addr, src=eng.ptrs[eng.rank] + 4 * eng._one, nbytes=4)
             elif op.wait:

@@ -32,7 +32,7 @@ from .baselines import Baselines, peer_chunk
 # dma_default: a call with no options on a Communicator() with none (what a user gets); dma: each configuration
 IMPLS = ("nccl", "dma_default", "dma", "symm_mem_lc", "nccl_ce", "peer_copy")
 HEAP_IMPLS = ("dma_default", "dma", "peer_copy")  # on dmacoll's symmetric heap
-COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "prerecord", "submit", "handshake", "world",
+COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "wait", "prerecord", "submit", "handshake", "world",
            "bytes_per_rank",
            "total_bytes", "dtype", "mode",
            "time_us", "time_us_p10", "time_us_p90", "algbw_GBps", "busbw_GBps", "correct", "status", "error",
@@ -47,6 +47,7 @@ class SweepConfig:
     directions: tuple[str, ...] = ("push", "pull")
     places: tuple[str, ...] = ("out", "in")
     signals: tuple[str, ...] = ("memop",)
+    waits: tuple[str, ...] = ("memop",)  # spin / fold: kernels poll the flags (cuda)
     prerecord: tuple[bool, ...] = (False,)  # True: eager calls replay a graph recorded on first use
     submit: tuple[str, ...] = ("python",)  # native: driver commands issued by the C library (eager only)
     handshakes: tuple[str, ...] = ("full",)  # lean (push only): calls alternate between two outputs
@@ -79,6 +80,7 @@ class Point:
     prerecord: bool = False
     submit: str = "python"
     handshake: str = "full"
+    wait: str = ""
 
 
 def points(cfg: SweepConfig, op: str, world: int) -> list[Point]:
@@ -86,11 +88,13 @@ def points(cfg: SweepConfig, op: str, world: int) -> list[Point]:
     out = []
     for impl in cfg.impls:
         if impl == "dma":
-            out += [Point(op, "dma", v, d, p, sig, pre, sub, h) for v in cfg.variants for d in cfg.directions
+            out += [Point(op, "dma", v, d, p, sig, pre, sub, h, w) for v in cfg.variants for d in cfg.directions
                     for p in cfg.places for sig in cfg.signals for pre in cfg.prerecord for sub in cfg.submit
-                    for h in cfg.handshakes
+                    for h in cfg.handshakes for w in cfg.waits
                     if (p == "out" or spec.in_place) and not (pre and sub == "native")
-                    and not (sig == "kernel" and sub == "native")  # native issues driver calls only
+                    and not ("kernel" in (sig, w) and sub == "native")  # native issues driver calls only
+                    and not (w != "memop" and (sig == "kernel" or sub == "native"))  # kernel: its own waits
+                    and not (w == "fold" and not spec.reduces)  # fold = spin where there is no sum
                     and not (h == "lean" and (d != "push" or pre or spec.reduces))]  # lean: push exchanges
         elif impl == "symm_mem_lc" and op != "all_gather":
             continue  # torch's low-contention op exists for all-gather only
@@ -105,7 +109,8 @@ def point_fields(pt: Point) -> dict:
 
 def dma_options(pt: Point) -> dict:
     return dict(variant=pt.variant, direction=pt.direction, signal=pt.signal, prerecord=pt.prerecord,
-                **({"submit": "native"} if pt.submit == "native" else {}))
+                **({"submit": "native"} if pt.submit == "native" else {}),
+                **({"wait": pt.wait} if pt.wait not in ("", "memop") else {}))
 
 
 class Bound:
@@ -166,7 +171,8 @@ def measure(rk: harness.Rank, cfg: SweepConfig, baselines: Baselines, pt: Point,
         correct = b.check(b.run)
     # what a call with no options ran: the variant and direction 'auto' chose, the communicator's flag signal
     chosen = {"variant": rk.comm.last_choice[0], "direction": rk.comm.last_choice[1],
-              "signal": rk.comm.options.signal} if pt.impl == "dma_default" else {}
+              "signal": rk.comm.options.signal, "wait": rk.comm.options.wait} \
+        if pt.impl == "dma_default" else {}
     return {"samples": samples, "correct": correct, "chosen": chosen}
 
 
@@ -203,7 +209,7 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
         if rank == 0:
             flavour = "pre" if pt.prerecord else "nat" if pt.submit == "native" else ""
             print(f"[{i:4d}/{len(plan)} {time.monotonic() - started:6.0f}s] {op:14s} {pt.impl:11s} "
-                  f"{pt.variant:5s} {pt.direction:4s} {pt.place:3s} {pt.signal:6s} {flavour:3s} {pt.handshake:4s} "
+                  f"{pt.variant:5s} {pt.direction:4s} {pt.place:3s} {pt.signal:6s} {pt.wait:5s} {flavour:3s} {pt.handshake:4s} "
                   f"{nbytes:>10d} B {mode:5s} "
                   f"{row['time_us']:10.2f} us  {row['status']}{'' if row['correct'] else ' WRONG'}", flush=True)
     rk.close()
@@ -217,7 +223,8 @@ def merge(per_rank: list[dict], cfg: SweepConfig, pt: Point, nbytes: int, mode: 
     failed = [r for r in per_rank if r["status"] != "ok"]
     total = bandwidths(pt.op, pt.impl, nbytes, world, 1.0)[0]
     row = {"op": pt.op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction, "place": pt.place,
-           "signal": pt.signal, "prerecord": pt.prerecord, "submit": pt.submit, "handshake": pt.handshake,
+           "signal": pt.signal, "wait": pt.wait, "prerecord": pt.prerecord, "submit": pt.submit,
+           "handshake": pt.handshake,
            "world": world, "bytes_per_rank": nbytes, "total_bytes": total, "dtype": cfg.dtype, "mode": mode,
            "calls": cfg.calls, "repeats": cfg.repeats, **per_rank[0].get("chosen", {})}
     if failed:

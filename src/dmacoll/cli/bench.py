@@ -22,6 +22,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         return 2
     cfg = SweepConfig(ops=tuple(a.ops), impls=tuple(a.impls), variants=tuple(a.variants),
                       directions=tuple(a.directions), places=tuple(a.places), signals=tuple(a.signals),
+                      waits=tuple(a.waits),
                       prerecord=tuple(p == "yes" for p in a.prerecord), submit=tuple(a.submit),
                       handshakes=tuple(a.handshakes), min_bytes=a.min_bytes,
                       max_bytes=a.max_bytes, modes=tuple(a.modes), dtype=a.dtype, calls=a.calls, repeats=a.repeats,
@@ -201,12 +202,16 @@ def register(sub) -> None:
 
 
 def add_sweep_options(s: argparse.ArgumentParser, variants, directions, signals) -> None:
+    from ..executor import WAIT_MODES
+
     s.add_argument("--variants", nargs="+", choices=variants, default=list(variants))
     s.add_argument("--directions", nargs="+", choices=directions, default=list(directions))
     s.add_argument("--places", nargs="+", choices=("out", "in"), default=["out", "in"],
                    help="dma: out of place and/or in place (ops that have the form)")
     s.add_argument("--signals", nargs="+", choices=signals, default=["memop"],
                    help="dma: how flags reach peers (copy, kernel: reset sync only)")
+    s.add_argument("--waits", nargs="+", choices=WAIT_MODES, default=["memop"],
+                   help="dma: how flags are awaited (spin: a polling kernel; fold: also inside the reduce ops' sum)")
     s.add_argument("--prerecord", nargs="+", choices=("no", "yes"), default=["no"],
                    help="dma, eager mode: also replay a graph recorded on first use")
     s.add_argument("--submit", nargs="+", choices=("python", "native"), default=["python"],

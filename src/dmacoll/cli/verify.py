@@ -24,7 +24,8 @@ def cmd_check(a: argparse.Namespace) -> int:
     apply_timeout(a)
     t0 = time.monotonic()
     args = dict(backend=a.backend, variants=a.variants, directions=a.directions, dtypes=a.dtypes, counts=a.counts,
-                ops=a.ops, seed=seed, syncs=a.syncs, reference=a.reference, signal=a.signal, submit=a.submit)
+                ops=a.ops, seed=seed, syncs=a.syncs, reference=a.reference, signal=a.signal, submit=a.submit,
+                wait=a.wait)
     per_rank = run_ranks(check_rank, a.world, args, device=device, timeout_s=a.deadline_s)
     passed = failed = 0
     for i, first in enumerate(per_rank[0]):
@@ -52,7 +53,7 @@ def cmd_build(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from ..executor import SIGNAL_MODES, SYNC_MODES
+    from ..executor import SIGNAL_MODES, SYNC_MODES, WAIT_MODES
     from ..ops import NAMES
     from ..plan import DIRECTIONS, VARIANTS
     from ..verify.reference import DTYPES
@@ -72,6 +73,9 @@ def register(sub) -> None:
     c.add_argument("--seed", type=int, default=None, help="default: random, printed")
     c.add_argument("--signal", choices=SIGNAL_MODES, default="memop",
                    help="how flags reach peers: stream memory op, a 4-byte copy or a flag kernel (reset sync only)")
+    c.add_argument("--wait", choices=WAIT_MODES, default="memop",
+                   help="how flags are awaited: a stream wait, a polling kernel, or that and reductions that wait "
+                        "for each slot themselves (cuda, host)")
     c.add_argument("--reference", choices=("cpu", "nccl"), default="cpu",
                    help="also compare with torch.distributed (NCCL) on the same inputs (cuda backend)")
     c.add_argument("--submit", choices=("python", "native"), default="python",

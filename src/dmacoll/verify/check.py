@@ -258,7 +258,7 @@ def check_rank(rank: int, world: int, args: dict) -> list[dict]:
 
     signal = args.get("signal", "memop")
     comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S), signal=signal,
-                        submit=args.get("submit", "python"))
+                        submit=args.get("submit", "python"), wait=args.get("wait", "memop"))
     syncs = [s for s in args["syncs"] if signal == "memop" or s == "reset"]  # copy signals carry a constant 1
     all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
                       seed=args["seed"], syncs=syncs)

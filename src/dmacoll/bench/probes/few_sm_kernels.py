@@ -111,21 +111,11 @@ def _ok(result, what: str):
 
 def compile_kernels(unroll: int, arch: str) -> dict:
     """The two kernels for one UNROLL, compiled by NVRTC to a cubin for ``arch`` and loaded."""
-    drv = driver()
-    from cuda.bindings import nvrtc
+    from ...backends.cuda_kernels import compile_program
 
-    prog = _ok(nvrtc.nvrtcCreateProgram(SOURCE.encode(), b"few_sm.cu", 0, [], []), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture={arch}".encode(), f"-DUNROLL={unroll}".encode()]
-    err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
-    if int(err) != 0:
-        size = _ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(f"NVRTC failed: {log.decode(errors='replace')}")
-    size = _ok(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
-    cubin = b" " * size
-    _ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-    module = _ok(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
+    drv = driver()
+    module = _ok(drv.cuModuleLoadData(compile_program(SOURCE, "few_sm.cu", arch, [f"-DUNROLL={unroll}"])),
+                 "cuModuleLoadData")
     return {name: _ok(drv.cuModuleGetFunction(module, name.encode()), name) for name in ("copy_u4", "add_bf16")}
 
 

@@ -1,0 +1,208 @@
+"""The cuda backend's own kernels (``wait='spin'`` and ``wait='fold'``), compiled by NVRTC on first use.
+
+* ``dmacoll_spin``: one thread polls up to ``MAX_WAITS`` flag words in turn with ``ld.acquire.sys`` loads (no
+  sleep), with ``cuStreamWaitValue32``'s tests (EQ, or GEQ as ``(int)(word - value) >= 0``), and re-arms each
+  word to 0 in the reset mode (EQ). Launched as one block of one thread.
+* ``dmacoll_fold_<dtype>``: a reduction's sum (``plan.Reduce``: ``count`` slots plus ``own`` into ``out``)
+  that waits for slot k's flag before adding slot k. Thread 0 of each block polls, then the block's barrier
+  orders the slot's loads after the acquire. Half types add in float32 and round once, integers wrap, slots
+  are added in slot order with ``own`` last: the same arithmetic as ``backends/reduce.py``. Blocks keep
+  ``ITEMS`` elements per thread in registers; only a kernel of one block re-arms its words itself (with more,
+  a block could re-arm a word another has not yet seen: the engine re-arms them after the kernel).
+
+Flag word indices travel packed, 16 bits each, in two 64-bit arguments (no argument buffer to manage).
+"""
+from __future__ import annotations
+
+import ctypes
+import string
+from typing import Callable, Optional, Sequence
+
+from ..errors import BackendUnavailable
+
+MAX_WAITS = 8         # flag words per launch (two 64-bit arguments of 16-bit indices)
+THREADS = 256         # a fold kernel's block
+ITEMS = 4             # elements per thread per tile
+FOLD_MAX_BLOCKS = 32  # a fold kernel's grid at most (every block polls before its first tile)
+
+# dtype name -> (element type, accumulator, load to accumulator, store from accumulator)
+FOLD_TYPES = {
+    "float32": ("float", "float", "(x)", "(x)"),
+    "float64": ("double", "double", "(x)", "(x)"),
+    "float16": ("unsigned short", "float", "h2f(x)", "f2h(x)"),
+    "bfloat16": ("unsigned short", "float", "bf2f(x)", "f2bf(x)"),
+    "int32": ("int", "unsigned int", "((unsigned int)(x))", "((int)(x))"),
+    "int64": ("long long", "unsigned long long", "((unsigned long long)(x))", "((long long)(x))"),
+}
+
+PRELUDE = r"""
+typedef unsigned long long u64;
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// cuStreamWaitValue32's tests: EQ, or GEQ as a wrapping comparison
+__device__ __forceinline__ bool met(unsigned word, unsigned value, int geq) {
+    return geq ? (int)(word - value) >= 0 : word == value;
+}
+__device__ __forceinline__ unsigned* flag_of(unsigned* flags, u64 lo, u64 hi, int k) {
+    return flags + ((k < 4 ? lo >> (16 * k) : hi >> (16 * (k - 4))) & 0xffff);
+}
+__device__ __forceinline__ void await_flag(unsigned* f, unsigned value, int geq) {
+    while (!met(load_acquire(f), value, geq)) { }
+}
+__device__ __forceinline__ float h2f(unsigned short x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+}
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float bf2f(unsigned short x) { return __uint_as_float(((unsigned)x) << 16); }
+__device__ __forceinline__ unsigned short f2bf(float f) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+extern "C" __global__ void dmacoll_spin(unsigned* flags, int n, u64 lo, u64 hi, unsigned value, int geq) {
+    for (int k = 0; k < n; ++k) {
+        unsigned* f = flag_of(flags, lo, hi, k);
+        await_flag(f, value, geq);
+        if (!geq) *(volatile unsigned*)f = 0u;
+    }
+}
+"""
+
+FOLD = string.Template(r"""
+extern "C" __global__ void dmacoll_fold_$NAME(const $T* __restrict__ slots, const $T* own, $T* out, long long n,
+                                              int count, unsigned* flags, u64 lo, u64 hi, unsigned value, int geq,
+                                              int reset) {
+    const long long tile = (long long)blockDim.x * $ITEMS;
+    bool first = true;
+    for (long long base = blockIdx.x * tile; base < n; base += (long long)gridDim.x * tile) {
+        $ACC acc[$ITEMS];
+        for (int k = 0; k < count; ++k) {
+            if (first) {  // this block's first tile: slot k must have arrived
+                if (threadIdx.x == 0) await_flag(flag_of(flags, lo, hi, k), value, geq);
+                __syncthreads();
+            }
+            const $T* slot = slots + (long long)k * n;
+            for (int i = 0; i < $ITEMS; ++i) {
+                long long j = base + (long long)i * blockDim.x + threadIdx.x;
+                if (j < n) { $T x = slot[j]; $ACC v = $LOAD; acc[i] = k == 0 ? v : acc[i] + v; }
+            }
+        }
+        first = false;
+        for (int i = 0; i < $ITEMS; ++i) {
+            long long j = base + (long long)i * blockDim.x + threadIdx.x;
+            if (j < n) {
+                $ACC r = acc[i];
+                if (own) { $T x = own[j]; r = r + $LOAD; }
+                $ACC x = r;
+                out[j] = $STORE;
+            }
+        }
+    }
+    if (reset) {
+        __syncthreads();
+        if (threadIdx.x == 0) for (int k = 0; k < count; ++k) *(volatile unsigned*)flag_of(flags, lo, hi, k) = 0u;
+    }
+}
+""")
+
+
+def source() -> str:
+    """The whole program: the spin kernel and one fold kernel per dtype of ``FOLD_TYPES``."""
+    return PRELUDE + "".join(FOLD.substitute(NAME=name, T=t, ACC=acc, LOAD=load, STORE=store, ITEMS=ITEMS)
+                             for name, (t, acc, load, store) in FOLD_TYPES.items())
+
+
+def pack(indices: Sequence[int]) -> tuple[int, int]:
+    """Up to MAX_WAITS word indices as the kernels' (lo, hi) arguments."""
+    if len(indices) > MAX_WAITS or any(not 0 <= i < 1 << 16 for i in indices):
+        raise ValueError(f"at most {MAX_WAITS} flag words below 65536 per launch, got {list(indices)}")
+    words = [0, 0]
+    for k, index in enumerate(indices):
+        words[k // 4] |= index << (16 * (k % 4))
+    return words[0], words[1]
+
+
+def fold_grid(numel: int) -> int:
+    """Blocks of a fold kernel for ``numel`` elements: a tile each, at most FOLD_MAX_BLOCKS."""
+    return max(1, min(FOLD_MAX_BLOCKS, -(-numel // (THREADS * ITEMS))))
+
+
+def compile_program(code: str, name: str, arch: str, options: Sequence[str] = ()) -> bytes:
+    """A cubin for ``arch`` (e.g. sm_90) from CUDA C ``code`` by NVRTC; the compiler's log on failure."""
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:
+        raise BackendUnavailable(f"NVRTC is needed to build dmacoll's kernels (pip install cuda-bindings): {e}")
+
+    def ok(result, what: str):
+        err = result[0] if isinstance(result, tuple) else result
+        if int(err) != 0:
+            raise BackendUnavailable(f"NVRTC {what} failed: {err}")
+        return result[1] if isinstance(result, tuple) and len(result) == 2 else None
+
+    prog = ok(nvrtc.nvrtcCreateProgram(code.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in options)]
+    if int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) != 0:
+        log = b" " * ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise BackendUnavailable(f"NVRTC could not compile {name}: {log.decode(errors='replace').strip()}")
+    cubin = b" " * ok(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+    ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    return cubin
+
+
+class Kernels:
+    """The loaded functions, and launches of them on a stream (arguments as the kernels declare them)."""
+
+    def __init__(self, drv, check: Callable[[tuple, str], tuple], arch: str):
+        self._drv, self._check = drv, check
+        module = check(drv.cuModuleLoadData(compile_program(source(), "dmacoll_kernels.cu", arch)),
+                       "cuModuleLoadData")[0]
+        self.spin_fn = check(drv.cuModuleGetFunction(module, b"dmacoll_spin"), "cuModuleGetFunction")[0]
+        self.fold_fns = {dtype: check(drv.cuModuleGetFunction(module, f"dmacoll_fold_{dtype}".encode()),
+                                      "cuModuleGetFunction")[0] for dtype in FOLD_TYPES}
+
+    def _launch(self, fn, grid: int, threads: int, stream: int, values: tuple, types: tuple, what: str) -> None:
+        self._check(self._drv.cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, 0, stream, (values, types), 0), what)
+
+    def spin(self, stream: int, flags: int, indices: Sequence[int], value: int, geq: bool) -> None:
+        """Wait on ``stream`` until each word ``flags[i]`` meets ``value``; re-arm them unless ``geq``."""
+        for at in range(0, len(indices), MAX_WAITS):
+            part = indices[at: at + MAX_WAITS]
+            self._launch(self.spin_fn, 1, 1, stream, (flags, len(part), *pack(part), value, int(geq)),
+                         (ctypes.c_void_p, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_uint,
+                          ctypes.c_int), "cuLaunchKernel (dmacoll_spin)")
+
+    def fold(self, stream: int, dtype: str, slots: int, own: Optional[int], out: int, numel: int, count: int,
+             flags: int, indices: Sequence[int], value: int, geq: bool) -> bool:
+        """Launch the fold kernel; returns whether the kernel re-arms its words itself (a one-block grid)."""
+        grid = fold_grid(numel)
+        rearm = grid == 1 and not geq
+        self._launch(self.fold_fns[dtype], grid, THREADS, stream,
+                     (slots, own or 0, out, numel, count, flags, *pack(indices), value, int(geq), int(rearm)),
+                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int,
+                      ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_int,
+                      ctypes.c_int), f"cuLaunchKernel (dmacoll_fold_{dtype})")
+        return rearm
+
+
+_LOADED: dict[tuple, Kernels] = {}
+
+
+def kernels(drv, check: Callable[[tuple, str], tuple], device_index: int, arch: str) -> Kernels:
+    """The kernels for one device, compiled and loaded once per process."""
+    key = (device_index, arch)
+    if key not in _LOADED:
+        _LOADED[key] = Kernels(drv, check, arch)
+    return _LOADED[key]
