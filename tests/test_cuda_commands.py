@@ -50,6 +50,31 @@ class FakeDriver:
         self.calls.append(("wait", addr, value, "eq" if flags == 1 else "geq", stream))
         return (0,)
 
+    # cuMemcpyBatchAsync, refused unless a test accepts batches: the engine then issues single copies
+    class CUstreamCaptureStatus:
+        CU_STREAM_CAPTURE_STATUS_NONE = 0
+
+    class CUmemcpySrcAccessOrder:
+        CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
+
+    class CUmemcpyAttributes:
+        srcAccessOrder = 0
+
+    CUdeviceptr = int
+    accept_batches = False
+    capturing = False
+
+    def cuStreamIsCapturing(self, stream):
+        return (0, int(self.capturing))
+
+    def cuMemcpyBatchAsync(self, dsts, srcs, sizes, count, attrs, idxs, num_attrs, stream):
+        if not self.accept_batches:
+            return (1,)
+        assert count == len(dsts) == len(srcs) == len(sizes) and idxs == [0] and num_attrs == 1
+        assert attrs[0].srcAccessOrder == 1  # the source read in stream order
+        self.calls.append(("copies", tuple(zip(dsts, srcs, sizes)), stream))
+        return (0,)
+
     def cuStreamBatchMemOp(self, stream, count, params, flags):
         ops = []
         for p in params:
@@ -67,11 +92,7 @@ class FakeDriver:
 def engine(monkeypatch):
     drv = FakeDriver()
     monkeypatch.setattr(cuda_backend, "_drv", drv)
-    eng = object.__new__(cuda_backend.CudaEngine)  # no GPU: only the command-issuing state
-    eng.rank, eng.world, eng.ptrs = 0, 2, HEAPS
-    eng._geq, eng._eq, eng._batches = 0, 1, {}
-    eng._one = one_index(2)
-    eng.main_queue = SimpleNamespace(cuda_stream=7)
+    eng = cuda_backend.CudaEngine.for_commands(0, 2, HEAPS, SimpleNamespace(cuda_stream=7))  # no GPU
     eng.drv = drv
     return eng
 

@@ -71,15 +71,10 @@ def test_epoch_sync_says_why_it_cannot_run_there():
 
 def test_copy_flags_issue_no_memop_write_into_peer_memory(monkeypatch):
     from tests.test_cuda_commands import HEAPS, FakeDriver
-    from dmacoll.executor import one_index
 
     drv = FakeDriver()
     monkeypatch.setattr(cuda_backend, "_drv", drv)
-    eng = object.__new__(cuda_backend.CudaEngine)
-    eng.rank, eng.world, eng.ptrs = 0, 2, HEAPS
-    eng._geq, eng._eq, eng._batches, eng._one = 0, 1, {}, one_index(2)
-    eng.main_queue = SimpleNamespace(cuda_stream=7)
-    eng.side_streams = []
+    eng = cuda_backend.CudaEngine.for_commands(0, 2, HEAPS, SimpleNamespace(cuda_stream=7))
     for ex in (all_gather_exchange(2, 4096), all_to_all_exchange([[2048, 2048], [2048, 2048]])):
         for variant in ("pcpy", "b2b", "multi"):
             for direction in ("push", "pull"):

@@ -192,12 +192,7 @@ class ReduceLog:
 
 
 def cuda_engine(rank, world, main, heap):
-    eng = object.__new__(cuda_backend.CudaEngine)
-    eng.rank, eng.world, eng.ptrs = rank, world, CUDA_HEAPS[:world]
-    eng._geq, eng._eq, eng._batches = 0, 1, {}
-    eng._one = one_index(world)
-    eng.main_queue, eng.side_streams, eng.device, eng.heap = main, [], None, heap
-    return eng
+    return cuda_backend.CudaEngine.for_commands(rank, world, CUDA_HEAPS[:world], main, heap=heap)
 
 
 def hip_engine(rank, world, main, heap=None, module=None, batch=False):

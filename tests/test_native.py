@@ -27,13 +27,9 @@ def lib(tmp_path_factory):
 
 
 def fake_engine(world, rank=0):
-    eng = object.__new__(cuda_backend.CudaEngine)  # no GPU: only the command-issuing state
-    eng.rank, eng.world = rank, world
-    eng.ptrs = [HEAP * (r + 1) for r in range(world)]
-    eng._geq, eng._eq, eng._batches = 0, 1, {}
-    eng._one = one_index(world)
-    eng.main_queue = SimpleNamespace(cuda_stream=7)
-    eng.side_streams = [SimpleNamespace(cuda_stream=100 + i) for i in range(world)]
+    eng = cuda_backend.CudaEngine.for_commands(  # no GPU: only the command-issuing state
+        rank, world, [HEAP * (r + 1) for r in range(world)], SimpleNamespace(cuda_stream=7),
+        [SimpleNamespace(cuda_stream=100 + i) for i in range(world)])
     eng.side_streams_for = lambda n: eng.side_streams[:n]
     return eng
 
@@ -140,3 +136,18 @@ def test_missing_library_says_how_to_build_it(tmp_path, monkeypatch):
     monkeypatch.setenv("DMACOLL_NATIVE_LIB", str(tmp_path / "nope.so"))
     with pytest.raises(Exception, match="dmacoll build"):
         native.load()
+
+
+def test_the_library_is_built_on_first_use_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("DMACOLL_NATIVE_LIB", raising=False)
+    monkeypatch.setenv("DMACOLL_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "library_path", lambda: tmp_path / "no checkout build" / native.LIBRARY_NAME)
+    path = native.ensure_built()
+    assert path == native.cache_path() and path.is_file() and str(path).startswith(str(tmp_path))
+    assert native.load(path).dmacoll_submit_abi() == native.ABI
+    assert native.ensure_built() == path  # the second time: found, not rebuilt
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("DMACOLL_CACHE", str(tmp_path / "other"))
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    with pytest.raises(native.BackendUnavailable, match="from Python"):
+        native.ensure_built()

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from dmacoll.bench.probes import PROBES, copy_contention, few_sm_kernels, flag_latency, local_copy_paths, \
-    memcpy_batch, sm_carveout, table_path, tables
+    memcpy_batch, sm_carveout, submit_cost, table_path, tables
 from dmacoll.bench.probes.common import Table
 from dmacoll.cli import build_parser, main
 from dmacoll.cli.probe import cmd_probe
@@ -34,6 +34,7 @@ DEFAULTS = {
                              orders=list(local_copy_paths.ORDERS)),
     "memcpy_batch": dict(bytes=1 << 20, repeats=200),
     "sm_carveout": dict(repeats=5, rounds=15, copy_bytes=64 << 20, add_elements=16 << 20),
+    "submit_cost": dict(bytes=4096, repeats=300, calls=200),
 }
 
 # values each probe must refuse (argparse: usage + exit 2), beside the ones every probe refuses
@@ -45,6 +46,7 @@ BAD = {
     "local_copy_paths": [["--bytes", "-1M"], ["--bytes", "1000"], ["--orders", "sideways"], ["--ways", "dma"]],
     "memcpy_batch": [["--bytes", "-1"], ["--bytes", "12"]],
     "sm_carveout": [["--copy-bytes", "-64M"], ["--copy-bytes", "1000K"], ["--rounds", "0"]],
+    "submit_cost": [["--bytes", "-4K"], ["--bytes", "100"], ["--calls", "0"]],
 }
 EVERY_PROBE_BAD = [["--repeats", "0"], ["--repeats", "-3"], ["--repeats", "two"], ["--nope"], ["--out"]]
 
@@ -62,7 +64,7 @@ def test_help_lists_every_probe(capsys):
     for name in NAMES:
         assert re.search(rf"^\s+{name}\b", out, re.M), name
     assert set(NAMES) == {"copy_contention", "few_sm_kernels", "flag_latency", "local_copy_paths", "memcpy_batch",
-                          "sm_carveout"}
+                          "sm_carveout", "submit_cost"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -126,6 +128,10 @@ def fake_tables(name: str) -> dict[str, Table]:
                              memcpy_batch.case_row(1, "legacy_default", "plain_to_peer_vmm", "unset", "device", 1,
                                                    "capture", "skipped: the legacy stream cannot be captured", False),
                              memcpy_batch.submit_row(0, "batch", 4, ok, [3.0, 2.0, 2.5])], {"bytes": 1 << 20})}
+    if name == "submit_cost":
+        return {name: Table([submit_cost.row("cuMemcpyAsync", "created", 4, 4096, [9.0, 8.0, 10.0], 8.5, True),
+                             submit_cost.row("cuMemcpyBatchAsync", "legacy", 4, 4096, [], NAN, False,
+                                             "driver result 1")], {"bytes": 4096})}
     assert name == "sm_carveout"
     copy, add = sm_carveout.side_names(64 << 20, 16 << 20)
     rows = [sm_carveout.setting_row("cublas", "full", None, None, 132, copy, 4200.0, 35.0, [(1400.0, 4250.0)] * 5,
@@ -183,6 +189,16 @@ def test_derived_quantities():
     assert sm_carveout.setting_row("cublas", "full", None, None, 132, "x", 1, 2, [(3, 4)], True)["green_sms"] == 132
     assert sm_carveout.side_names(64 << 20, 16 << 20) == ("local_copy_64MB", "add_bf16_16Mi")
     assert sm_carveout.side_names(1 << 30, 1 << 20) == ("local_copy_1GB", "add_bf16_1Mi")
+
+
+def test_submit_cost_rows_and_savings():
+    rows = [submit_cost.row("cuMemcpyAsync", "created", 4, 4096, [float(x) for x in range(1, 12)], 9.0, True),
+            submit_cost.row("native", "created", 4, 4096, [3.0, 2.0, 4.0], 2.5, True),
+            submit_cost.row("cuMemcpyBatchAsync", "legacy", 4, 4096, [], NAN, False, "driver result 1")]
+    assert (rows[0]["host_us"], rows[0]["host_us_p10"], rows[0]["host_us_p90"]) == (6.0, 2.0, 10.0)
+    assert math.isnan(rows[2]["host_us"])
+    assert submit_cost.savings(rows) == ["created  k=4: native                3.00 us vs    6.00 us (+3.00 us saved "
+                                         "per call)"]
 
 
 def test_memcpy_batch_summary():

@@ -87,11 +87,7 @@ class FakeKernels:
 def engine(monkeypatch):
     drv = FakeDriver()
     monkeypatch.setattr(cuda_backend, "_drv", drv)
-    eng = object.__new__(cuda_backend.CudaEngine)
-    eng.rank, eng.world, eng.ptrs = 0, 2, HEAPS
-    eng._geq, eng._eq, eng._batches = 0, 1, {}
-    eng._one = cuda_backend.one_index(2)
-    eng.main_queue = SimpleNamespace(cuda_stream=7)
+    eng = cuda_backend.CudaEngine.for_commands(0, 2, HEAPS, SimpleNamespace(cuda_stream=7))
     eng._kernels = FakeKernels(drv.calls)
     eng.drv = drv
     return eng

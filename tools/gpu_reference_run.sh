@@ -18,6 +18,8 @@
 #         probes   one-GPU probes: device-local copy paths and SM carveouts next to a GEMM, flag crossing latency
 #                  (`dmacoll probe local_copy_paths | flag_latency | sm_carveout`; sm_carveout's GEMM-cost table
 #                  goes in a run folder of its own, probes/sm_carveout_gemm_cost/)
+#         submit   one-GPU probe: host cost per call of k copies from Python, one batch call, the native library
+#                  (`dmacoll probe submit_cost`)
 #         fewsm    one-GPU probe: copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a
 #                  carved-out GEMM (`dmacoll probe few_sm_kernels`)
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
@@ -102,6 +104,9 @@ case "$part" in
       # sm_carveout also writes its GEMM-cost table, into probes/sm_carveout_gemm_cost/
       timeout 120 python3 -m dmacoll probe $t --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -4
     done ;;
+  submit)
+    d=$(rundir probes/submit_cost)
+    timeout 180 python3 -m dmacoll probe submit_cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -32 ;;
   fewsm)
     d=$(rundir probes/few_sm_kernels)
     timeout 240 python3 -m dmacoll probe few_sm_kernels --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;

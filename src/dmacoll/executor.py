@@ -100,7 +100,13 @@ class Folded(NamedTuple):
     waits: tuple[MemOp, ...]
 
 
-Step = Union[Copy, Reduce, Folded, tuple]  # a copy, a reduction, or consecutive flag operations issued together
+class Copies(NamedTuple):
+    """Consecutive copies on one queue, which an engine may issue as one batch."""
+
+    run: tuple[Copy, ...]
+
+
+Step = Union[Copy, Copies, Reduce, Folded, tuple]  # copies, a reduction, or consecutive flag operations together
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,10 @@ def lower(plan: Plan, sync: str = "reset", signal: str = "memop", wait: str = "m
                 if ops:
                     out.append(tuple(ops))
                     ops = []
-                out.append(folded or c)
+                if isinstance(c, Copy) and out and isinstance(out[-1], (Copy, Copies)):  # a run of copies
+                    out[-1] = Copies((*(out[-1].run if isinstance(out[-1], Copies) else (out[-1],)), c))
+                else:
+                    out.append(folded or c)
             elif isinstance(c, Signal):
                 ops.append(MemOp(False, c.peer, flag_index(world, sync, c.phase, me), value, via=signal))
             elif isinstance(c, Wait):
@@ -176,6 +185,8 @@ def run(program: Program, engine, bases: Mapping[str, object], epoch: int = 1) -
         for step in steps:
             if type(step) is Copy:
                 engine.copy(queue, step.src, step.dst, step.nbytes, bases)
+            elif type(step) is Copies:
+                engine.copies(queue, step.run, bases)
             elif type(step) is Reduce:
                 engine.reduce(queue, step, bases)
             elif type(step) is Folded:

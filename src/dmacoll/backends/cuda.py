@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollError
 from ..executor import Folded, MemOp, one_index, probe_index
-from ..plan import Reduce, Ref
+from ..plan import Copy, Reduce, Ref
 from . import cuda_kernels, sym_offset
 from .reduce import reduce_step
 from .stream_engine import StreamEngine
@@ -80,6 +80,19 @@ def memop_write_refusal(version: int, write_to_peer: Callable[[], None], arrived
     if refused:
         return refused
     return "" if arrived() else "a stream memory-operation write into a peer's memory did not arrive"
+
+
+# A run of at least this many copies on one stream goes out as one cuMemcpyBatchAsync (eager): from Python one
+# batch call cost about as much as two cuMemcpyAsync calls and half of four (results/h200x2/operator/memcpy_batch/)
+BATCH_MIN_COPIES = 3
+
+
+def memcpy_batch(drv, dsts: Sequence[int], srcs: Sequence[int], sizes: Sequence[int], attrs, stream: int):
+    """cuMemcpyBatchAsync with one attribute set for every copy: the CUresult (CUDA 12.8/12.9 bindings also
+    return a failure index, CUDA 13's do not)."""
+    ptr = drv.CUdeviceptr
+    return drv.cuMemcpyBatchAsync([ptr(d) for d in dsts], [ptr(s) for s in srcs], list(sizes), len(dsts), [attrs],
+                                  [0], 1, stream)[0]
 
 
 def available() -> Optional[str]:
@@ -139,14 +152,31 @@ class CudaEngine(StreamEngine):
         self.watchdog = Watchdog(self, "dmacoll-watchdog")
         self.memop_refusal = self._memop_refusal()
         self.remote_memop_writes = not self.memop_refusal
-        self._geq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
-        self._eq = int(_drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ)
-        self._batches: dict[tuple, list] = {}  # memop arrays by content (epoch values make new ones)
+        self._init_commands()
         self._gate_streams: dict[int, torch.cuda.Stream] = {}
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # prerecord=True
         self._gate_done: dict[int, torch.cuda.Event] = {}
         self._native = None  # submit='native': a NativeSubmitter, made on first use
+
+    @classmethod
+    def for_commands(cls, rank: int, world: int, ptrs: Sequence[int], main_queue, side_streams: Sequence = (),
+                     heap: Optional[torch.Tensor] = None, device: object = None) -> "CudaEngine":
+        """An engine that only issues commands (no GPU memory, no watchdog thread): for tests with a fake driver.
+        ``heap`` (a tensor standing for this rank's heap) is needed by reductions only."""
+        eng = cls.__new__(cls)
+        eng.rank, eng.world, eng.ptrs, eng._one = rank, world, list(ptrs), one_index(world)
+        eng.main_queue, eng.side_streams, eng.heap, eng.device = main_queue, list(side_streams), heap, device
+        eng._init_commands()
+        return eng
+
+    def _init_commands(self) -> None:
+        """The state that issuing commands needs beyond rank, world, heap pointers and ONE (all that the command
+        tests build on an engine without a GPU)."""
+        self._geq, self._eq = 0, 1  # CU_STREAM_WAIT_VALUE_GEQ, CU_STREAM_WAIT_VALUE_EQ
+        self._batches: dict[tuple, list] = {}  # memop arrays by content (epoch values make new ones)
         self._kernels = None  # wait='spin' / 'fold': cuda_kernels.Kernels, loaded on first use
+        self._batch_refused: set[int] = set()
+        self._attrs = None
 
     def _memop_refusal(self) -> str:
         """``memop_write_refusal`` here: each rank writes its tag into the next rank's probe word; every rank then
@@ -185,7 +215,32 @@ class CudaEngine(StreamEngine):
     # -- primitives ----------------------------------------------------------
     def copy(self, queue: torch.cuda.Stream, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, int]) -> None:
         check_driver(_drv.cuMemcpyAsync(self._addr(dst, bases), self._addr(src, bases), nbytes, queue.cuda_stream),
-               "cuMemcpyAsync")
+                     "cuMemcpyAsync")
+
+    def copies(self, queue: torch.cuda.Stream, run: Sequence[Copy], bases: Mapping[str, int]) -> None:
+        """Consecutive copies: ``BATCH_MIN_COPIES`` or more on a created stream outside a graph capture go out as
+        one ``cuMemcpyBatchAsync`` (sources read in stream order); the legacy default stream, a capture and a
+        stream whose batch the driver refused get one ``cuMemcpyAsync`` each."""
+        stream = queue.cuda_stream
+        if len(run) >= BATCH_MIN_COPIES and stream and stream not in self._batch_refused \
+                and not self._capturing(stream):
+            err = memcpy_batch(_drv, [self._addr(c.dst, bases) for c in run], [self._addr(c.src, bases) for c in run],
+                               [c.nbytes for c in run], self._batch_attributes(), stream)
+            if err == _drv.CUresult.CUDA_SUCCESS:
+                return
+            self._batch_refused.add(stream)
+        for c in run:
+            self.copy(queue, c.src, c.dst, c.nbytes, bases)
+
+    def _capturing(self, stream: int) -> bool:
+        status = check_driver(_drv.cuStreamIsCapturing(stream), "cuStreamIsCapturing")[0]
+        return status != _drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+    def _batch_attributes(self):
+        if self._attrs is None:
+            self._attrs = _drv.CUmemcpyAttributes()
+            self._attrs.srcAccessOrder = _drv.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+        return self._attrs
 
     def reduce(self, queue: torch.cuda.Stream, step: Reduce, bases: Mapping[str, object]) -> None:
         """A torch kernel on ``queue`` (the caller's stream in every plan): it runs after the DONE

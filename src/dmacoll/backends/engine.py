@@ -12,7 +12,7 @@ from typing import Callable, ClassVar, Mapping, Optional, Protocol, Sequence, ru
 import torch
 
 from ..executor import Folded, MemOp, Program
-from ..plan import Reduce, Ref
+from ..plan import Copy, Reduce, Ref
 
 
 @runtime_checkable
@@ -34,6 +34,9 @@ class Engine(Protocol):
 
     # -- the executor's primitives (see executor.py) -----------------------------------------------------
     def copy(self, queue: object, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, object]) -> None: ...
+
+    def copies(self, queue: object, run: Sequence[Copy], bases: Mapping[str, object]) -> None:
+        """Consecutive copies, in one command where the backend can."""
 
     def memops(self, queue: object, ops: Sequence[MemOp]) -> None:
         """Issue consecutive flag operations, in order, as one command where the backend can."""

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from ..errors import BackendUnavailable, InvalidArgument
 from ..executor import MemOp, one_index
-from ..plan import Reduce, Ref
+from ..plan import Copy, Reduce, Ref
 from . import hip_api, hip_memory, sym_offset
 from .hip_api import HipApi, HipError
 from .reduce import reduce_step
@@ -135,6 +135,10 @@ class HipEngine(StreamEngine):
             self._pending.setdefault(queue.cuda_stream, (queue, []))[1].append((dst_addr, src_addr, nbytes))
             return
         self.api.hipMemcpyAsync(dst_addr, src_addr, nbytes, self._kind, queue.cuda_stream)
+
+    def copies(self, queue, run: Sequence[Copy], bases: Mapping[str, int]) -> None:
+        for c in run:  # batched by flush_queue where batching is on
+            self.copy(queue, c.src, c.dst, c.nbytes, bases)
 
     def reduce(self, queue, step: Reduce, bases: Mapping[str, object]) -> None:
         """A torch kernel on ``queue`` after what is queued there (as on cuda)."""

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollTimeoutError
 from ..executor import Folded, MemOp, gate_index, gate_ops, one_index
-from ..plan import NUM_PHASES, Reduce, Ref
+from ..plan import NUM_PHASES, Copy, Reduce, Ref
 from . import sym_offset
 from .reduce import reduce_operands, sum_slots
 
@@ -87,6 +87,10 @@ class HostEngine:
     # -- primitives ----------------------------------------------------------
     def copy(self, queue: object, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, torch.Tensor]) -> None:
         self._view(dst, nbytes, bases).copy_(self._view(src, nbytes, bases))
+
+    def copies(self, queue: object, run: Sequence[Copy], bases: Mapping[str, torch.Tensor]) -> None:
+        for c in run:
+            self.copy(queue, c.src, c.dst, c.nbytes, bases)
 
     def reduce(self, queue: object, step: Reduce, bases: Mapping[str, torch.Tensor]) -> None:
         sum_slots(*reduce_operands(lambda ref, n: self._view(ref, n, bases), step))

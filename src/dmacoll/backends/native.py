@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -23,7 +24,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from ..errors import BackendUnavailable, DmaCollError, InvalidArgument
 from ..executor import MemOp, Program, run
-from ..plan import Reduce, Ref
+from ..plan import Copy, Reduce, Ref
 
 SOURCE = Path(__file__).resolve().parents[1] / "csrc" / "dmacoll_submit.c"
 LIBRARY_NAME = "libdmacoll_submit.so"
@@ -32,6 +33,7 @@ CFLAGS = ["-O2", "-std=c11", "-shared", "-fPIC", "-Wall", "-Werror"]
 COPY, WRITE, WAIT, RECORD, WAIT_EVENT = range(5)
 KIND_NAMES = ("cuMemcpyAsync", "cuStreamWriteValue32", "cuStreamWaitValue32", "cuEventRecord", "cuStreamWaitEvent")
 EPOCH_MARK = 0xFFFF_FFFF  # the epoch run() fills in while recording: marks sequence-number values
+log = logging.getLogger("dmacoll")
 
 
 class Cmd(ctypes.Structure):
@@ -59,6 +61,31 @@ def library_path() -> Path:
     return Path(env) if env else SOURCE.parents[3] / "build" / "native" / LIBRARY_NAME
 
 
+def cache_path() -> Path:
+    """Where a library built on first use goes: $DMACOLL_CACHE (else ~/.cache/dmacoll)/native/<source hash>/."""
+    root = Path(os.environ.get("DMACOLL_CACHE") or Path.home() / ".cache" / "dmacoll")
+    return root / "native" / hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16] / LIBRARY_NAME
+
+
+def ensure_built() -> Path:
+    """The library to load: $DMACOLL_NATIVE_LIB or the checkout's build/native/ where one was built, else one
+    built now (once per source version) into ``cache_path()``, said in one log line. No C compiler:
+    BackendUnavailable, saying that eager calls then issue their driver calls from Python."""
+    chosen = library_path()
+    if chosen.is_file() or "DMACOLL_NATIVE_LIB" in os.environ:
+        return chosen
+    cached = cache_path()
+    if not cached.is_file():
+        try:
+            record = build(cached.parent)
+        except BackendUnavailable as e:
+            raise BackendUnavailable(f"{e}; without the native library eager calls issue their driver calls "
+                                     "from Python (submit='python')") from None
+        log.info("dmacoll: built the native submission library %s with %s", record["library"],
+                 record["compiler_version"])
+    return cached
+
+
 def load(path: Optional[Path] = None) -> ctypes.CDLL:
     path = Path(path or library_path())
     if not path.is_file():
@@ -77,9 +104,11 @@ def load(path: Optional[Path] = None) -> ctypes.CDLL:
 def build(out_dir: str | Path, cc: Optional[str] = None) -> dict:
     """Compile the library into ``out_dir``, check it with :func:`self_test`, and write
     ``toolchain.json`` (compiler, version, flags, source hash) beside it."""
-    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    names = [cc] if cc else [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
+    cc = next((shutil.which(n) for n in names if shutil.which(n)), None)
     if not cc:
-        raise BackendUnavailable("no C compiler found (set CC or install gcc/clang) to build the native library")
+        raise BackendUnavailable(f"no C compiler found ({' / '.join(names)}; set CC or install gcc/clang) to build "
+                                 "the native library")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lib_path = out / LIBRARY_NAME
@@ -177,6 +206,10 @@ class _Recorder:
     def copy(self, queue, src: Ref, dst: Ref, nbytes: int, bases: Mapping[str, object]) -> None:
         self._cmd(COPY, queue, dst=self.engine._addr(dst, bases), src=self.engine._addr(src, bases), nbytes=nbytes)
 
+    def copies(self, queue, run: Sequence[Copy], bases: Mapping[str, object]) -> None:
+        for c in run:
+            self.copy(queue, c.src, c.dst, c.nbytes, bases)
+
     def reduce(self, queue, step: Reduce, bases: Mapping[str, object]) -> None:
         self.segments += [(queue, step), []]
 
@@ -223,7 +256,7 @@ class NativeSubmitter:
     def __init__(self, engine, lib: Optional[ctypes.CDLL] = None, api: Optional[Api] = None,
                  new_event: Optional[Callable[[], object]] = None):
         self.engine = engine
-        self.lib = lib or load()
+        self.lib = lib or load(ensure_built())
         self.api = api or driver_api()
         self.new_event = new_event or _cuda_event
         self._compiled: dict[tuple, _Compiled] = {}
