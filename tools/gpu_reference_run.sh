@@ -18,6 +18,9 @@
 #         probes   one-GPU probes: device-local copy paths and SM carveouts next to a GEMM, flag crossing latency
 #                  (`dmacoll probe local_copy_paths | flag_latency | sm_carveout`; sm_carveout's GEMM-cost table
 #                  goes in a run folder of its own, probes/sm_carveout_gemm_cost/)
+#         crossing a completion crossing by halves: each send (memop, copy, kernel) x each wait (memop, spin,
+#                  fold, host), eager and graph, two streams and two processes (CUDA IPC) on GPU 0, and with two
+#                  GPUs visible also GPU 0 -> GPU 1 (`dmacoll probe crossing`)
 #         fewsm    one-GPU probe: copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a
 #                  carved-out GEMM (`dmacoll probe few_sm_kernels`)
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
@@ -102,6 +105,10 @@ case "$part" in
       # sm_carveout also writes its GEMM-cost table, into probes/sm_carveout_gemm_cost/
       timeout 120 python3 -m dmacoll probe $t --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -4
     done ;;
+  crossing)
+    d=$(rundir probes/crossing)  # every placement the visible GPUs allow (peer with two)
+    timeout ${CROSSING_TIMEOUT_S:-420} python3 -m dmacoll probe crossing --out "$d/data.csv" 2>&1 | tee "$d/run.log" \
+      | tail -75 ;;
   fewsm)
     d=$(rundir probes/few_sm_kernels)
     timeout 240 python3 -m dmacoll probe few_sm_kernels --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;

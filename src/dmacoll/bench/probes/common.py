@@ -31,6 +31,37 @@ def driver():
     return drv
 
 
+def checked(result, what: str):
+    """A cuda-bindings call's result (its value, or the tuple of values past the error), or RuntimeError naming
+    ``what`` and the error."""
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        raise RuntimeError(f"{what}: error {err}")
+    return result[1] if isinstance(result, tuple) and len(result) == 2 else result
+
+
+def nvrtc_functions(source: str, name: str, arch: str, kernels: tuple[str, ...],
+                    options: tuple[str, ...] = ()) -> dict:
+    """The ``kernels`` of CUDA ``source``, compiled by NVRTC to a cubin for ``arch`` (``sm_90``) and loaded into the
+    current context: kernel name -> CUfunction."""
+    drv = driver()
+    from cuda.bindings import nvrtc
+
+    prog = checked(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in options)]
+    err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+    if int(err) != 0:
+        size = checked(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"NVRTC failed: {log.decode(errors='replace')}")
+    size = checked(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+    cubin = b" " * size
+    checked(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    module = checked(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
+    return {k: checked(drv.cuModuleGetFunction(module, k.encode()), k) for k in kernels}
+
+
 def gemm_and_side_operands(copy_bytes: int, add_elements: int) -> tuple:
     """On GPU 0: the GEMMs' bf16 8192^3 operands (a, c = a @ a) and the side jobs' buffers: a device-local copy
     (src -> dst, bytes) and a bf16 add (x + y -> z)."""

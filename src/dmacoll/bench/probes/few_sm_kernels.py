@@ -23,7 +23,8 @@ import argparse
 import ctypes
 import statistics
 
-from .common import Table, add_repeats, count, driver, gemm_and_side_operands, next_to_gemms, size_multiple_of
+from .common import (Table, add_repeats, checked, count, driver, gemm_and_side_operands, next_to_gemms,
+                     nvrtc_functions, size_multiple_of)
 
 NAME = "few_sm_kernels"
 HELP = "copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a carved-out GEMM (1 GPU)"
@@ -102,31 +103,9 @@ extern "C" __global__ void add_bf16(const uint4* __restrict__ x, const uint4* __
 """
 
 
-def _ok(result, what: str):
-    err = result[0] if isinstance(result, tuple) else result
-    if int(err) != 0:
-        raise RuntimeError(f"{what}: error {err}")
-    return result[1] if isinstance(result, tuple) and len(result) == 2 else result
-
-
 def compile_kernels(unroll: int, arch: str) -> dict:
     """The two kernels for one UNROLL, compiled by NVRTC to a cubin for ``arch`` and loaded."""
-    drv = driver()
-    from cuda.bindings import nvrtc
-
-    prog = _ok(nvrtc.nvrtcCreateProgram(SOURCE.encode(), b"few_sm.cu", 0, [], []), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture={arch}".encode(), f"-DUNROLL={unroll}".encode()]
-    err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
-    if int(err) != 0:
-        size = _ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(f"NVRTC failed: {log.decode(errors='replace')}")
-    size = _ok(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
-    cubin = b" " * size
-    _ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-    module = _ok(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
-    return {name: _ok(drv.cuModuleGetFunction(module, name.encode()), name) for name in ("copy_u4", "add_bf16")}
+    return nvrtc_functions(SOURCE, "few_sm.cu", arch, ("copy_u4", "add_bf16"), (f"-DUNROLL={unroll}",))
 
 
 def launcher(fn, blocks: int, threads: int, ptrs: list, n16: int):
@@ -134,8 +113,8 @@ def launcher(fn, blocks: int, threads: int, ptrs: list, n16: int):
 
     drv = driver()
     args = (tuple(ptrs) + (n16,), (ctypes.c_void_p,) * len(ptrs) + (ctypes.c_ulonglong,))
-    return lambda: _ok(drv.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0,
-                                          torch.cuda.current_stream().cuda_stream, args, 0), "cuLaunchKernel")
+    return lambda: checked(drv.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0,
+                                              torch.cuda.current_stream().cuda_stream, args, 0), "cuLaunchKernel")
 
 
 def run(args: argparse.Namespace) -> dict[str, Table]:
