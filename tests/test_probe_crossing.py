@@ -615,3 +615,21 @@ def test_a_page_is_one_memory_for_every_process_that_maps_it(tmp_path, monkeypat
     u32(b.ptr(crossing_device.HOST_FLAG[1])).value = 7  # a device write through b's mapping
     assert b.words[crossing_device.GATE] == 1 and a.words[crossing_device.HOST_FLAG[1]] == 7
     assert a.ptr(0) == a.host and a.ptr(16) == a.host + 64
+
+
+@pytest.mark.parametrize("wait", ["memop", "spin", "fold"])
+def test_a_stalled_side_is_released_and_its_legs_count_as_wrong(wait, monkeypatch):
+    drv, sides, page = cpu_sides(monkeypatch)
+    sides[1].queue(Pair("eager", "copy", wait), LEGS)  # side 0 never sends: side 1 waits for leg 0 for good
+    emu = Emulator(drv, seed=0)
+    emu.run()
+    assert not emu.drained()
+    sides[1].release()
+    emu.run()
+    assert emu.drained() and page.words[crossing_device.GATE] == 1
+    assert crossing.counts(sides[1].status.tolist(), 1, LEGS)["wrong"] == LEGS // 2
+
+
+def test_host_polls_give_up_later_than_gpu_waits():
+    assert crossing_device.Runner({}, None, None, CFG).host_timeout_s == crossing_device.HOST_TIMEOUT_MIN_S
+    assert crossing_device.Runner({}, None, None, {**CFG, "wait_timeout_ms": 5000.0}).host_timeout_s == 5.0

@@ -46,8 +46,8 @@ side 0 on GPU 0 and side 1 on GPU 1 of one process, peer access enabled (NVLink;
 are two processes, over the same peer mappings). Every placement runs
 in child processes that the parent stops after a deadline.
 
-Never hung: the spin and fold waits give up after ``--wait-timeout-ms`` (status: timed out), host polls too; a run
-with a timed-out wait ends its pair, recorded with the count and no times. A side whose stream does not finish by the
+Never hung: the spin and fold waits give up after ``--wait-timeout-ms`` (status: timed out), host polls after that
+or 1 s, whichever is longer; a run with a timed-out wait ends its pair, recorded with the count and no times. A side whose stream does not finish by the
 deadline releases its own waits (its flags set to the largest value) and the row records it. Before its first
 pair each send is tried once per placement (a write into the other side's flag, observed): a driver that refuses
 it (from CUDA 13.1 stream memop writes to peer memory) gets rows with the reason and no times.
@@ -132,7 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--waits", nargs="+", choices=WAITS, default=list(WAITS), help="ways to wait (default: all)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="eager, graph (default: both)")
     p.add_argument("--wait-timeout-ms", type=positive_ms, default=20.0,
-                   help="a spin, fold or host wait gives up after this long (default 20)")
+                   help="a spin or fold wait gives up after this long, a host poll after this or 1 s (default 20)")
 
 
 # -- the pairs and each side's part of a run (pure) ----------------------------------------------------------------

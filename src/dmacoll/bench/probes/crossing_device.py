@@ -78,6 +78,7 @@ PAGE_BYTES = 4096
 GATE = 0
 HOST_FLAG = (16, 32)  # side 0's, side 1's: what a host wait polls
 VOTE = (48, 64)  # each process's vote in Link.agree
+HOST_TIMEOUT_MIN_S = 1.0
 RELEASED = 0x7FFFFFFF  # a flag value every wait of a run accepts (GEQ, also cyclic): how a stalled side is freed
 
 
@@ -320,7 +321,8 @@ class Runner:
     def __init__(self, sides: dict[int, Side], link: Link, page: Page, cfg: dict):
         self.sides, self.link, self.page, self.cfg = sides, link, page, cfg
         self.legs = cfg["legs"]
-        self.timeout_s = cfg["wait_timeout_ms"] / 1e3
+        # a host poll gives up later than a GPU wait: a give-up ends the pair, and a CPU can be descheduled for a while
+        self.host_timeout_s = max(cfg["wait_timeout_ms"] / 1e3, HOST_TIMEOUT_MIN_S)
         self.run_deadline_s = run_deadline_s(cfg)
         self.one_device = len({s.device for s in sides.values()}) == 1
         self._trials: dict[tuple, str] = {}
@@ -472,9 +474,9 @@ class Runner:
         return self.finish(start, done, failed, solo=False, host_timeouts=timeouts)
 
     def poll(self, word: int, value: int) -> bool:
-        """The CPU spins on a host flag until it reaches ``value`` (True) or the wait timeout passes (False)."""
+        """The CPU spins on a host flag until it reaches ``value`` (True) or the host timeout passes (False)."""
         words = self.page.words
-        deadline = time.perf_counter() + self.timeout_s
+        deadline = time.perf_counter() + self.host_timeout_s
         while words[word] < value:
             if time.perf_counter() > deadline:
                 return False
@@ -486,7 +488,8 @@ class Runner:
         stalled = self.wait_for(done, self.run_deadline_s)
         if stalled:
             for i in stalled:
-                self.sides[i].release()
+                with self.on(self.sides[i]):
+                    self.sides[i].release()
             if self.wait_for(done, 30.0):
                 raise Stuck(f"sides {stalled} did not finish even with their waits released")
             failed = failed or (f"sides {stalled} did not finish within {self.run_deadline_s:.0f} s (released)")
