@@ -43,14 +43,15 @@ process on GPU 0; ``ipc``, two processes on GPU 0, each side's inbox (flag, data
 CUDA IPC (torch tensor sharing) and the host flags in a shared /dev/shm page both register with
 ``cuMemHostRegister``; without MPS two contexts time-slice, so a pair may take a time slice per leg; ``peer``,
 side 0 on GPU 0 and side 1 on GPU 1 of one process, peer access enabled (NVLink; two GPUs: the library's ranks
-are two processes, over the same peer mappings). Every placement runs
-in child processes that the parent stops after a deadline.
+are two processes, over the same peer mappings). Every placement runs in child processes that the parent stops
+after a deadline.
 
 Never hung: the spin and fold waits give up after ``--wait-timeout-ms`` (status: timed out), host polls after that
-or 1 s, whichever is longer; a run with a timed-out wait ends its pair, recorded with the count and no times. A side whose stream does not finish by the
-deadline releases its own waits (its flags set to the largest value) and the row records it. Before its first
-pair each send is tried once per placement (a write into the other side's flag, observed): a driver that refuses
-it (from CUDA 13.1 stream memop writes to peer memory) gets rows with the reason and no times.
+or 1 s, whichever is longer; a run with a timed-out wait ends its pair, recorded with the count and no times. A
+side whose stream does not finish by the deadline releases its own waits (its flags set to the largest value) and
+the row records it. Before its first pair each send is tried once per placement (a write into the other side's
+flag, observed): a driver that refuses it (from CUDA 13.1 stream memop writes to peer memory) gets rows with the
+reason and no times.
 
 Columns: placement, mode, send, wait (``none`` for the baseline rows), legs, bytes, leg_us (min, max over
 repeats), base_leg_us, crossing_us, correct (every leg's consumer saw its leg's data, in every run), timeouts
