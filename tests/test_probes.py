@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from dmacoll.bench.probes import PROBES, copy_contention, few_sm_kernels, flag_latency, local_copy_paths, \
-    memcpy_batch, sm_carveout, submit_cost, table_path, tables
+from dmacoll.bench.probes import PROBES, copy_contention, crossing, few_sm_kernels, flag_latency, \
+    local_copy_paths, memcpy_batch, sm_carveout, submit_cost, table_path, tables
 from dmacoll.bench.probes.common import Table
 from dmacoll.cli import build_parser, main
 from dmacoll.cli.probe import cmd_probe
@@ -27,6 +27,8 @@ NAN = float("nan")
 # today's values (what the committed results were measured with): a rerun with the defaults measures the same
 DEFAULTS = {
     "copy_contention": dict(bytes=64 << 20, copies=[1, 4], repeats=7),
+    "crossing": dict(placements=None, legs=100, repeats=5, bytes=4096, sends=list(crossing.SENDS),
+                     waits=list(crossing.WAITS), modes=list(crossing.MODES), wait_timeout_ms=20.0),
     "few_sm_kernels": dict(repeats=5, carveouts=[8, 16], threads=[256, 512, 1024], unrolls=[4, 8],
                            blocks=[8, 16, 32, 264], copy_bytes=64 << 20, add_elements=16 << 20),
     "flag_latency": dict(rounds=200, repeats=5, ways=list(flag_latency.WAYS)),
@@ -40,6 +42,10 @@ DEFAULTS = {
 # values each probe must refuse (argparse: usage + exit 2), beside the ones every probe refuses
 BAD = {
     "copy_contention": [["--bytes", "-64M"], ["--bytes", "lots"], ["--copies", "0"]],
+    "crossing": [["--legs", "3"], ["--legs", "0"], ["--legs", str(crossing.MAX_LEGS + 2)], ["--bytes", "6"],
+                 ["--bytes", "2M"], ["--placements", "mps"], ["--sends", "pigeon"], ["--waits", "sleep"],
+                 ["--modes", "lazy"], ["--wait-timeout-ms", "0"], ["--wait-timeout-ms", "-1"],
+                 ["--wait-timeout-ms", "soon"], ["--placements"]],
     "few_sm_kernels": [["--copy-bytes", "-1"], ["--copy-bytes", "100"], ["--add-elements", "3"], ["--threads", "0"],
                        ["--carveouts", "-8"]],
     "flag_latency": [["--rounds", "-5"], ["--rounds", str(flag_latency.MAX_ROUNDS + 1)], ["--ways", "smoke_signal"]],
@@ -63,8 +69,8 @@ def test_help_lists_every_probe(capsys):
     out = capsys.readouterr().out
     for name in NAMES:
         assert re.search(rf"^\s+{name}\b", out, re.M), name
-    assert set(NAMES) == {"copy_contention", "few_sm_kernels", "flag_latency", "local_copy_paths", "memcpy_batch",
-                          "sm_carveout", "submit_cost"}
+    assert set(NAMES) == {"copy_contention", "crossing", "few_sm_kernels", "flag_latency", "local_copy_paths",
+                          "memcpy_batch", "sm_carveout", "submit_cost"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -77,6 +83,7 @@ def test_defaults_parse_to_todays_values(name):
 
 
 def test_sizes_take_units():
+    assert parse("crossing", "--bytes", "64K", "--legs", "200").bytes == 64 << 10
     assert parse("local_copy_paths", "--bytes", "128M").bytes == 128 << 20
     assert parse("memcpy_batch", "--bytes", "4K").bytes == 4096
     assert parse("copy_contention", "--copies", "1", "2", "8").copies == [1, 2, 8]
@@ -109,6 +116,13 @@ def fake_tables(name: str) -> dict[str, Table]:
         for r in rows:
             r["correct"] = True
         return {name: Table(rows, {"bytes": 64 << 20})}
+    if name == "crossing":
+        base = crossing.Measured([800.0] * 5, {"ok": 600}, 6, "")
+        pair = crossing.Pair("eager", "copy", "fold")
+        return {name: Table(crossing.placement_rows("streams", [pair, crossing.Pair("graph", "memop", "spin")], 100,
+                                                    4096, {crossing.baseline("eager"): base,
+                                                           pair: crossing.Measured([1000.0] * 5, {"ok": 600}, 6, "")}),
+                            {"legs": 100})}
     if name == "few_sm_kernels":
         return {name: Table([
             few_sm_kernels.side_row(None, "driver_copy", 0, 0, 0, 2 * (64 << 20), [(35.0, NAN)] * 5, True),
@@ -257,9 +271,14 @@ def committed():
 COMMITTED = committed()
 
 
+# Written, not yet run on a GPU: no results to commit yet (an entry leaves once its results are committed).
+AWAITING_GPU = {"crossing"}
+
+
 def test_every_probe_table_has_committed_results():
     made = {(name, table) for _, name, table in COMMITTED}
-    assert made == {(n, t) for n in NAMES for t in tables(PROBES[n])}
+    assert made == {(n, t) for n in NAMES if n not in AWAITING_GPU for t in tables(PROBES[n])}
+    assert AWAITING_GPU <= set(NAMES)
     assert {str(run.relative_to(RESULTS)) for run, _, _ in COMMITTED} >= set(EARLIER)
 
 

@@ -20,6 +20,9 @@
 #                  goes in a run folder of its own, probes/sm_carveout_gemm_cost/)
 #         submit   one-GPU probe: host cost per call of k copies from Python, one batch call, the native library
 #                  (`dmacoll probe submit_cost`)
+#         crossing a completion crossing by halves: each send (memop, copy, kernel) x each wait (memop, spin,
+#                  fold, host), eager and graph, two streams and two processes (CUDA IPC) on GPU 0, and with two
+#                  GPUs visible also GPU 0 -> GPU 1 (`dmacoll probe crossing`)
 #         fewsm    one-GPU probe: copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a
 #                  carved-out GEMM (`dmacoll probe few_sm_kernels`)
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
@@ -107,6 +110,10 @@ case "$part" in
   submit)
     d=$(rundir probes/submit_cost)
     timeout 180 python3 -m dmacoll probe submit_cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -32 ;;
+  crossing)
+    d=$(rundir probes/crossing)  # every placement the visible GPUs allow (peer with two)
+    timeout ${CROSSING_TIMEOUT_S:-420} python3 -m dmacoll probe crossing --out "$d/data.csv" 2>&1 | tee "$d/run.log" \
+      | tail -75 ;;
   fewsm)
     d=$(rundir probes/few_sm_kernels)
     timeout 240 python3 -m dmacoll probe few_sm_kernels --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;

@@ -35,7 +35,9 @@ def _spin(rank: int, world: int) -> dict:
     eng = _engine()
     waiter, writer = torch.cuda.Stream(), torch.cuda.Stream()
     x = torch.zeros(1, dtype=torch.int32, device="cuda")
-    x.fill_(0), x.item()  # the fill kernel loaded before the spin runs
+    # every kernel this test launches is loaded before the spin runs: with lazy loading, a first launch while a
+    # kernel spins can wait for an idle GPU, which never comes (as with a pending prelaunch gate)
+    x.fill_(0), torch.cuda._sleep(1), x.item()
     eng.kernels().spin(waiter.cuda_stream, eng.ptrs[0], [1, 2], 1, False)
     with torch.cuda.stream(waiter):
         x.fill_(7)

@@ -140,7 +140,8 @@ def native(machine: str) -> str:
 
 def probes(machine: str) -> str:
     parts = []
-    for name, summary in (("flag_latency", tables.flag_latency), ("few_sm_kernels", tables.few_sm_best),
+    for name, summary in (("flag_latency", tables.flag_latency), ("crossing", tables.crossing),
+                          ("few_sm_kernels", tables.few_sm_best),
                           ("sm_carveout", tables.carveout_effect)):
         path = run(machine, "probes", name)
         if (ROOT / path).exists():

@@ -99,6 +99,24 @@ def flag_latency(flags: pd.DataFrame) -> pd.DataFrame:
     return flags[["way", "crossing_us", "error"]].fillna("").round(2)
 
 
+def crossing(rows: pd.DataFrame) -> pd.DataFrame:
+    """The crossing probe: per placement, mode, send and wait, the leg time and the crossing (the leg time over the
+    same placement and mode's baseline leg), in the probe's order of sends and waits; the baseline rows left out
+    (they are every row's base_leg_us). A row without times keeps its note."""
+    from ..bench.probes.crossing import MODES, PLACEMENTS, SENDS, WAITS
+
+    pairs = rows[rows["send"] != "none"].copy()
+    for column, order in (("placement", PLACEMENTS), ("mode", MODES), ("send", SENDS), ("wait", WAITS)):
+        pairs[column] = pd.Categorical(pairs[column], categories=order, ordered=True)
+    cols = ["placement", "mode", "send", "wait", "leg_us", "base_leg_us", "crossing_us", "correct", "timeouts", "note"]
+    out = pairs.sort_values(["placement", "mode", "send", "wait"])[cols]
+    for column in ("placement", "mode", "send", "wait"):
+        out[column] = out[column].astype(str)
+    for column in ("leg_us", "base_leg_us", "crossing_us"):  # empty where a pair has no times
+        out[column] = pd.to_numeric(out[column], errors="coerce").round(2).astype(object)
+    return out.fillna("").reset_index(drop=True)
+
+
 def carveout_effect(sm: pd.DataFrame) -> pd.DataFrame:
     """A device-local copy or a bf16 add next to the GEMMs, per BLAS library and SM setting: its time alone,
     next to the GEMMs, and what the GEMMs took."""

@@ -31,6 +31,27 @@ def driver():
     return drv
 
 
+def checked(result, what: str):
+    """A cuda-bindings call's result (its value, or the tuple of values past the error), or RuntimeError naming
+    ``what`` and the error."""
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        raise RuntimeError(f"{what}: error {err}")
+    return result[1] if isinstance(result, tuple) and len(result) == 2 else result
+
+
+def nvrtc_functions(source: str, name: str, arch: str, kernels: tuple[str, ...],
+                    options: tuple[str, ...] = ()) -> dict:
+    """The ``kernels`` of CUDA ``source``, compiled by NVRTC to a cubin for ``arch`` (``sm_90``) and loaded into the
+    current context: kernel name -> CUfunction."""
+    from ...backends.cuda_kernels import compile_program
+
+    drv = driver()
+    cubin = compile_program(source, name, arch, options)
+    module = checked(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
+    return {k: checked(drv.cuModuleGetFunction(module, k.encode()), k) for k in kernels}
+
+
 def gemm_and_side_operands(copy_bytes: int, add_elements: int) -> tuple:
     """On GPU 0: the GEMMs' bf16 8192^3 operands (a, c = a @ a) and the side jobs' buffers: a device-local copy
     (src -> dst, bytes) and a bf16 add (x + y -> z)."""

@@ -23,7 +23,8 @@ import argparse
 import ctypes
 import statistics
 
-from .common import Table, add_repeats, count, driver, gemm_and_side_operands, next_to_gemms, size_multiple_of
+from .common import (Table, add_repeats, checked, count, driver, gemm_and_side_operands, next_to_gemms,
+                     nvrtc_functions, size_multiple_of)
 
 NAME = "few_sm_kernels"
 HELP = "copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a carved-out GEMM (1 GPU)"
@@ -102,21 +103,9 @@ extern "C" __global__ void add_bf16(const uint4* __restrict__ x, const uint4* __
 """
 
 
-def _ok(result, what: str):
-    err = result[0] if isinstance(result, tuple) else result
-    if int(err) != 0:
-        raise RuntimeError(f"{what}: error {err}")
-    return result[1] if isinstance(result, tuple) and len(result) == 2 else result
-
-
 def compile_kernels(unroll: int, arch: str) -> dict:
     """The two kernels for one UNROLL, compiled by NVRTC to a cubin for ``arch`` and loaded."""
-    from ...backends.cuda_kernels import compile_program
-
-    drv = driver()
-    module = _ok(drv.cuModuleLoadData(compile_program(SOURCE, "few_sm.cu", arch, [f"-DUNROLL={unroll}"])),
-                 "cuModuleLoadData")
-    return {name: _ok(drv.cuModuleGetFunction(module, name.encode()), name) for name in ("copy_u4", "add_bf16")}
+    return nvrtc_functions(SOURCE, "few_sm.cu", arch, ("copy_u4", "add_bf16"), (f"-DUNROLL={unroll}",))
 
 
 def launcher(fn, blocks: int, threads: int, ptrs: list, n16: int):
@@ -124,8 +113,8 @@ def launcher(fn, blocks: int, threads: int, ptrs: list, n16: int):
 
     drv = driver()
     args = (tuple(ptrs) + (n16,), (ctypes.c_void_p,) * len(ptrs) + (ctypes.c_ulonglong,))
-    return lambda: _ok(drv.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0,
-                                          torch.cuda.current_stream().cuda_stream, args, 0), "cuLaunchKernel")
+    return lambda: checked(drv.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0,
+                                              torch.cuda.current_stream().cuda_stream, args, 0), "cuLaunchKernel")
 
 
 def run(args: argparse.Namespace) -> dict[str, Table]:
