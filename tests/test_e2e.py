@@ -478,7 +478,7 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
     snakefile = tmp_path / "Snakefile"
     snakefile.write_text(
         'configfile: "config/config.yaml"\n'
-        'config["e2e"] = {"models": ["llama-3.1-8b"], "layers": 1, "batches": [1, 8]}\n'
+        'config["e2e"] = {**config["e2e"], "models": ["llama-3.1-8b"], "layers": 1, "batches": [1, 8]}\n'
         'config["vllm"] = {"enabled": True, "models": [{"name": "mixtral", "model": "m/x", "tp": 2, "ep": True}],\n'
         '                  "latency": {"batches": [8]}}\n'
         f'include: "{ROOT}/workflow/rules/common.smk"\ninclude: "{ROOT}/workflow/rules/e2e_functions.smk"\n'
@@ -493,6 +493,8 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
     argv = shlex.split(line.split("2>&1")[0])
     argv = argv[argv.index("e2e"):]
     assert argv[argv.index("--out") + 1] == f"{tmp_path}/e2e/e2e/data.csv" and argv[argv.index("--layers") + 1] == "1"
+    i = argv.index("--schedules")  # config/config.yaml's schedules reach the CLI
+    assert argv[i + 1:i + 4] == ["serial", "microbatch", "seqpar"] and argv[argv.index("--pieces") + 1] == "4"
     assert cli.main(argv + ["--dry-run"]) == 0
     bench = [x for x in r.stdout.splitlines() if "bench latency" in x]
     assert any("DMACOLL_VLLM=1" in x for x in bench) and any("DMACOLL_VLLM=0" in x for x in bench)
