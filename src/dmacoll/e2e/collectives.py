@@ -1,4 +1,5 @@
-"""The one interface the model calls for communication, so its code is the same for NCCL and dmacoll.
+"""The one interface the model calls for communication, so its code is the same for NCCL and dmacoll:
+``all_reduce``, ``all_gather``, ``all_to_all``, ``reduce_scatter`` on the current stream (schedule.py picks it).
 
 ``buffer(name, *shape)``: a reusable communication buffer (the first elements of a block reserved once per
 name). The model computes straight into it (``matmul(..., out=buffer)``) and runs the collective in place;

@@ -6,6 +6,9 @@ the same model as world 1 (the unsharded reference in the tests).
 Activations are 2-D ``[tokens, hidden]``. Decode attends over the whole cache with a mask built from a position
 held on the device, so a decode step has fixed shapes and no host synchronisation: it can be captured in a
 CUDA graph and replayed, each replay advancing the position by one.
+
+A forward is a generator per micro-batch that yields its collectives (schedule.py drives it: in line, or
+interleaved with another micro-batch on a communication stream); its buffers are that micro-batch's (``Bufs``).
 """
 from __future__ import annotations
 
