@@ -18,7 +18,8 @@ import torch
 from dmacoll import cli
 from dmacoll.e2e import config as c
 from dmacoll.e2e import vllm_results as vr
-from dmacoll.e2e.bench import compare, derived, point_fields
+from dmacoll.e2e.calls import SCHEDULES
+from dmacoll.e2e.bench import compare, derived, floors, overlap, point_fields
 from dmacoll.e2e.collectives import make
 from dmacoll.e2e.model import Model, WeightGen, expert_mix, route
 from dmacoll.verify.launch import run_ranks
@@ -83,13 +84,16 @@ def test_prefill_chunks_buffers_and_call_counts():
     assert c.spec("mixtral-8x7b", 2).collectives_per_forward() == {"all_reduce": 3, "all_to_all": 4, "all_gather": 3}
 
 
-def test_default_run_fits_three_minutes():
+def test_default_run_fits_one_device_call():
     est = c.estimate(c.DEFAULTS, 2)
     assert c.DEFAULTS["layers"] == 4 and c.DEFAULTS["batches"] == [1, 8, 32, 128]
-    assert est["points"] == 3 * 4 * 2 * 2
-    assert 60 < est["seconds"] < 180  # the 2x H200 budget is 3 minutes, start-up included
+    assert est["points"] == 3 * 4 * 2 * 2 * 3  # models x batches x prompts x impls x schedules
+    assert 120 < est["seconds"] < 600  # a device call may take 10 minutes; the estimate runs ~3x over (config.py)
+    serial = c.estimate({**c.DEFAULTS, "schedules": ["serial"], "breakdown": False}, 2)
+    assert 60 < serial["seconds"] < 180 and serial["points"] == 48  # what the committed serial runs cost
     text = c.plan_text(c.DEFAULTS, 2)
     assert "mixtral-8x7b: TP2 + EP2 (4 experts/rank, top-2)" in text and "estimated" in text
+    assert "schedules serial microbatch seqpar" in text and "seqpar in 4 pieces" in text
 
 
 def test_hf_config_matches_the_spec():
@@ -234,35 +238,67 @@ def test_collectives_buffers_are_reused_views():
         coll.buffer("reduce", 13)
 
 
-# -- worlds 2 and 4 against world 1 -----------------------------------------------------------------------------------
-def _logits_rank(rank, world, impl, moe, batches):
+# -- every schedule at worlds 1, 2 and 4 against the unsharded serial model ------------------------------------------
+PROMPT, PIECES = 7, 3  # odd: seqpar pads its pieces, a one-prompt micro-batch split is uneven (4 + 3 tokens)
+
+
+def _logits_rank(rank, world, impls, moe, batches):
+    """Per (impl, schedule): per batch, (prefill logits, decode logits, what differs from the expected calls).
+    Prompts of PROMPT tokens in chunks of at most 16 tokens (batch 3: chunks of 2 and 1 prompts)."""
     import torch
 
+    from dmacoll.e2e.bench import decode_schedule, merged_expected
+    from dmacoll.e2e.calls import check_calls, expected_calls, merged_schedule_buffers
+    from dmacoll.e2e.schedule import Schedule
+
     s, m = _model(moe, world, rank)
-    coll = make(impl, "cpu", c.buffer_elements(s, world, 64, 4), torch.float32)
-    out = []
-    try:
-        for batch in batches:
-            prompts = torch.randint(0, s.vocab, (batch, 9), generator=torch.Generator().manual_seed(batch))
-            cache = m.new_cache(batch, 16)
-            pre = m.prefill_batch(coll, prompts[:, :8], cache, c.prefill_chunks(batch, 8, 16))
-            dec = m.decode(coll, prompts[:, 8], torch.full((1,), 8), cache)
-            out.append((pre, dec))
-    finally:
-        coll.close()
+    out = {}
+    for impl in impls:
+        coll = make(impl, "cpu", merged_schedule_buffers([s], world, 16, 4, SCHEDULES, PIECES), torch.float32)
+        try:
+            for name in SCHEDULES:
+                out[impl, name] = []
+                for batch in batches:
+                    prompts = torch.randint(0, s.vocab, (batch, PROMPT + 1), generator=torch.Generator().manual_seed(batch))
+                    chunks = c.prefill_chunks(batch, PROMPT, 16)
+                    pre_s, dec_s = Schedule(name, PIECES, log=[]), Schedule(decode_schedule(name), log=[])
+                    cache = m.new_cache(batch, 12)
+                    pre = m.prefill_batch(coll, prompts[:, :PROMPT], cache, chunks, pre_s)
+                    dec = m.decode(coll, prompts[:, PROMPT], torch.full((1,), PROMPT), cache, dec_s)
+                    problems = [check_calls([k.record() for k in pre_s.log],
+                                            merged_expected(s, world, name, chunks, PROMPT, PIECES)),
+                                check_calls([k.record() for k in dec_s.log],
+                                            expected_calls(s, world, dec_s.name, batch, 1, PIECES, True))]
+                    out[impl, name].append((pre, dec, [p for p in problems if p]))
+        finally:
+            coll.close()
     return out
+
+
+def assert_same_as(ref, got, what):
+    for (pre, dec, problems), (rpre, rdec, _) in zip(got, ref):
+        assert problems == [], (what, problems)
+        for a, r in ((pre, rpre), (dec, rdec)):
+            assert compare(r, a, 1e-3, 1e-3)["logits_ok"], what  # the run's own check and tolerance
+            assert torch.allclose(a, r, atol=1e-4, rtol=1e-4), what
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["llama", "mixtral"])
+def test_every_schedule_equals_serial_at_world1(moe):
+    out = _logits_rank(0, 1, ["none"], moe, [1, 3])
+    for name in SCHEDULES:
+        assert_same_as(out["none", "serial"], out["none", name], name)
 
 
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("moe", [False, True], ids=["llama", "mixtral"])
-def test_sharded_model_matches_the_unsharded_model(moe, world):
-    batches = [1, 3]  # batch 1: some ranks' MoE token slices are empty
-    ref = _logits_rank(0, 1, "none", moe, batches)
-    for impl in ("nccl", "dma"):  # gloo through torch.distributed; dmacoll's host emulator
-        for rank_out in run_ranks(_logits_rank, world, impl, moe, batches, timeout_s=240):
-            for (pre, dec), (rpre, rdec) in zip(rank_out, ref):
-                assert torch.allclose(pre, rpre, atol=1e-4, rtol=1e-4), impl
-                assert torch.allclose(dec, rdec, atol=1e-4, rtol=1e-4), impl
+def test_every_schedule_of_the_sharded_model_equals_the_unsharded_model(moe, world):
+    batches = [1, 3]  # batch 1: some ranks' MoE token slices are empty, seqpar pads
+    ref = _logits_rank(0, 1, ["none"], moe, batches)["none", "serial"]
+    # gloo through torch.distributed; dmacoll's host emulator
+    for rank_out in run_ranks(_logits_rank, world, ["nccl", "dma"], moe, batches, timeout_s=300):
+        for (impl, name), got in rank_out.items():
+            assert_same_as(ref, got, (impl, name, world))
 
 
 def _check_rank(rank, world, moe):
@@ -277,9 +313,11 @@ def _check_rank(rank, world, moe):
 
 @pytest.mark.parametrize("moe", [False, True], ids=["llama", "mixtral"])
 def test_float32_logits_check_passes_for_the_emulated_dma_collectives(moe):
+    """Every (implementation, schedule) against NCCL serial, the run's own check (check_model)."""
     for verdict in run_ranks(_check_rank, 2, moe, timeout_s=120):
-        assert set(verdict) == {"dma"} and verdict["dma"]["logits_ok"], verdict
-        assert verdict["dma"]["check_max_abs_diff"] < 1e-4
+        assert set(verdict) == {(i, s) for i in ("nccl", "dma") for s in SCHEDULES} - {("nccl", "serial")}
+        assert all(v["logits_ok"] and v["check_max_abs_diff"] < 1e-4 for v in verdict.values()), verdict
+        assert verdict["dma", "serial"]["check_max_abs_diff"] == 0  # the same sums as gloo's at two ranks
 
 
 # -- rows, schema, checks -----------------------------------------------------------------------------------------
@@ -295,9 +333,17 @@ def test_logits_check_and_derived_rates():
     assert d["e2e_tok_s"] == pytest.approx(8 * 128 / (0.02 + 127 * 0.01))
 
 
-def synthetic_rows(dma_gain=1.2):
+# overlapped schedules' gain per implementation in the synthetic rows (dma overlaps better, as measured in C3)
+GAIN = {("nccl", "serial"): 1.0, ("nccl", "microbatch"): 1.02, ("nccl", "seqpar"): 1.01,
+        ("dma", "serial"): 1.0, ("dma", "microbatch"): 1.15, ("dma", "seqpar"): 1.1}
+
+
+def synthetic_rows(dma_gain=1.2, schedules=SCHEDULES):
+    """Rows as `dmacoll e2e` writes them: dma `dma_gain` x faster than NCCL in serial, overlapped schedules faster
+    by GAIN, compute alone 60% of serial, communication alone 50%."""
     rows, cfg = [], dict(c.DEFAULTS)
     rn = SimpleNamespace(cfg=cfg, world=2)
+    rates = {"copy_GBps": 4000.0, "gemm_TFLOPs": 700.0}
     rng = np.random.default_rng(0)
     for name in c.MODELS:
         s = c.spec(name, 2)
@@ -305,16 +351,24 @@ def synthetic_rows(dma_gain=1.2):
             for prompt in cfg["prompts"]:
                 base_t, base_d = 0.02 * batch * prompt / 128, 0.3 + 0.01 * batch
                 for impl, f in (("nccl", 1.0), ("dma", dma_gain)):
-                    ttft, dec = base_t / f * (1 + 0.01 * rng.random()), base_d / f
-                    row = {**point_fields(s, rn, impl, batch, prompt), "ttft_ms": ttft, "ttft_ms_p10": ttft,
-                           "ttft_ms_p90": ttft, "decode_ms": dec, "decode_ms_p10": dec, "decode_ms_p90": dec,
-                           **derived(batch, prompt, cfg["output_len"], ttft, dec), "status": "ok"}
-                    ref = impl == "nccl"
-                    row.update(logits_max_abs_diff=float("nan") if ref else 0.0,
-                               logits_ref_max_abs=float("nan") if ref else 5.0, logits_ok="" if ref else True,
-                               argmax_agree=float("nan") if ref else 1.0, check_dtype="float32",
-                               check_max_abs_diff=float("nan") if ref else 1e-5)
-                    rows.append(row)
+                    for sched in schedules:
+                        g = GAIN[impl, sched]
+                        ttft = base_t / f / g * (1 + 0.01 * rng.random())
+                        dec = float("nan") if sched == "seqpar" else base_d / f / g
+                        row = {**dict.fromkeys(c.MEASURED_COLUMNS, float("nan")),
+                               **point_fields(s, rn, impl, batch, prompt, sched), "ttft_ms": ttft,
+                               "ttft_ms_p10": ttft, "ttft_ms_p90": ttft, "decode_ms": dec, "decode_ms_p10": dec,
+                               "decode_ms_p90": dec, **derived(batch, prompt, cfg["output_len"], ttft, dec),
+                               **overlap("ttft", 0.6 * base_t, 0.5 * base_t / f, ttft),
+                               **overlap("decode", 0.6 * base_d, 0.5 * base_d / f, dec),
+                               "prefill_calls": 10, "decode_calls": 10, "calls_ok": True, "status": "ok"}
+                        row.update(floors(s, 2, batch, prompt, cfg, rates, row))
+                        ref = (impl, sched) == ("nccl", schedules[0])
+                        row.update(logits_max_abs_diff=float("nan") if ref else 0.0,
+                                   logits_ref_max_abs=float("nan") if ref else 5.0, logits_ok="" if ref else True,
+                                   argmax_agree=float("nan") if ref else 1.0, check_dtype="float32",
+                                   check_max_abs_diff=float("nan") if ref else 1e-5)
+                        rows.append(row)
     return rows
 
 
@@ -327,20 +381,35 @@ def test_rows_fill_exactly_the_csv_columns(tmp_path):
     csv = tmp_path / "e2e.csv"
     provenance.write_table(csv, rows, c.E2E_COLUMNS, {"models": list(c.MODELS)})
     back = pd.read_csv(csv)
-    assert list(back.columns) == c.E2E_COLUMNS and len(back) == 48 and csv.with_suffix(".json").exists()
+    assert list(back.columns) == c.E2E_COLUMNS and len(back) == 144 and csv.with_suffix(".json").exists()
+    assert set(back["schedule"]) == set(SCHEDULES) and back[back["schedule"] == "seqpar"]["decode_ms"].isna().all()
 
 
 # -- CLI ------------------------------------------------------------------------------------------------------------
 def test_cli_dry_run_prints_the_plan(capsys, tmp_path):
     assert cli.main(["e2e", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "48 points" in out and "llama-3.1-70b: TP2" in out and re.search(r"estimated \d+ s", out)
+    assert "144 points" in out and "llama-3.1-70b: TP2" in out and re.search(r"estimated \d+ s", out)
     assert cli.main(["e2e", "--dry-run", "--world", "16"]) == 2
     assert "not divisible by 16" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["e2e", "--dry-run", "--models", "gpt-5"])
     assert cli.main(["e2e", "--models", "mixtral-8x7b", "--layers", "3", "--hf-config-dir", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "mixtral-8x7b/config.json").read_text())["num_hidden_layers"] == 3
+
+
+def test_cli_schedules_and_one_gpu(capsys):
+    assert cli.main(["e2e", "--dry-run", "--world", "1", "--impls", "nccl", "--schedules", "serial",
+                     "microbatch", "seqpar", "--pieces", "3", "--no-breakdown"]) == 0
+    out = capsys.readouterr().out
+    assert "on 1 rank(s)" in out and "seqpar in 3 pieces" in out and "no compute / communication breakdown" in out
+    assert cli.main(["e2e", "--dry-run", "--world", "1"]) == 2  # dmacoll needs two ranks: said before any GPU work
+    assert "--impls nccl" in capsys.readouterr().err
+    assert cli.main(["e2e", "--dry-run", "--schedules", "serial", "serial"]) == 2
+    assert "lists one twice" in capsys.readouterr().err
+    for bad in (["--schedules", "async"], ["--pieces", "0"]):
+        with pytest.raises(SystemExit):
+            cli.main(["e2e", "--dry-run", *bad])
 
 
 # -- vLLM results --------------------------------------------------------------------------------------------------
@@ -382,12 +451,23 @@ def test_notebook_renders_synthetic_results(tmp_path):
     ns = run_notebook(ROOT / "notebooks/e2e.py", {"csvs": [str(e2e_csv), str(vllm_csv)], "platform_label": "test",
                                                   "outdir": str(outdir)})
     for name in ("decode_latency.png", "ttft.pdf", "throughput.png", "speedup.png", "latency_throughput.md",
-                 "paper_claims.csv", "logits_check.md", "failed.md", "vllm_latency.csv", "vllm_throughput.md"):
+                 "paper_claims.csv", "logits_check.md", "failed.md", "vllm_latency.csv", "vllm_throughput.md",
+                 "schedules.png", "dma_over_nccl_same_schedule.pdf", "fraction_of_ideal.png", "schedules.csv",
+                 "compute_speed.md", "targets.md"):
         assert (outdir / name).exists(), name
     claims = ns["claims"].set_index("metric")
-    assert claims.loc["latency (decode step)", "measured_best"] == pytest.approx(1.25)
+    assert claims.loc["latency (decode step)", "measured_best"] == pytest.approx(1.25)  # serial, dma over NCCL
     assert claims.loc["throughput (e2e tokens/s)", "dmalatte_paper_mi300x_vs_vllm"] == "up to 1.9x"
-    assert len(ns["check"]) == 23  # 24 dma points, one failed
+    assert len(ns["check"]) == 144 - 24 - 1  # every row but the reference (NCCL serial) and the failed one
+    sbs = ns["sbs"].set_index(["model", "batch", "prompt_len", "impl", "schedule"])
+    point = ("llama-3.1-8b", 8, 128)
+    assert sbs.loc[(*point, "dma", "microbatch"), "decode_vs_nccl_serial"] == pytest.approx(1.25 * 1.15, rel=1e-3)
+    assert sbs.loc[(*point, "dma", "microbatch"), "decode_vs_nccl"] == pytest.approx(1.25 * 1.15 / 1.02, rel=1e-3)
+    assert sbs.loc[(*point, "nccl", "serial"), "decode_vs_nccl_serial"] == pytest.approx(1.0)
+    goals = ns["goals"].set_index("target")
+    assert len(goals) == 8 and goals["met"].isin([True, False]).all()  # a TTFT row per layout: tp2, tp2+ep2
+    worst = [r for r in goals.index if r.startswith("dma microbatch tokens/s over NCCL serial, worst")][0]
+    assert goals.loc[worst, "met"] and goals.loc[worst, "points"] == 3 * 3 * 2
 
 
 SNAKEMAKE = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or shutil.which("snakemake")
@@ -398,7 +478,7 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
     snakefile = tmp_path / "Snakefile"
     snakefile.write_text(
         'configfile: "config/config.yaml"\n'
-        'config["e2e"] = {"models": ["llama-3.1-8b"], "layers": 1, "batches": [1, 8]}\n'
+        'config["e2e"] = {**config["e2e"], "models": ["llama-3.1-8b"], "layers": 1, "batches": [1, 8]}\n'
         'config["vllm"] = {"enabled": True, "models": [{"name": "mixtral", "model": "m/x", "tp": 2, "ep": True}],\n'
         '                  "latency": {"batches": [8]}}\n'
         f'include: "{ROOT}/workflow/rules/common.smk"\ninclude: "{ROOT}/workflow/rules/e2e_functions.smk"\n'
@@ -413,6 +493,8 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
     argv = shlex.split(line.split("2>&1")[0])
     argv = argv[argv.index("e2e"):]
     assert argv[argv.index("--out") + 1] == f"{tmp_path}/e2e/e2e/data.csv" and argv[argv.index("--layers") + 1] == "1"
+    i = argv.index("--schedules")  # config/config.yaml's schedules reach the CLI
+    assert argv[i + 1:i + 4] == ["serial", "microbatch", "seqpar"] and argv[argv.index("--pieces") + 1] == "4"
     assert cli.main(argv + ["--dry-run"]) == 0
     bench = [x for x in r.stdout.splitlines() if "bench latency" in x]
     assert any("DMACOLL_VLLM=1" in x for x in bench) and any("DMACOLL_VLLM=0" in x for x in bench)

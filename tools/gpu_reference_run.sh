@@ -26,7 +26,9 @@
 #         fewsm    one-GPU probe: copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a
 #                  carved-out GEMM (`dmacoll probe few_sm_kernels`)
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
-#         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll, logits compared
+#         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll under each schedule (serial,
+#                  microbatch, seqpar), logits compared; E2E_ARGS: more `dmacoll e2e` options; on one GPU NCCL alone
+#                  (the schedules run their compute, micro-batch streams and graphs; no dmacoll below 2 ranks)
 # Everything is packed into OUTDIR/results.tgz (few files come back), laid out as results/<machine>/ is: a run folder
 # <experiment>/<run>/ per output (data.csv, data.json provenance, run.log), this call's machine probe (nvidia-smi,
 # versions) as <experiment>/probe.txt, test logs under tests/. Unpack it into the machine's folder:
@@ -123,7 +125,8 @@ case "$part" in
     tail -12 "$d/run.log" ;;
   e2e)
     d=$(rundir e2e/e2e)
-    timeout ${E2E_TIMEOUT_S:-300} python3 -m dmacoll e2e --out "$d/data.csv" > "$d/run.log" 2>&1
+    one=""; [ "$world" -lt 2 ] && one="--impls nccl"
+    timeout ${E2E_TIMEOUT_S:-300} python3 -m dmacoll e2e $one ${E2E_ARGS:-} --out "$d/data.csv" > "$d/run.log" 2>&1
     tail -25 "$d/run.log" ;;
   smoke)
     d=$(rundir operator/smoke)

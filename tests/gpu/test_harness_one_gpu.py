@@ -50,11 +50,20 @@ def _e2e(rank: int, world: int):
     from dmacoll.e2e.bench import run_e2e
     from dmacoll.e2e.config import DEFAULTS
 
-    cfg = {**DEFAULTS, "models": ["llama-3.1-8b"], "layers": 1, "batches": [2], "prompts": [32], "impls": ["nccl"],
-           "decode_steps": 2, "repeats": 2}
+    # batch 2: the micro-batches split the sequences; batch 1, prompt 33: one prompt split by tokens, seqpar padded
+    cfg = {**DEFAULTS, "models": ["llama-3.1-8b", "mixtral-8x7b"], "layers": 1, "batches": [1, 2], "prompts": [33],
+           "impls": ["nccl"], "pieces": 2, "decode_steps": 2, "repeats": 2}
     return run_e2e(rank, world, cfg)
 
 
 def test_the_e2e_runner_measures_on_a_gpu():
+    """Every schedule on one GPU (NCCL's one-rank calls on the communication stream), decode graphs captured with
+    the micro-batches on two streams; the float32 logits of every schedule equal serial's."""
     rows = run_ranks(_e2e, 1, device="cuda", timeout_s=300)[0]
-    assert len(rows) == 1 and rows[0]["status"] == "ok" and rows[0]["decode_ms"] > 0 and rows[0]["ttft_ms"] > 0
+    assert len(rows) == 2 * 2 * 3 and all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    assert all(r["calls_ok"] for r in rows) and all(r["ttft_ms"] > 0 for r in rows)
+    assert all(r["logits_ok"] is True for r in rows if r["schedule"] != "serial")
+    decoded = [r for r in rows if r["schedule"] != "seqpar"]
+    assert all(r["decode_ms"] > 0 and r["decode_compute_ms"] > 0 and r["decode_floor_ms"] > 0 for r in decoded)
+    assert {r["microbatches"] for r in decoded if r["schedule"] == "microbatch"} == {1, 2}
+    assert all(r["copy_GBps"] > 100 and r["gemm_TFLOPs"] > 10 for r in rows)

@@ -76,6 +76,15 @@ def _interference(df: pd.DataFrame) -> pd.DataFrame:
     return old.drop(columns=["direction", "place"])
 
 
+def _e2e(df: pd.DataFrame) -> pd.DataFrame:
+    """`dmacoll e2e` tables: those written before the schedules ran every collective in line (``serial``), one
+    piece, one micro-batch; their other new columns stay missing."""
+    for col, default in (("schedule", "serial"), ("pieces", 1), ("microbatches", 1)):
+        df[col] = df[col].where(df[col].notna(), default) if col in df else default
+    df["schedule"] = df["schedule"].astype(str)
+    return df
+
+
 # kind -> (strings read as missing; None: pandas' defaults), migration of the concatenated table
 KINDS: dict[str, tuple[list[str] | None, Callable[[pd.DataFrame], pd.DataFrame]]] = {
     "operator": (["nan"], _operator),  # "" stays "": a column empty for some implementations (variant, error)
@@ -85,7 +94,7 @@ KINDS: dict[str, tuple[list[str] | None, Callable[[pd.DataFrame], pd.DataFrame]]
     "breakdown": (None, _as_written),
     "c3": (["nan", "NaN", ""], _as_written),
     "ficco": (["nan", "NaN", ""], _as_written),
-    "e2e": (["nan", ""], _as_written),
+    "e2e": (["nan", ""], _e2e),
     "vllm": (["nan", ""], _as_written),
     "probe": (["nan", ""], _as_written),  # `dmacoll probe` tables
 }

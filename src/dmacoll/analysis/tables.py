@@ -44,10 +44,11 @@ def breakdown_wide(bd: pd.DataFrame) -> pd.DataFrame:
 E2E_KEYS = ["model", "parallel", "layers", "batch", "prompt_len"]
 
 
-def e2e_ratios(e2e: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, parallelism, batch, prompt): both implementations' TTFT, decode step and tokens/s, and
-    NCCL / dma (> 1: dma faster): ttft_speedup, decode_speedup, and throughput_gain (dma / NCCL tokens/s)."""
-    ok = e2e[e2e["status"] == "ok"]
+def e2e_ratios(e2e: pd.DataFrame, schedule: str = "serial") -> pd.DataFrame:
+    """Per (model, parallelism, batch, prompt) under one schedule: both implementations' TTFT, decode step and
+    tokens/s, and NCCL / dma (> 1: dma faster): ttft_speedup, decode_speedup, and throughput_gain (dma / NCCL
+    tokens/s). The schedules side by side: ``e2e_tables``."""
+    ok = e2e[(e2e["status"] == "ok") & (e2e["schedule"] == schedule)]
     wide = ok.pivot_table(index=E2E_KEYS, columns="impl", values=["ttft_ms", "decode_ms", "decode_tok_s",
                                                                    "e2e_tok_s"])
     summary = pd.DataFrame(index=wide.index)

@@ -44,28 +44,28 @@ def apply_timeout(a: argparse.Namespace) -> None:
         os.environ["DMACOLL_TIMEOUT_S"] = str(a.timeout_s)
 
 
-def gpu_world(a: argparse.Namespace, what: str) -> int:
-    """--world, else every visible GPU; 0 with a message when fewer than 2."""
+def gpu_world(a: argparse.Namespace, what: str, least: int = 2) -> int:
+    """--world, else every visible GPU; 0 with a message when fewer than ``least``."""
     import torch
 
     world = a.world or torch.cuda.device_count()
-    if world < 2:
-        print(f"dmacoll {what} needs at least 2 GPUs, found {world}", file=sys.stderr)
+    if world < least:
+        print(f"dmacoll {what} needs at least {least} GPU{'s' if least > 1 else ''}, found {world}", file=sys.stderr)
         return 0
     return world
 
 
-def planned_world(a: argparse.Namespace, what: str) -> int:
+def planned_world(a: argparse.Namespace, what: str, least: int = 2) -> int:
     """Ranks of a command that can plan without GPUs: --world, else 2 for a dry run, else every visible GPU."""
-    return a.world or (2 if getattr(a, "dry_run", False) else gpu_world(a, what))
+    return a.world or (2 if getattr(a, "dry_run", False) else gpu_world(a, what, least))
 
 
-def run_on_gpus(a: argparse.Namespace, what: str, run_rank, columns: list[str], cfg: dict) -> int:
+def run_on_gpus(a: argparse.Namespace, what: str, run_rank, columns: list[str], cfg: dict, least: int = 2) -> int:
     """Run ``run_rank(rank, world, cfg)`` on every GPU and write rank 0's rows with provenance."""
     from ..bench import harness
     from ..verify.launch import run_ranks
 
-    world = gpu_world(a, what)
+    world = gpu_world(a, what, least)
     if not world:
         return 2
     apply_timeout(a)

@@ -15,6 +15,7 @@ def cmd_e2e(a: argparse.Namespace) -> int:
     from ..e2e import config as e2e
 
     cfg = dict(models=a.models, layers=a.layers, batches=a.batches, prompts=a.prompts, impls=a.impls,
+               schedules=a.schedules, pieces=a.pieces, breakdown=not a.no_breakdown,
                decode_steps=a.decode_steps, repeats=a.repeats, output_len=a.output_len, chunk_tokens=a.chunk_tokens,
                dtype=a.dtype, seed=a.seed, check_dtype=a.check_dtype, rtol=a.rtol, atol=a.atol)
     if a.hf_config_dir:  # shapes for `vllm bench ... --load-format dummy`
@@ -24,15 +25,27 @@ def cmd_e2e(a: argparse.Namespace) -> int:
             (d / "config.json").write_text(json.dumps(e2e.hf_config(e2e.spec(name, a.layers)), indent=1) + "\n")
             print(f"wrote {d / 'config.json'}")
         return 0
-    world = planned_world(a, "e2e")
+    world = planned_world(a, "e2e", least=1)
     if not world:
         return 2
+    check_plan(cfg, world)
     print(e2e.plan_text(cfg, world), flush=True)  # InvalidArgument if a model does not split over the ranks
     if a.dry_run:
         return 0
     from ..e2e.bench import E2E_COLUMNS, run_e2e
 
-    return run_on_gpus(a, "e2e", run_e2e, E2E_COLUMNS, cfg)
+    return run_on_gpus(a, "e2e", run_e2e, E2E_COLUMNS, cfg, least=1)
+
+
+def check_plan(cfg: dict, world: int) -> None:
+    """What no rank should start with: an unknown or repeated schedule, dmacoll on one GPU."""
+    from ..e2e.calls import check_schedules
+    from ..errors import InvalidArgument
+
+    check_schedules(cfg["schedules"], cfg["pieces"])
+    if world < 2 and "dma" in cfg["impls"]:
+        raise InvalidArgument("dmacoll collectives need at least 2 ranks; on one GPU run --impls nccl (the "
+                              "schedules then run their compute and NCCL's one-rank calls)")
 
 
 def cmd_vllm_results(a: argparse.Namespace) -> int:
@@ -50,6 +63,7 @@ def cmd_vllm_results(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
+    from ..e2e.calls import SCHEDULES
     from ..e2e.config import DEFAULTS as d, MODELS
 
     p = sub.add_parser("e2e", help="LLM inference (Llama / Mixtral layers, random weights): TTFT, decode step, "
@@ -60,7 +74,15 @@ def register(sub) -> None:
     p.add_argument("--batches", nargs="+", type=positive, default=d["batches"])
     p.add_argument("--prompts", nargs="+", type=positive, default=d["prompts"], help="prompt lengths (tokens)")
     p.add_argument("--impls", nargs="+", choices=("nccl", "dma"), default=d["impls"],
-                   help="collectives; the first is the logits reference")
+                   help="collectives; the first (under the first schedule) is the logits reference")
+    p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=d["schedules"],
+                   help="where the collectives go: serial (in line), microbatch (two micro-batches interleaved, "
+                        "collectives on a stream of their own), seqpar (prefill only: sequence parallel, pieces "
+                        "pipelined)")
+    p.add_argument("--pieces", type=positive, default=d["pieces"],
+                   help="seqpar: pieces per all-gather / reduce-scatter of a block")
+    p.add_argument("--no-breakdown", action="store_true",
+                   help="skip the compute-alone and communication-alone runs (a third of the time)")
     p.add_argument("--decode-steps", type=positive, default=d["decode_steps"], help="graph replays per timing")
     p.add_argument("--repeats", type=positive, default=d["repeats"])
     p.add_argument("--output-len", type=positive, default=d["output_len"],

@@ -1,16 +1,29 @@
-"""`dmacoll e2e`: LLM inference (prefill + decode) with NCCL or dmacoll collectives, one process per GPU.
+"""`dmacoll e2e`: LLM inference (prefill + decode) with NCCL or dmacoll collectives, one process per GPU, under
+each schedule of schedule.py (serial, microbatch, seqpar).
 
-Per (model, batch, prompt length) and per implementation, on the same weights and inputs:
+Per (model, batch, prompt length), per implementation and per schedule, on the same weights and inputs:
 
 * TTFT: the whole batch's prefill (``chunk_tokens`` tokens per forward, whole prompts) up to the logits of every
   prompt's last token, eager, CUDA events, median of ``repeats`` after one warm-up; the slowest rank's time;
 * decode: one step (one token per sequence) captured in a CUDA graph; ``decode_steps`` replays back to back
-  between two events, per-step time, median of ``repeats``; the slowest rank's;
+  between two events, per-step time, median of ``repeats``; the slowest rank's. seqpar is a prefill schedule:
+  its rows have no decode;
 * throughput: prefill tokens/s = batch x prompt / TTFT, decode tokens/s = batch / step time, and
   e2e tokens/s = batch x output_len / (TTFT + (output_len - 1) x step) (derived from the two, not run);
-* outputs: the first implementation in ``impls`` (NCCL by default) is the reference. Per model, before the timed
-  points, every implementation runs one untimed prefill + decode step (smallest batch and prompt) on the same
-  weights in ``check_dtype`` (float32 by default); every other one must give the reference's logits within
+* where the time goes (``breakdown``): the same prefill and decode step with the collectives replaced by no-ops
+  on the same buffers and streams (compute alone) and the schedule's own recorded collectives replayed back to
+  back (communication alone, a CUDA graph for decode); C3's metrics from the three times: ideal speedup =
+  (compute + comm) / max(compute, comm), realized = (compute + comm) / measured, fraction of ideal = (realized
+  - 1) / (ideal - 1), clipped at 1 (the raw value kept), as ``analysis/c3_rules.collapse`` does;
+* floors: the copy rate and the GEMM rate measured once per run (rates.py); a decode step's compute against its
+  bytes (weights and live KV cache, config.decode_bytes) at the copy rate, the prefill's compute against its GEMM
+  FLOPs (config.prefill_gemm_flops) at the GEMM rate;
+* collectives: each row's prefill and decode step record the calls they issued, checked against what the
+  schedule must issue (calls.py: ``calls_ok``), and counted (``prefill_calls``, ``decode_calls``);
+* outputs: the first implementation in ``impls`` (NCCL by default) under the first schedule is the reference.
+  Per model, before the timed points, every (implementation, schedule) runs one untimed prefill + decode step
+  (smallest batch and prompt; seqpar's decode step is serial, after its own prefill) on the same weights in
+  ``check_dtype`` (float32 by default); every other one must give the reference's logits within
   ``|a - b| <= atol x rms(ref) + rtol x |ref|`` per element (``logits_ok``, ``check_max_abs_diff``). The check
   is in float32 because in bfloat16 the implementations legitimately differ by roundings: NCCL's ring rounds
   every partial sum to bfloat16 (world - 1 times), dmacoll adds in float32 and rounds once; over layers that
@@ -23,11 +36,15 @@ feeds fixed tokens (not greedy ones) so that both implementations see the same i
 """
 from __future__ import annotations
 
+import math
 import statistics
-from typing import Optional
+from typing import Callable, Optional
 
+from ..bench.c3_grid import c3_metrics
 from ..bench.harness import Rank, elapsed_us
-from .config import E2E_COLUMNS, MEASURED_COLUMNS, ModelSpec, max_tokens, merged_buffers, prefill_chunks, spec
+from .calls import PREFILL_ONLY, check_calls, expected_calls, merged_schedule_buffers, split
+from .config import (E2E_COLUMNS, MEASURED_COLUMNS, ModelSpec, decode_bytes, max_tokens, prefill_chunks,
+                     prefill_gemm_flops, spec)
 
 __all__ = ["E2E_COLUMNS", "run_e2e"]
 
@@ -54,102 +71,211 @@ def derived(batch: int, prompt: int, output_len: int, ttft_ms: float, decode_ms:
             "e2e_tok_s": batch * output_len / (ttft_s + (output_len - 1) * step_s)}
 
 
+def overlap(phase: str, compute_ms: float, comm_ms: float, measured_ms: float) -> dict:
+    """C3's metrics of one phase (module docstring), NaN where a time is missing."""
+    names = ["compute_ms", "comm_ms", "ideal_speedup", "realized_speedup", "fraction_of_ideal",
+             "fraction_of_ideal_raw"]
+    if not all(math.isfinite(t) and t > 0 for t in (compute_ms, comm_ms, measured_ms)):
+        return {f"{phase}_{n}": v for n, v in zip(names, [compute_ms, comm_ms] + [float("nan")] * 4)}
+    m = c3_metrics(compute_ms, comm_ms, measured_ms)
+    raw = m["fraction_of_ideal"]
+    return {f"{phase}_{n}": v for n, v in zip(names, [compute_ms, comm_ms, m["ideal_speedup"],
+                                                      m["realized_speedup"], min(raw, 1.0), raw])}
+
+
+def floors(s: ModelSpec, world: int, batch: int, prompt: int, cfg: dict, rates: dict, row: dict) -> dict:
+    """The compute times of ``row`` against the run's measured rates (module docstring)."""
+    import torch
+
+    elsize = torch.empty((), dtype=getattr(torch, cfg["dtype"])).element_size()
+    live = prompt + (cfg["decode_steps"] + 1) / 2  # positions a step attends to, on average over the replays
+    decode_floor = decode_bytes(s, world, batch, live, elsize) / (rates["copy_GBps"] * 1e9) * 1e3
+    prefill_floor = prefill_gemm_flops(s, world, batch, prompt) / (rates["gemm_TFLOPs"] * 1e12) * 1e3
+    return {**rates, "decode_floor_ms": decode_floor, "prefill_floor_ms": prefill_floor,
+            "decode_compute_over_floor": row.get("decode_compute_ms", float("nan")) / decode_floor,
+            "prefill_compute_over_floor": row.get("ttft_compute_ms", float("nan")) / prefill_floor}
+
+
 class Runner(Rank):
-    """The harness's rank (stream, host group, slowest-rank reduction) with the models' specs and one set of
-    collectives per implementation, their buffers sized for the largest point."""
+    """The harness's rank (stream, host group, slowest-rank reduction) with the models' specs, one set of
+    collectives per implementation (buffers sized for the largest point under every schedule), and the run's
+    copy and GEMM rates (the slowest rank's)."""
 
     def __init__(self, rank: int, world: int, cfg: dict):
+        import torch
+
+        from . import rates
         from .collectives import make
 
         super().__init__(rank, world, dtype=cfg["dtype"])
         self.cfg = cfg
-        self.specs = [spec(m, cfg["layers"]) for m in cfg["models"]]
+        self.specs = [m if isinstance(m, ModelSpec) else spec(m, cfg["layers"]) for m in cfg["models"]]
         tokens = max_tokens(cfg["batches"], cfg["prompts"], cfg["chunk_tokens"])
-        elements = merged_buffers(self.specs, world, tokens, max(cfg["batches"]))
+        elements = merged_schedule_buffers(self.specs, world, tokens, max(cfg["batches"]), cfg["schedules"],
+                                           cfg["pieces"])
         self.colls = {impl: make(impl, self.device, elements, self.dtype) for impl in cfg["impls"]}
+        measured = rates.measure(self.device, self.dtype)
+        self.rates = {k: min(v) for k, v in zip(measured, zip(*self.gather(list(measured.values()))))}
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
-def measure(rn: Runner, model, impl: str, batch: int, prompt: int, inputs: tuple) -> tuple[dict, tuple]:
-    """TTFT and decode step time of one implementation; also its logits (prefill, first decode step)."""
+def replayable(rn: Rank, fn: Callable[[], object]) -> tuple[Callable[[], None], object]:
+    """``fn`` as something to replay, and its output: on a GPU a CUDA graph (captured after one eager call on a
+    side stream: kernels chosen, NCCL and dmacoll warmed up), on the host ``fn`` itself."""
     import torch
 
-    cfg, coll = rn.cfg, rn.colls[impl]
-    prompts, step_tokens = inputs
-    steps, repeats = cfg["decode_steps"], cfg["repeats"]
-    chunks = prefill_chunks(batch, prompt, cfg["chunk_tokens"])
-    cache = model.new_cache(batch, prompt + steps + 4)
-
-    def timed(fn) -> float:
-        rn.barrier()
-        return elapsed_us(fn) / 1e3  # ms
-
-    model.prefill_batch(coll, prompts, cache, chunks)  # warm-up (and NCCL's eager call before capture)
-    ttft = rn.slowest([timed(lambda: model.prefill_batch(coll, prompts, cache, chunks)) for _ in range(repeats)])
-    prefill_logits = model.prefill_batch(coll, prompts, cache, chunks)
-
-    tokens = step_tokens.clone()
-    pos = torch.full((1,), prompt, dtype=torch.long, device=rn.device)
-
-    def step():
-        out = model.decode(coll, tokens, pos, cache)
-        pos.add_(1)
-        return out
-
+    if rn.device.type != "cuda":
+        return fn, fn()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step()  # eager once: kernels chosen, NCCL and dmacoll warmed up
+        fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     rn.barrier()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_logits = step()
+        out = fn()
     torch.cuda.synchronize()
     rn.barrier()
-    pos.fill_(prompt)
-    graph.replay()
-    decode_logits = static_logits.clone()
+    return graph.replay, out
 
-    def replays():
-        for _ in range(steps):
-            graph.replay()
 
-    per_step = []
-    for _ in range(repeats):
-        pos.fill_(prompt)
-        per_step.append(timed(replays) / steps)
-    decode = rn.slowest(per_step)
-    del graph
+def measure(rn: Runner, model, impl: str, schedule: str, batch: int, prompt: int, inputs: tuple) -> tuple[dict, tuple]:
+    """TTFT and decode step time of one implementation under one schedule, their compute and communication
+    alone; also its logits (prefill, first decode step) and the collectives it issued."""
+    import torch
+
+    from .schedule import NoComm, Schedule, replay
+
+    cfg, coll = rn.cfg, rn.colls[impl]
+    nocomm = NoComm(coll)
+    prompts, step_tokens = inputs
+    steps, repeats, breakdown = cfg["decode_steps"], cfg["repeats"], cfg["breakdown"]
+    chunks = prefill_chunks(batch, prompt, cfg["chunk_tokens"])
+    cache = model.new_cache(batch, prompt + steps + 4)
+    sched = Schedule(schedule, cfg["pieces"])
+    nan = float("nan")
+
+    def timed(fn) -> float:
+        rn.barrier()
+        return elapsed_us(fn) / 1e3  # ms
+
+    def times(fn, warm: bool = True) -> list[float]:
+        if warm:
+            fn()
+        return rn.slowest([timed(fn) for _ in range(repeats)])
+
+    prefill = lambda c: model.prefill_batch(c, prompts, cache, chunks, sched)  # noqa: E731
+    ttft = times(lambda: prefill(coll))  # the warm-up is NCCL's eager call before any capture, too
+    sched.log = []
+    prefill_logits = prefill(coll)
+    prefill_calls, sched.log = sched.log, None
+    compute, comm = [nan], [nan]
+    if breakdown:
+        compute = times(lambda: prefill(nocomm))
+        comm = times(lambda: replay(coll, prefill_calls))
+        prefill(coll)  # the cache as the real prefill leaves it, for decode
     row = {"ttft_ms": statistics.median(ttft), "ttft_ms_p10": _pct(ttft, 0.1), "ttft_ms_p90": _pct(ttft, 0.9),
-           "decode_ms": statistics.median(decode), "decode_ms_p10": _pct(decode, 0.1),
-           "decode_ms_p90": _pct(decode, 0.9)}
+           **overlap("ttft", statistics.median(compute), statistics.median(comm), statistics.median(ttft)),
+           "prefill_calls": len(prefill_calls)}
+    expected = merged_expected(model.spec, rn.world, schedule, chunks, prompt, cfg["pieces"])
+    problems = [check_calls([c.record() for c in prefill_calls], expected)]
+
+    decode_logits, decode = None, [nan]
+    compute, comm = [nan], [nan]
+    if schedule not in PREFILL_ONLY:
+        tokens = step_tokens.clone()
+        pos = torch.full((1,), prompt, dtype=torch.long, device=rn.device)
+
+        def step(c):
+            out = model.decode(c, tokens, pos, cache, sched)
+            pos.add_(1)
+            return out
+
+        def per_step(run) -> list[float]:
+            samples = []
+            for _ in range(repeats):
+                pos.fill_(prompt)
+                samples.append(timed(lambda: [run() for _ in range(steps)]) / steps)
+            return rn.slowest(samples)
+
+        def recorded_step():
+            sched.log = []  # what the last call (the captured one) issued
+            return step(coll)
+
+        real, static_logits = replayable(rn, recorded_step)
+        step_calls, sched.log = sched.log, None
+        pos.fill_(prompt)
+        real()
+        decode_logits = static_logits.clone()
+        decode = per_step(real)
+        row["decode_calls"] = len(step_calls)
+        problems.append(check_calls([c.record() for c in step_calls],
+                                    expected_calls(model.spec, rn.world, schedule, batch, 1, cfg["pieces"], True)))
+        if breakdown:
+            compute = per_step(replayable(rn, lambda: step(nocomm))[0])
+            comm = per_step(replayable(rn, lambda: replay(coll, step_calls))[0])
+    row.update({"decode_ms": statistics.median(decode), "decode_ms_p10": _pct(decode, 0.1),
+                "decode_ms_p90": _pct(decode, 0.9),
+                **overlap("decode", statistics.median(compute), statistics.median(comm), statistics.median(decode))})
     row.update(derived(batch, prompt, cfg["output_len"], row["ttft_ms"], row["decode_ms"]))
+    row.update(floors(model.spec, rn.world, batch, prompt, cfg, rn.rates, row))
+    problems = [p for p in problems if p]
+    row["calls_ok"] = not problems
+    if problems and rn.rank == 0:
+        print(f"{model.spec.name} {impl} {schedule} batch {batch} prompt {prompt}: collectives differ from the "
+              f"schedule's: {problems[0]}", flush=True)
     return row, (prefill_logits, decode_logits)
 
 
-def logits_once(rn: Runner, model, coll, inputs: tuple, batch: int, prompt: int) -> tuple:
+def merged_expected(s: ModelSpec, world: int, schedule: str, chunks: list[int], prompt: int, pieces: int) -> dict:
+    """The calls of a whole prefill (one forward per chunk), per micro-batch."""
+    out: dict = {}
+    for n in chunks:
+        for mb, calls in expected_calls(s, world, schedule, n, prompt, pieces).items():
+            out.setdefault(mb, []).extend(calls)
+    return out
+
+
+def decode_schedule(schedule: str) -> str:
+    """The schedule of the checked decode step: a prefill-only schedule's is serial."""
+    return "serial" if schedule in PREFILL_ONLY else schedule
+
+
+def logits_once(rn: Runner, model, coll, inputs: tuple, batch: int, prompt: int, schedule: str = "serial") -> tuple:
     """Untimed, eager: logits of a prefill and of the first decode step."""
     import torch
 
+    from .schedule import Schedule
+
     prompts, step_tokens = inputs
     cache = model.new_cache(batch, prompt + 4)
-    pre = model.prefill_batch(coll, prompts, cache, prefill_chunks(batch, prompt, rn.cfg["chunk_tokens"]))
-    dec = model.decode(coll, step_tokens, torch.full((1,), prompt, dtype=torch.long, device=rn.device), cache)
+    pre = model.prefill_batch(coll, prompts, cache, prefill_chunks(batch, prompt, rn.cfg["chunk_tokens"]),
+                              Schedule(schedule, rn.cfg["pieces"]))
+    dec = model.decode(coll, step_tokens, torch.full((1,), prompt, dtype=torch.long, device=rn.device), cache,
+                       Schedule(decode_schedule(schedule)))
     return pre, dec
 
 
 def agreement(ref: tuple, got: tuple, rtol: float, atol: float) -> dict:
-    """``compare`` over the (prefill, decode) logits pairs: the worse of the two."""
-    both = [compare(r.float(), g.float(), rtol, atol) for r, g in zip(ref, got)]
+    """``compare`` over the (prefill, decode) logits pairs present in both: the worse."""
+    both = [compare(r.float(), g.float(), rtol, atol) for r, g in zip(ref, got) if r is not None and g is not None]
     return {"logits_max_abs_diff": max(c["logits_max_abs_diff"] for c in both),
             "logits_ref_max_abs": max(c["logits_ref_max_abs"] for c in both),
             "logits_ok": all(c["logits_ok"] for c in both),
             "argmax_agree": min(c["argmax_agree"] for c in both)}
 
 
+def variants(cfg: dict) -> list[tuple[str, str]]:
+    """(implementation, schedule) in run order; the first is the reference."""
+    return [(impl, sched) for impl in cfg["impls"] for sched in cfg["schedules"]]
+
+
 def check_model(rn: Runner, s: ModelSpec) -> dict:
-    """Per implementation after the first: {"check_max_abs_diff", "logits_ok"} of the ``check_dtype`` run."""
+    """Per (implementation, schedule) after the first: {"check_max_abs_diff", "logits_ok"} of the
+    ``check_dtype`` run."""
     import torch
 
     from .collectives import make
@@ -159,29 +285,32 @@ def check_model(rn: Runner, s: ModelSpec) -> dict:
     dtype = getattr(torch, cfg["check_dtype"])
     batch, prompt = min(cfg["batches"]), min(cfg["prompts"])
     model = Model(s, rn.rank, rn.world, rn.device, dtype, cfg["seed"])
-    elements = merged_buffers([s], rn.world, max_tokens([batch], [prompt], cfg["chunk_tokens"]), batch)
+    elements = merged_schedule_buffers([s], rn.world, max_tokens([batch], [prompt], cfg["chunk_tokens"]), batch,
+                                       cfg["schedules"], cfg["pieces"])
     inputs = point_inputs(rn, s, batch, prompt)
     out, ref = {}, None
     for impl in cfg["impls"]:
         coll = make(impl, rn.device, elements, dtype)
         try:
-            logits = logits_once(rn, model, coll, inputs, batch, prompt)
+            got = {sched: logits_once(rn, model, coll, inputs, batch, prompt, sched) for sched in cfg["schedules"]}
             if rn.device.type == "cuda":
                 torch.cuda.synchronize()
         finally:
             rn.barrier()
             coll.close()
-        if ref is None:
-            ref = logits
-            continue
-        a = agreement(ref, logits, cfg["rtol"], cfg["atol"])
-        out[impl] = {"check_max_abs_diff": a["logits_max_abs_diff"], "logits_ok": a["logits_ok"]}
-        if rn.rank == 0:
-            print(f"{s.name:14s} {impl:5s} {cfg['check_dtype']} check (batch {batch}, prompt {prompt}): logits max "
-                  f"diff {a['logits_max_abs_diff']:.3g} of max {a['logits_ref_max_abs']:.3g} "
-                  f"({'ok' if a['logits_ok'] else 'MISMATCH'})", flush=True)
+        for sched, logits in got.items():
+            if ref is None:
+                ref = logits
+                continue
+            a = agreement(ref, logits, cfg["rtol"], cfg["atol"])
+            out[impl, sched] = {"check_max_abs_diff": a["logits_max_abs_diff"], "logits_ok": a["logits_ok"]}
+            if rn.rank == 0:
+                print(f"{s.name:14s} {impl:5s} {sched:10s} {cfg['check_dtype']} check (batch {batch}, prompt "
+                      f"{prompt}): logits max diff {a['logits_max_abs_diff']:.3g} of max "
+                      f"{a['logits_ref_max_abs']:.3g} ({'ok' if a['logits_ok'] else 'MISMATCH'})", flush=True)
     del model
-    torch.cuda.empty_cache()
+    if rn.device.type == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
@@ -194,10 +323,12 @@ def point_inputs(rn: Runner, s: ModelSpec, batch: int, prompt: int) -> tuple:
             torch.randint(0, s.vocab, (batch,), generator=gen, device=rn.device))
 
 
-def point_fields(s: ModelSpec, rn: Runner, impl: str, batch: int, prompt: int) -> dict:
+def point_fields(s: ModelSpec, rn: Runner, impl: str, batch: int, prompt: int, schedule: str = "serial") -> dict:
     cfg = rn.cfg
     return {"model": s.name, "arch": s.arch, "layers": s.layers, "world": rn.world,
-            "parallel": f"tp{rn.world}" + (f"+ep{rn.world}" if s.moe else ""), "impl": impl,
+            "parallel": f"tp{rn.world}" + (f"+ep{rn.world}" if s.moe else ""), "impl": impl, "schedule": schedule,
+            "pieces": cfg.get("pieces", 1) if schedule == "seqpar" else 1,
+            "microbatches": len(split(batch, 1)) if schedule == "microbatch" else 1,
             "dtype": cfg["dtype"], "batch": batch, "prompt_len": prompt, "chunk_tokens": cfg["chunk_tokens"],
             "decode_steps": cfg["decode_steps"], "output_len": cfg["output_len"],
             "collectives_per_step": sum(s.collectives_per_forward().values())}
@@ -206,28 +337,34 @@ def point_fields(s: ModelSpec, rn: Runner, impl: str, batch: int, prompt: int) -
 def progress(r: dict) -> str:
     check = "" if r["logits_ok"] == "" else \
         f", {r['dtype']} logits max diff {r['logits_max_abs_diff']:.3g}, argmax agree {r['argmax_agree']:.2f}"
-    return (f"{r['model']:14s} {r['impl']:5s} batch {r['batch']:4d} prompt {r['prompt_len']:5d}: "
-            f"TTFT {r['ttft_ms']:9.2f} ms, decode {r['decode_ms']:7.3f} ms/step, {r['decode_tok_s']:9.0f} tok/s{check}")
+    where = "" if not math.isfinite(r.get("ttft_compute_ms", float("nan"))) else \
+        (f"; TTFT compute {r['ttft_compute_ms']:.2f} comm {r['ttft_comm_ms']:.2f}, decode compute "
+         f"{r['decode_compute_ms']:.3f} (floor {r['decode_floor_ms']:.3f}) comm {r['decode_comm_ms']:.3f} ms")
+    return (f"{r['model']:14s} {r['impl']:5s} {r['schedule']:10s} batch {r['batch']:4d} prompt {r['prompt_len']:5d}: "
+            f"TTFT {r['ttft_ms']:9.2f} ms, decode {r['decode_ms']:7.3f} ms/step, {r['decode_tok_s']:9.0f} tok/s"
+            f"{where}{check}")
 
 
 def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int, checked: dict) -> list[dict]:
-    """Every implementation on one (model, batch, prompt); the first is the logits reference. ``checked``:
-    ``check_model``'s verdicts."""
+    """Every (implementation, schedule) on one (model, batch, prompt); the first is the logits reference.
+    ``checked``: ``check_model``'s verdicts."""
     import torch
 
     cfg, nan = rn.cfg, float("nan")
     inputs = point_inputs(rn, s, batch, prompt)
     rows, ref = [], None
-    for impl in cfg["impls"]:
-        row = point_fields(s, rn, impl, batch, prompt)
+    for impl, schedule in variants(cfg):
+        row = point_fields(s, rn, impl, batch, prompt, schedule)
         try:
-            got, logits, err = *measure(rn, model, impl, batch, prompt, inputs), ""
+            got, logits, err = *measure(rn, model, impl, schedule, batch, prompt, inputs), ""
         except Exception as e:  # noqa: BLE001 - recorded; a rank stuck in a collective hits the launcher's timeout
             got, logits, err = {}, None, f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
         errors = [e for e in rn.gather(err) if e]
         if errors:
-            rows.append({**row, **dict.fromkeys(MEASURED_COLUMNS, nan), "logits_ok": "", "status": errors[0]})
-            torch.cuda.empty_cache()
+            rows.append({**row, **dict.fromkeys(MEASURED_COLUMNS, nan), "logits_ok": "", "calls_ok": "",
+                         "status": errors[0]})
+            if rn.device.type == "cuda":
+                torch.cuda.empty_cache()
             continue
         check = {"logits_max_abs_diff": nan, "logits_ref_max_abs": nan, "argmax_agree": nan,
                  "check_dtype": cfg["check_dtype"], "check_max_abs_diff": nan, "logits_ok": ""}
@@ -236,8 +373,8 @@ def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int, checked:
         else:
             timed = agreement(ref, logits, cfg["rtol"], cfg["atol"])
             check.update({k: timed[k] for k in ("logits_max_abs_diff", "logits_ref_max_abs", "argmax_agree")})
-            check.update(checked.get(impl, {}))
-        rows.append({**row, **got, **check, "status": "ok"})
+            check.update(checked.get((impl, schedule), {}))
+        rows.append({**row, **dict.fromkeys(MEASURED_COLUMNS, nan), **got, **check, "status": "ok"})
         if rn.rank == 0:
             print(progress(rows[-1]), flush=True)
     return rows
@@ -249,6 +386,9 @@ def run_e2e(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
     from .model import Model
 
     rn = Runner(rank, world, cfg)
+    if rank == 0:
+        print(f"rates: device-local copy {rn.rates['copy_GBps']:.0f} GB/s (read + write), {cfg['dtype']} GEMM "
+              f"{rn.rates['gemm_TFLOPs']:.0f} TFLOP/s", flush=True)
     rows: list[dict] = []
     for s in rn.specs:
         checked = check_model(rn, s)
@@ -256,9 +396,9 @@ def run_e2e(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
         for batch in cfg["batches"]:
             for prompt in cfg["prompts"]:
                 rows += run_point(rn, s, model, batch, prompt, checked)
-                torch.cuda.empty_cache()
+                if rn.device.type == "cuda":
+                    torch.cuda.empty_cache()
         del model
-        torch.cuda.empty_cache()
     rn.barrier()
     for coll in rn.colls.values():
         coll.close()

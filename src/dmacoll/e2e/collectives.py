@@ -1,4 +1,5 @@
-"""The one interface the model calls for communication, so its code is the same for NCCL and dmacoll.
+"""The one interface the model calls for communication, so its code is the same for NCCL and dmacoll:
+``all_reduce``, ``all_gather``, ``all_to_all``, ``reduce_scatter`` on the current stream (schedule.py picks it).
 
 ``buffer(name, *shape)``: a reusable communication buffer (the first elements of a block reserved once per
 name). The model computes straight into it (``matmul(..., out=buffer)``) and runs the collective in place;
@@ -13,6 +14,7 @@ from typing import Mapping, Optional
 import torch
 
 from .. import ops
+from .calls import staging_elements
 
 
 class Collectives:
@@ -53,6 +55,12 @@ class Collectives:
         out.copy_(x)
         return out
 
+    def reduce_scatter(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``out`` = the sum over ranks of chunk ``rank`` of their ``x`` (world x out's elements)."""
+        if x.data_ptr() != out.data_ptr():
+            out.view(-1).copy_(x.view(-1))
+        return out
+
     def close(self) -> None:
         pass
 
@@ -82,6 +90,10 @@ class TorchCollectives(Collectives):
         ops.get("all_to_all").torch_call(out, x, self.group)
         return out
 
+    def reduce_scatter(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ops.get("reduce_scatter").torch_call(out, x, self.group)
+        return out
+
 
 class DmaCollectives(Collectives):
     """dmacoll's Communicator (variant 'auto', sync 'reset' so calls can be captured in CUDA graphs)."""
@@ -89,15 +101,16 @@ class DmaCollectives(Collectives):
     name = "dma"
 
     def __init__(self, device: torch.device, elements: Mapping[str, int], dtype: torch.dtype,
-                 backend: str = "auto", timeout_s: Optional[float] = None, group=None, reduce_name: str = "reduce"):
+                 backend: str = "auto", timeout_s: Optional[float] = None, group=None):
         import torch.distributed as dist
 
         from ..communicator import ALIGN, DEFAULT_TIMEOUT_S, Communicator
 
         size = torch.empty((), dtype=dtype).element_size()
         heap = sum((n * size + ALIGN - 1) // ALIGN * ALIGN for n in elements.values()) + (1 << 20)
-        # an all-reduce receives every rank's chunk into staging: its tensor's size; all buffers are symmetric
-        staging = elements.get(reduce_name, 0) * size + (4 << 20)
+        # a reducing collective receives every rank's chunk into staging (calls.staging_elements); all buffers
+        # are symmetric
+        staging = staging_elements(elements) * size + (4 << 20)
         self.comm = Communicator(group, backend=backend, heap_bytes=heap, staging_bytes=staging, variant="auto",
                                  sync="reset", timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
         super().__init__(self.comm.device, dist.get_rank(group), dist.get_world_size(group))
@@ -116,6 +129,9 @@ class DmaCollectives(Collectives):
 
     def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self.comm.all_to_all(out, x)
+
+    def reduce_scatter(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.reduce_scatter(out, x)
 
     def close(self) -> None:
         self.comm.close()

@@ -42,13 +42,24 @@ MODELS: dict[str, dict] = {
 # 4 layers x batches {1, 8, 32, 128} x prompts {128, 2048}: estimated 144 s on 2x H200 (plan_text prints it; the
 # {1, 8, 32} grid was estimated at 101 s and took 35 s there)
 DEFAULTS = dict(models=list(MODELS), layers=4, batches=[1, 8, 32, 128], prompts=[128, 2048], impls=["nccl", "dma"],
+                schedules=["serial", "microbatch", "seqpar"], pieces=4, breakdown=True,
                 decode_steps=16, repeats=3, output_len=128, chunk_tokens=8192, dtype="bfloat16", seed=0,
                 check_dtype="float32", rtol=1e-3, atol=1e-3)
 
-POINT_COLUMNS = ["model", "arch", "layers", "world", "parallel", "impl", "dtype", "batch", "prompt_len",
-                 "chunk_tokens", "decode_steps", "output_len", "collectives_per_step"]
+POINT_COLUMNS = ["model", "arch", "layers", "world", "parallel", "impl", "schedule", "pieces", "microbatches",
+                 "dtype", "batch", "prompt_len", "chunk_tokens", "decode_steps", "output_len", "collectives_per_step"]
+# where the time goes, per phase (ttft: the prefill of the batch; decode: one step): the schedule's compute alone
+# (collectives replaced by no-ops), its communication alone (its own calls back to back) and C3's metrics of the
+# two against the measured time; the floors: the step's bytes at the measured copy rate, the prefill's GEMM
+# FLOPs at the measured GEMM rate (one measurement per run)
+BREAKDOWN_COLUMNS = [f"{phase}_{m}" for phase in ("ttft", "decode") for m in
+                     ("compute_ms", "comm_ms", "ideal_speedup", "realized_speedup", "fraction_of_ideal",
+                      "fraction_of_ideal_raw")]
+FLOOR_COLUMNS = ["copy_GBps", "gemm_TFLOPs", "decode_floor_ms", "decode_compute_over_floor", "prefill_floor_ms",
+                 "prefill_compute_over_floor"]
 MEASURED_COLUMNS = ["ttft_ms", "ttft_ms_p10", "ttft_ms_p90", "decode_ms", "decode_ms_p10", "decode_ms_p90",
-                    "prefill_tok_s", "decode_tok_s", "e2e_tok_s", "logits_max_abs_diff", "logits_ref_max_abs",
+                    "prefill_tok_s", "decode_tok_s", "e2e_tok_s", *BREAKDOWN_COLUMNS, *FLOOR_COLUMNS,
+                    "prefill_calls", "decode_calls", "calls_ok", "logits_max_abs_diff", "logits_ref_max_abs",
                     "argmax_agree", "check_dtype", "check_max_abs_diff", "logits_ok"]
 E2E_COLUMNS = POINT_COLUMNS + MEASURED_COLUMNS + ["status"]
 
@@ -174,44 +185,65 @@ STARTUP_S = 35.0          # processes, CUDA contexts, NCCL and dmacoll set-up
 MODEL_SETUP_S = 3.0       # random weights on the GPU
 
 
-def point_seconds(s: ModelSpec, world: int, batch: int, prompt: int, cfg: dict) -> float:
-    """One (model, impl, batch, prompt): prefill warm-up + repeats, decode warm-up + repeats x steps."""
+def decode_bytes(s: ModelSpec, world: int, batch: int, live: float, elsize: int) -> float:
+    """What one decode step must read on one rank: every weight it holds but the embedding table (a lookup reads
+    ``batch`` rows of it), and the live KV cache (``live`` positions per sequence)."""
+    sh = s.shards(world)
+    weights = s.params_per_rank(world) - (sh.vocab - batch) * s.hidden
+    kv = 2 * s.layers * batch * sh.kv_heads * live * s.head_dim
+    return (weights + kv) * elsize
+
+
+def prefill_gemm_flops(s: ModelSpec, world: int, batch: int, prompt: int) -> float:
+    """The GEMM FLOPs of one rank's prefill: every token through the layers' projections (MoE: its top-k experts,
+    spread over the ranks), the LM head for the last tokens. Attention's own FLOPs are not counted."""
+    return 2 * batch * prompt * s.active_params_per_rank_token(world) + 2 * batch * s.shards(world).vocab * s.hidden
+
+
+def point_seconds(s: ModelSpec, world: int, batch: int, prompt: int, cfg: dict, schedule: str = "serial") -> float:
+    """One (model, impl, schedule, batch, prompt): prefill warm-up + repeats, decode warm-up + repeats x steps;
+    with the breakdown, twice more of each (compute alone, communication alone)."""
     calls = sum(s.collectives_per_forward().values())
     sh = s.shards(world)
-    prefill_flops = 2 * batch * prompt * s.active_params_per_rank_token(world) + \
+    prefill_flops = prefill_gemm_flops(s, world, batch, prompt) + \
         4 * batch * prompt * prompt * sh.heads * s.head_dim * s.layers / 2  # causal attention
     chunks = len(prefill_chunks(batch, prompt, cfg["chunk_tokens"]))
     prefill = prefill_flops / GEMM_FLOPS + chunks * calls * STEP_OVERHEAD_S * 2
-    length = prompt + cfg["decode_steps"] + 4
-    kv_bytes = 2 * batch * length * sh.kv_heads * s.head_dim * 2 * s.layers
-    step = (2 * s.params_per_rank(world) + kv_bytes) / HBM_BYTES_S + calls * STEP_OVERHEAD_S
+    step = decode_bytes(s, world, batch, prompt + cfg["decode_steps"] + 4, 2) / HBM_BYTES_S + calls * STEP_OVERHEAD_S
     runs = cfg["repeats"] + 1
-    return runs * prefill + runs * (cfg["decode_steps"] + 1) * step + POINT_OVERHEAD_S
+    kinds = 3 if cfg.get("breakdown", True) else 1
+    decode = 0.0 if schedule == "seqpar" else runs * (cfg["decode_steps"] + 1) * step
+    return kinds * (runs * prefill + decode) + POINT_OVERHEAD_S
 
 
 def estimate(cfg: dict, world: int) -> dict:
     """The plan of a run and its estimated duration in seconds."""
     specs = [spec(m, cfg["layers"]) for m in cfg["models"]]
     points = [(s, b, p) for s in specs for b in cfg["batches"] for p in cfg["prompts"]]
+    schedules = cfg.get("schedules", ["serial"])
     seconds = STARTUP_S + MODEL_SETUP_S * len(specs) + len(cfg["impls"]) * sum(
-        point_seconds(s, world, b, p, cfg) for s, b, p in points)
-    return {"models": [s.name for s in specs], "points": len(points) * len(cfg["impls"]), "seconds": seconds,
-            "specs": specs}
+        point_seconds(s, world, b, p, cfg, sched) for s, b, p in points for sched in schedules)
+    return {"models": [s.name for s in specs], "points": len(points) * len(cfg["impls"]) * len(schedules),
+            "seconds": seconds, "specs": specs}
 
 
 def plan_text(cfg: dict, world: int) -> str:
     """What `dmacoll e2e` will run, per model: shards, collectives per step, memory, estimated time."""
     est = estimate(cfg, world)
+    schedules = cfg.get("schedules", ["serial"])
     lines = [f"dmacoll e2e: {len(est['specs'])} model(s) x batches {cfg['batches']} x prompts {cfg['prompts']} x "
-             f"{' '.join(cfg['impls'])} on {world} ranks = {est['points']} points; {cfg['layers']} layer(s) each, "
-             f"{cfg['dtype']}, decode {cfg['decode_steps']} steps in a CUDA graph, {cfg['repeats']} repeats"]
+             f"{' '.join(cfg['impls'])} x schedules {' '.join(schedules)} on {world} rank(s) = {est['points']} "
+             f"points; {cfg['layers']} layer(s) each, {cfg['dtype']}, decode {cfg['decode_steps']} steps in a CUDA "
+             f"graph, {cfg['repeats']} repeats" + (f", seqpar in {cfg['pieces']} pieces" if "seqpar" in schedules
+                                                  else "") + ("" if cfg.get("breakdown", True) else
+                                                              ", no compute / communication breakdown")]
     for s in est["specs"]:
         sh = s.shards(world)
         par = f"TP{world}" + (f" + EP{world} ({sh.experts} experts/rank, top-{s.top_k})" if s.moe else "")
         calls = ", ".join(f"{v} {k}" for k, v in s.collectives_per_forward().items())
         gb = s.params_per_rank(world) * 2 / 1e9
         lines.append(f"  {s.name}: {par}; per rank {sh.heads} heads, {sh.kv_heads} KV heads, vocab {sh.vocab}; "
-                     f"{calls} per forward; weights {gb:.1f} GB/rank")
+                     f"{calls} per forward (serial); weights {gb:.1f} GB/rank")
     lines.append(f"estimated {est['seconds']:.0f} s ({est['seconds'] / 60:.1f} min)")
     return "\n".join(lines)
 

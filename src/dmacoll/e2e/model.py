@@ -6,23 +6,29 @@ the same model as world 1 (the unsharded reference in the tests).
 Activations are 2-D ``[tokens, hidden]``. Decode attends over the whole cache with a mask built from a position
 held on the device, so a decode step has fixed shapes and no host synchronisation: it can be captured in a
 CUDA graph and replayed, each replay advancing the position by one.
+
+A forward is a generator per micro-batch that yields its collectives (schedule.py drives it: in line, or
+interleaved with another micro-batch on a communication stream); its buffers are that micro-batch's (``Bufs``).
 """
 from __future__ import annotations
 
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from .calls import Part, split, suffix
 from .collectives import Collectives
 from .config import ModelSpec
+from .schedule import Schedule, collective
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    """One fused kernel on CUDA (accumulated in float32, rounded once)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -39,12 +45,10 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]; cos/sin: [tokens, head_dim / 2] (Llama's rotate-half layout)."""
-    half = x.shape[-1] // 2
+    """x: [tokens, heads, head_dim] (Llama's rotate-half layout); cos = [c, c], sin = [-s, s] per position,
+    [tokens or 1, 1, head_dim]: x * cos + swap_halves(x) * sin, in float32, rounded once."""
     xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+    return torch.addcmul(xf * cos, xf.roll(x.shape[-1] // 2, -1), sin).to(x.dtype)
 
 
 def route(x: torch.Tensor, router: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -142,7 +146,7 @@ class Model:
                                           rows(gen(p + "up", (spec.intermediate, h), h ** -0.5), inter)])
                 layer["w2"] = cols(gen(p + "down", (h, spec.intermediate), spec.intermediate ** -0.5), inter)
             self.layers.append(layer)
-        self._rope = torch.zeros(0, d // 2, device=self.device)
+        self._rope_len = 0
         self.inv_freq = rope_inv_freq(d, spec.rope_theta, spec.rope_scaling).to(self.device)
         self.moe_dense = "auto"  # auto: dense while a CUDA graph is being captured, else routed rows only
 
@@ -155,133 +159,209 @@ class Model:
         return KVCache(new(), new())
 
     def rope_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for positions 0..length-1 (grown on demand, outside any graph capture)."""
-        if self._rope.shape[0] < length:
+        """[c, c] and [-s, s] for positions 0..length-1, [length, head_dim] float32 (grown on demand, outside any
+        graph capture)."""
+        if self._rope_len < length:
             angles = torch.outer(torch.arange(length, device=self.device, dtype=torch.float32), self.inv_freq)
-            self._rope = angles
-            self._cos, self._sin = angles.cos(), angles.sin()
+            cos, sin = angles.cos(), angles.sin()
+            self._cos, self._sin = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
+            self._rope_len = length
         return self._cos, self._sin
 
-    # -- forward -------------------------------------------------------------------------------------------
-    def prefill(self, coll: Collectives, tokens: torch.Tensor, cache: KVCache, first_seq: int = 0) -> torch.Tensor:
+    # -- whole forward passes ------------------------------------------------------------------------------------
+    def prefill(self, coll: Collectives, tokens: torch.Tensor, cache: KVCache, first_seq: int = 0,
+                sched: Optional[Schedule] = None) -> torch.Tensor:
         """tokens [b, S]: whole prompts for cache rows first_seq..first_seq+b-1; float32 logits of their last
-        tokens [b, vocab]."""
+        tokens [b, vocab]. ``sched``: where the collectives go (schedule.py; default serial)."""
+        sched = sched or Schedule()
         b, S = tokens.shape
-        cos, sin = self.rope_table(S)
-        pos = torch.arange(S, device=self.device).repeat(b)
+        if sched.name == "seqpar":
+            from .seqpar import seqpar_prefill
 
-        def attend(i: int, q, k, v):
-            q, k, v = (t.view(b, S, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))
-            cache.k[i][first_seq:first_seq + b, :, :S] = k
-            cache.v[i][first_seq:first_seq + b, :, :S] = v
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            return o.transpose(1, 2).reshape(b * S, -1)
+            return sched.run(coll, [seqpar_prefill(self, coll, tokens, cache, first_seq, sched.pieces)])[0]
+        parts = split(b, S) if sched.name == "microbatch" else [Part(0, b, 0, S)]
+        outs = sched.run(coll, [self._prefill_part(Bufs(coll, j), tokens, cache, first_seq, p)
+                                for j, p in enumerate(parts)])
+        return torch.cat([o for o in outs if o is not None])
 
-        h = self._layers(coll, self._embed(coll, tokens.reshape(-1)), cos[pos], sin[pos], attend)
-        return self._logits(coll, h.view(b, S, -1)[:, -1])
-
-    def decode(self, coll: Collectives, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def decode(self, coll: Collectives, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+               sched: Optional[Schedule] = None) -> torch.Tensor:
         """tokens [B] at position ``pos`` (a one-element device tensor, the same for every sequence); float32
-        logits [B, vocab]. Fixed shapes, no host sync: capturable."""
-        B = tokens.shape[0]
-        L = cache.length
+        logits [B, vocab]. Fixed shapes, no host sync: capturable. Attends over the whole cache (the runner
+        allocates it to the prompt and the steps it replays), positions after ``pos`` masked out."""
+        sched = sched or Schedule()
+        if sched.name not in ("serial", "microbatch"):
+            raise ValueError(f"schedule {sched.name!r} is for prefill only")
+        B, L = tokens.shape[0], cache.length
+        parts = split(B, 1) if sched.name == "microbatch" else [Part(0, B, 0, 1)]
+        bias = torch.zeros(L, device=self.device).masked_fill(torch.arange(L, device=self.device) > pos,
+                                                              float("-inf"))
         cos, sin = self.rope_table(L)
-        mask = torch.arange(L, device=self.device) <= pos  # attend to positions 0..pos
-        scale = self.spec.head_dim ** -0.5
+        rope = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)
+        outs = sched.run(coll, [self._decode_part(Bufs(coll, j), tokens, pos, rope, bias, cache, p)
+                                for j, p in enumerate(parts)])
+        return torch.cat(outs)
 
-        def attend(i: int, q, k, v):
-            kc, vc = cache.k[i], cache.v[i]
-            kc.index_copy_(2, pos, k.unsqueeze(2))
-            vc.index_copy_(2, pos, v.unsqueeze(2))
-            hkv = kc.shape[1]
-            qg = q.view(B, hkv, -1, q.shape[-1])  # query heads grouped by their KV head, no KV copies
-            scores = (qg @ kc.transpose(-1, -2)).float() * scale
-            p = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(self.dtype)
-            return (p @ vc).reshape(B, -1)
-
-        h = self._layers(coll, self._embed(coll, tokens), cos[pos].expand(B, -1), sin[pos].expand(B, -1), attend)
-        return self._logits(coll, h)
-
-    def _embed(self, coll: Collectives, ids: torch.Tensor) -> torch.Tensor:
-        """Vocab-parallel lookup: rows this rank does not hold are zero, the all-reduce fills them in."""
-        vl = self.sh.vocab
-        local = ids - self.rank * vl
-        inside = (local >= 0) & (local < vl)
-        buf = coll.buffer("reduce", ids.numel(), self.spec.hidden)
-        torch.index_select(self.embed, 0, local.clamp(0, vl - 1), out=buf)
-        buf.mul_(inside.unsqueeze(1).to(buf.dtype))
-        return coll.all_reduce(buf).clone()  # the buffer is reused by the next all-reduce
-
-    def _layers(self, coll: Collectives, h: torch.Tensor, cos, sin, attend) -> torch.Tensor:
-        s, sh, d = self.spec, self.sh, self.spec.head_dim
-        T = h.shape[0]
-        for i, lw in enumerate(self.layers):
-            qkv = rms_norm(h, lw["attn_norm"], s.rms_eps) @ lw["wqkv"].t()
-            q, k, v = qkv.split([sh.heads * d, sh.kv_heads * d, sh.kv_heads * d], dim=-1)
-            q = apply_rope(q.view(T, sh.heads, d), cos, sin)
-            k = apply_rope(k.view(T, sh.kv_heads, d), cos, sin)
-            o = attend(i, q, k, v.reshape(T, sh.kv_heads, d))
-            buf = coll.buffer("reduce", T, s.hidden)
-            torch.matmul(o, lw["wo"].t(), out=buf)  # row-parallel: partial sums
-            h = h + coll.all_reduce(buf)
-            x = rms_norm(h, lw["mlp_norm"], s.rms_eps)
-            h = h + (self._moe(coll, x, lw) if s.moe else self._mlp(coll, x, lw))
-        return h
-
-    def _mlp(self, coll: Collectives, x: torch.Tensor, lw: dict) -> torch.Tensor:
-        inter = self.sh.intermediate
-        gu = x @ lw["w13"].t()
-        buf = coll.buffer("reduce", x.shape[0], self.spec.hidden)
-        torch.matmul(F.silu(gu[:, :inter]) * gu[:, inter:], lw["w2"].t(), out=buf)
-        return coll.all_reduce(buf)
-
-    def _moe(self, coll: Collectives, x: torch.Tensor, lw: dict) -> torch.Tensor:
-        """Expert parallel with a capacity-padded all-to-all (config.py says why it drops nothing)."""
-        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        dense = capturing if self.moe_dense == "auto" else self.moe_dense == "dense"
-        gates = route(x, lw["router"], self.spec.top_k)
-        w, r, T, H, el = self.world, self.rank, x.shape[0], self.spec.hidden, self.sh.experts
-        if w == 1:
-            return expert_mix(x, gates, lw["w13"], lw["w2"], dense)
-        s = math.ceil(T / w)  # this rank's slice of the tokens (padding rows have zero gates: routed nowhere)
-        mine = slice(r * s, min((r + 1) * s, T))
-        xs = x.new_zeros(s, H)
-        gs = gates.new_zeros(s, w, el)
-        n = max(0, mine.stop - mine.start)
-        xs[:n], gs[:n] = x[mine], gates[mine].view(n, w, el)
-        # dispatch: row j of block p = the j-th token of the slice routed to rank p; a last row per block
-        # catches the tokens not routed there, and is never read
-        routed = gs.ne(0).any(-1)  # [s, w]
-        slot = torch.where(routed, routed.long().cumsum(0) - 1, s) + torch.arange(w, device=x.device) * (s + 1)
-        rows = torch.cat([xs.unsqueeze(1).expand(s, w, H), gs], dim=-1).reshape(s * w, H + el)
-        send = coll.buffer("dispatch_send", w, s + 1, H + el)
-        send.zero_()  # unused rows: zero gates, so no expert spends time on them
-        send.view(-1, H + el).index_copy_(0, slot.view(-1), rows)
-        recv = coll.all_to_all(coll.buffer("dispatch_recv", w, s + 1, H + el), send)
-        got = recv[:, :s].reshape(w * s, H + el)
-        y = expert_mix(got[:, :H], got[:, H:], lw["w13"], lw["w2"], dense)
-        csend = coll.buffer("combine_send", w, s + 1, H)
-        csend[:, :s] = y.view(w, s, H)
-        crecv = coll.all_to_all(coll.buffer("combine_recv", w, s + 1, H), csend)
-        back = crecv.view(-1, H).index_select(0, slot.view(-1)).view(s, w, H)
-        mixed = torch.where(routed.unsqueeze(-1), back.float(), 0.0).sum(1)  # where, not *: unread rows may be NaN
-        gathered = coll.buffer("gather", w * s, H)
-        gathered[r * s:(r + 1) * s] = mixed.to(x.dtype)
-        return coll.all_gather(gathered, gathered[r * s:(r + 1) * s])[:T]
-
-    def _logits(self, coll: Collectives, h_last: torch.Tensor) -> torch.Tensor:
-        """Vocab-parallel LM head, all-gathered: [b, vocab] float32."""
-        b = h_last.shape[0]
-        out = coll.buffer("logits", self.world, b, self.sh.vocab)
-        torch.matmul(rms_norm(h_last, self.final_norm, self.spec.rms_eps), self.lm_head.t(), out=out[self.rank])
-        coll.all_gather(out, out[self.rank])
-        return out.permute(1, 0, 2).reshape(b, -1).to(torch.float32, copy=True)  # never a view of the buffer
-
-    # -- whole requests ----------------------------------------------------------------------------------------
-    def prefill_batch(self, coll: Collectives, prompts: torch.Tensor, cache: KVCache, chunks: list[int]):
+    def prefill_batch(self, coll: Collectives, prompts: torch.Tensor, cache: KVCache, chunks: list[int],
+                      sched: Optional[Schedule] = None):
         """All prompts [B, S], ``chunks`` sequences per forward; the logits of every last token [B, vocab]."""
         out, first = [], 0
         for n in chunks:
-            out.append(self.prefill(coll, prompts[first:first + n], cache, first))
+            out.append(self.prefill(coll, prompts[first:first + n], cache, first, sched))
             first += n
         return torch.cat(out)
+
+    # -- one micro-batch's forward (a generator: schedule.py) ---------------------------------------------------
+    def _prefill_part(self, bufs: "Bufs", tokens: torch.Tensor, cache: KVCache, first_seq: int, p: Part):
+        """Sequences / tokens ``p`` of a prefill. A part that starts inside its prompts (tok0 > 0) attends to the
+        keys the part before it cached, so it must run after that part's attention (it does: parts start in
+        order and the first one leads)."""
+        S = tokens.shape[1]
+        ids = tokens[p.seq0:p.seq1, p.tok0:p.tok1]
+        b, n = ids.shape
+        rows = slice(first_seq + p.seq0, first_seq + p.seq1)
+        cos, sin = self.rope_table(p.tok1)
+        pos = torch.arange(p.tok0, p.tok1, device=self.device).repeat(b)
+
+        def attend(i: int, q, k, v):
+            q, k, v = (t.reshape(b, n, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))
+            cache.k[i][rows, :, p.tok0:p.tok1] = k
+            cache.v[i][rows, :, p.tok0:p.tok1] = v
+            if p.tok0 == 0:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            else:  # queries at tok0.. see every cached key up to their own position
+                g = q.shape[1] // k.shape[1]
+                keys, values = (c[i][rows, :, :p.tok1].repeat_interleave(g, 1) for c in (cache.k, cache.v))
+                mask = torch.ones(n, p.tok1, dtype=torch.bool, device=self.device).tril(p.tok0)
+                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            return o.transpose(1, 2).reshape(b * n, -1)
+
+        last = (lambda h: h.view(b, n, -1)[:, -1]) if p.tok1 == S else None
+        return (yield from self._forward(bufs, ids.reshape(-1), (cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)),
+                                         attend, last))
+
+    def _decode_part(self, bufs: "Bufs", tokens: torch.Tensor, pos: torch.Tensor, rope, bias: torch.Tensor,
+                     cache: KVCache, p: Part):
+        rows = slice(p.seq0, p.seq1)
+        B, d = p.seq1 - p.seq0, self.spec.head_dim
+        scale = d ** -0.5
+
+        def attend(i: int, q, k, v):
+            kc, vc = cache.k[i][rows], cache.v[i][rows]
+            kc.index_copy_(2, pos, k.unsqueeze(2))
+            vc.index_copy_(2, pos, v.unsqueeze(2))
+            qg = q.reshape(B, kc.shape[1], -1, d)  # query heads grouped by their KV head, no KV copies
+            scores = torch.add(bias, qg @ kc.transpose(-1, -2), alpha=scale)  # scaled, masked, float32: 1 kernel
+            return (torch.softmax(scores, dim=-1).to(self.dtype) @ vc).reshape(B, -1)
+
+        return (yield from self._forward(bufs, tokens[rows], rope, attend, lambda h: h))
+
+    def _forward(self, bufs: "Bufs", ids: torch.Tensor, rope, attend, last):
+        """Embedding, the layers, and (``last`` picks the rows) the LM head; None without a head."""
+        h = yield from self._embed(bufs, ids)
+        for i, lw in enumerate(self.layers):
+            q, k, v = self.qkv(rms_norm(h, lw["attn_norm"], self.spec.rms_eps) @ lw["wqkv"].t(), rope)
+            o = attend(i, q, k, v)
+            buf = bufs("reduce", h.shape[0], self.spec.hidden)
+            torch.matmul(o, lw["wo"].t(), out=buf)  # row-parallel: partial sums
+            h = h + (yield from collective("all_reduce", f"attn{i}", buf))
+            x = rms_norm(h, lw["mlp_norm"], self.spec.rms_eps)
+            if self.spec.moe:
+                h = h + (yield from self._moe(bufs, i, x, lw))
+            else:
+                buf = bufs("reduce", x.shape[0], self.spec.hidden)
+                self.swiglu(x, lw, buf)
+                h = h + (yield from collective("all_reduce", f"mlp{i}", buf))
+        if last is None:
+            return None
+        return (yield from self.logits(bufs, last(h)))
+
+    # -- the pieces (also used by seqpar.py) ---------------------------------------------------------------------
+    def qkv(self, qkv: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The QKV projection's output [T, ...] -> q, k (rotated together), v: [T, heads, head_dim] each."""
+        sh, d = self.sh, self.spec.head_dim
+        T = qkv.shape[0]
+        qk = apply_rope(qkv[:, :(sh.heads + sh.kv_heads) * d].view(T, -1, d), *rope)
+        return qk[:, :sh.heads], qk[:, sh.heads:], qkv[:, (sh.heads + sh.kv_heads) * d:].view(T, sh.kv_heads, d)
+
+    def swiglu(self, x: torch.Tensor, lw: dict, out: torch.Tensor) -> torch.Tensor:
+        """The (column-, then row-parallel) MLP: partial sums into ``out``."""
+        inter = self.sh.intermediate
+        gu = x @ lw["w13"].t()
+        return torch.matmul(F.silu(gu[:, :inter]) * gu[:, inter:], lw["w2"].t(), out=out)
+
+    def embed_partial(self, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel lookup into ``out``: rows this rank does not hold (and negative ids) are zero."""
+        vl = self.sh.vocab
+        local = ids - self.rank * vl
+        inside = (local >= 0) & (local < vl) & (ids >= 0)
+        torch.index_select(self.embed, 0, local.clamp(0, vl - 1), out=out)
+        return out.mul_(inside.unsqueeze(1).to(out.dtype))
+
+    def _embed(self, bufs: "Bufs", ids: torch.Tensor):
+        buf = self.embed_partial(ids, bufs("reduce", ids.numel(), self.spec.hidden))
+        out = yield from collective("all_reduce", "embed", buf)
+        return out.clone()  # the buffer is reused by the next all-reduce
+
+    def moe_dense_now(self) -> bool:
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return capturing if self.moe_dense == "auto" else self.moe_dense == "dense"
+
+    def _moe(self, bufs: "Bufs", i: int, x: torch.Tensor, lw: dict):
+        """Expert parallel over a 1/world slice of the (replicated) tokens, slices all-gathered back."""
+        gates = route(x, lw["router"], self.spec.top_k)
+        w, r, T, H, el = self.world, self.rank, x.shape[0], self.spec.hidden, self.sh.experts
+        if w == 1:
+            return expert_mix(x, gates, lw["w13"], lw["w2"], self.moe_dense_now())
+        s = math.ceil(T / w)  # this rank's slice of the tokens (padding rows have zero gates: routed nowhere)
+        mine = slice(r * s, min((r + 1) * s, T))
+        xs = x.new_zeros(s, H)
+        gs = gates.new_zeros(s, w * el)
+        n = max(0, mine.stop - mine.start)
+        xs[:n], gs[:n] = x[mine], gates[mine]
+        mixed = yield from self.expert_parallel(bufs, i, xs, gs, lw)
+        gathered = bufs("gather", w * s, H)
+        gathered[r * s:(r + 1) * s] = mixed
+        out = yield from collective("all_gather", f"gather{i}", gathered, gathered[r * s:(r + 1) * s])
+        return out[:T]
+
+    def expert_parallel(self, bufs: "Bufs", i: int, xs: torch.Tensor, gs: torch.Tensor, lw: dict):
+        """Tokens ``xs`` [s, H] with gates ``gs`` [s, experts] to the ranks owning their experts and back, with a
+        capacity-padded all-to-all (config.py says why it drops nothing); the gated sum [s, H]."""
+        w, s, H, el = self.world, xs.shape[0], self.spec.hidden, self.sh.experts
+        gs = gs.view(s, w, el)
+        # dispatch: row j of block p = the j-th token of the slice routed to rank p; a last row per block
+        # catches the tokens not routed there, and is never read
+        routed = gs.ne(0).any(-1)  # [s, w]
+        slot = torch.where(routed, routed.long().cumsum(0) - 1, s) + torch.arange(w, device=xs.device) * (s + 1)
+        rows = torch.cat([xs.unsqueeze(1).expand(s, w, H), gs], dim=-1).reshape(s * w, H + el)
+        send = bufs("dispatch_send", w, s + 1, H + el)
+        send.zero_()  # unused rows: zero gates, so no expert spends time on them
+        send.view(-1, H + el).index_copy_(0, slot.view(-1), rows)
+        recv = yield from collective("all_to_all", f"dispatch{i}", bufs("dispatch_recv", w, s + 1, H + el), send)
+        got = recv[:, :s].reshape(w * s, H + el)
+        y = expert_mix(got[:, :H], got[:, H:], lw["w13"], lw["w2"], self.moe_dense_now())
+        csend = bufs("combine_send", w, s + 1, H)
+        csend[:, :s] = y.view(w, s, H)
+        crecv = yield from collective("all_to_all", f"combine{i}", bufs("combine_recv", w, s + 1, H), csend)
+        back = crecv.view(-1, H).index_select(0, slot.view(-1)).view(s, w, H)
+        mixed = torch.where(routed.unsqueeze(-1), back.float(), 0.0).sum(1)  # where, not *: unread rows may be NaN
+        return mixed.to(xs.dtype)
+
+    def logits(self, bufs: "Bufs", h_last: torch.Tensor):
+        """Vocab-parallel LM head, all-gathered: [b, vocab] float32."""
+        b = h_last.shape[0]
+        out = bufs("logits", self.world, b, self.sh.vocab)
+        torch.matmul(rms_norm(h_last, self.final_norm, self.spec.rms_eps), self.lm_head.t(), out=out[self.rank])
+        yield from collective("all_gather", "logits", out, out[self.rank])
+        return out.permute(1, 0, 2).reshape(b, -1).to(torch.float32, copy=True)  # never a view of the buffer
+
+
+class Bufs:
+    """The communication buffers of one micro-batch (``calls.suffix`` names them)."""
+
+    def __init__(self, coll: Collectives, mb: int):
+        self.coll, self.suffix = coll, suffix(mb)
+
+    def __call__(self, name: str, *shape: int) -> torch.Tensor:
+        return self.coll.buffer(name + self.suffix, *shape)

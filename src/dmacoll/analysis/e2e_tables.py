@@ -1,0 +1,86 @@
+"""`dmacoll e2e` with its schedules side by side (the notebook's tables): every (implementation, schedule) against
+NCCL serial and against NCCL under the same schedule, where the time goes, and issue 23's targets."""
+from __future__ import annotations
+
+import pandas as pd
+
+from .tables import E2E_KEYS as KEYS
+
+# phase -> (column, True: a time (smaller is better), the column of its fraction of the ideal overlap)
+PHASES = {"ttft": ("ttft_ms", True, "ttft_fraction_of_ideal"),
+          "decode": ("decode_ms", True, "decode_fraction_of_ideal"),
+          "throughput": ("e2e_tok_s", False, "decode_fraction_of_ideal")}
+OVERLAPPED = {"ttft": "seqpar", "decode": "microbatch", "throughput": "microbatch"}  # the schedule each target is on
+BREAKDOWN = [f"{p}_{m}" for p in ("ttft", "decode") for m in ("compute_ms", "comm_ms", "ideal_speedup",
+                                                               "fraction_of_ideal", "fraction_of_ideal_raw")]
+
+
+def side_by_side(e2e: pd.DataFrame) -> pd.DataFrame:
+    """One row per (point, implementation, schedule) measured: times, tokens/s, the breakdown, and per phase
+    ``<phase>_vs_nccl_serial`` and ``<phase>_vs_nccl`` (the same schedule's NCCL run): > 1 is faster."""
+    ok = e2e[e2e["status"] == "ok"]
+    cols = [c for c in ["ttft_ms", "decode_ms", "e2e_tok_s", *BREAKDOWN, "decode_compute_over_floor",
+                        "prefill_compute_over_floor"] if c in ok]
+    out = ok[KEYS + ["impl", "schedule"] + cols].reset_index(drop=True)
+    nccl = ok[ok["impl"] == "nccl"]
+    for phase, (col, is_time, _) in PHASES.items():
+        serial = nccl[nccl["schedule"] == "serial"][KEYS + [col]].rename(columns={col: "_serial"})
+        same = nccl[KEYS + ["schedule", col]].rename(columns={col: "_same"})
+        ref = out[KEYS + ["schedule", col]].merge(serial, on=KEYS, how="left").merge(
+            same, on=KEYS + ["schedule"], how="left")
+        for name, base in (("nccl_serial", ref["_serial"]), ("nccl", ref["_same"])):
+            out[f"{phase}_vs_{name}"] = (base / ref[col] if is_time else ref[col] / base).to_numpy()
+    return out
+
+
+def compute_speed(e2e: pd.DataFrame) -> pd.DataFrame:
+    """Per point (serial schedule, one implementation: compute does not depend on it): compute alone over its
+    floor, decode (bytes at the measured copy rate) and prefill (GEMM FLOPs at the measured GEMM rate)."""
+    cols = ["decode_compute_ms", "decode_floor_ms", "decode_compute_over_floor", "ttft_compute_ms",
+            "prefill_floor_ms", "prefill_compute_over_floor"]
+    ok = e2e[(e2e["status"] == "ok") & (e2e["schedule"] == "serial")]
+    if not set(cols) <= set(ok):
+        return pd.DataFrame(columns=KEYS + cols)
+    return ok[ok["impl"] == ok["impl"].iloc[0]][KEYS + cols].reset_index(drop=True) if len(ok) else \
+        pd.DataFrame(columns=KEYS + cols)
+
+
+def targets(e2e: pd.DataFrame, min_batch: int = 8) -> pd.DataFrame:
+    """Issue 23's targets, each measured over the points it names: value, target, met (NaN values: not measured).
+    The overlapped schedule of a target is OVERLAPPED's."""
+    sbs = side_by_side(e2e)
+    speed = compute_speed(e2e)
+    rows = [
+        _row("decode compute / floor (weights + live KV at the copy rate), worst point",
+             speed["decode_compute_over_floor"].max(), "<= 1.5", lambda v: v <= 1.5, len(speed)),
+        _row("prefill compute / floor (GEMM FLOPs at the GEMM rate), worst point",
+             speed["prefill_compute_over_floor"].max(), "<= 1.3", lambda v: v <= 1.3, len(speed))]
+    big = sbs[sbs["batch"] >= min_batch]
+    dma, nccl = (big[(big["impl"] == i) & (big["schedule"] == OVERLAPPED["decode"])] for i in ("dma", "nccl"))
+    frac = "decode_fraction_of_ideal"
+    rows.append(_row(f"dma {OVERLAPPED['decode']}: mean decode fraction of ideal overlap, batch >= {min_batch}",
+                     dma[frac].mean() if frac in dma else float("nan"), ">= 0.8", lambda v: v >= 0.8, len(dma)))
+    if frac in dma:
+        pair = dma[KEYS + [frac]].merge(nccl[KEYS + [frac]], on=KEYS, suffixes=("_dma", "_nccl"))
+        more = (pair[f"{frac}_dma"] > pair[f"{frac}_nccl"])
+        rows.append(_row(f"points where dma {OVERLAPPED['decode']} overlaps more of the ideal than NCCL's, batch >= "
+                         f"{min_batch}", f"{int(more.sum())} of {len(pair)}", "all",
+                         lambda v: len(pair) > 0 and bool(more.all()), len(pair)))
+    gain = dma["throughput_vs_nccl_serial"]
+    rows.append(_row(f"dma {OVERLAPPED['throughput']} tokens/s over NCCL serial, worst point with batch >= {min_batch}",
+                     gain.min(), ">= 1.0", lambda v: v >= 1.0, len(gain)))
+    rows.append(_row(f"dma {OVERLAPPED['throughput']} tokens/s over NCCL serial, best point with batch >= "
+                     f"{min_batch}", gain.max(), ">= 1.15",
+                     lambda v: v >= 1.15, len(gain)))
+    long = sbs[(sbs["prompt_len"] == 2048) & (sbs["impl"] == "dma") & (sbs["schedule"] == OVERLAPPED["ttft"])]
+    for parallel, df in long.groupby("parallel"):
+        ratio = (1 / df["ttft_vs_nccl_serial"]).max()
+        rows.append(_row(f"TTFT at prompt 2048, dma {OVERLAPPED['ttft']} / NCCL serial, worst batch ({parallel})",
+                         ratio, "<= 0.9 at TP4", lambda v: v <= 0.9, len(df)))
+    return pd.DataFrame(rows)
+
+
+def _row(what: str, value, target: str, ok, points: int) -> dict:
+    measured = points > 0 and (isinstance(value, str) or pd.notna(value))
+    return {"target": what, "value": round(value, 3) if isinstance(value, float) else value, "goal": target,
+            "met": bool(ok(value)) if measured else "", "points": points}

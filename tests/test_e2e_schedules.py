@@ -1,0 +1,191 @@
+"""`dmacoll e2e`'s schedules on a CPU: the micro-batch split, seqpar's token layout, the calls each schedule must
+issue and the check that catches a dropped, added, resized or reordered collective, the no-communication
+stand-in, the whole runner (every schedule, its compute and communication alone, the floors) on dmacoll's host
+emulator, and old result tables read as the serial schedule. (Logits of every schedule at worlds 1, 2 and 4:
+tests/test_e2e.py.)"""
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from dmacoll.analysis import load
+from dmacoll.e2e import calls as k
+from dmacoll.e2e import config as c
+from dmacoll.e2e.bench import run_e2e
+from dmacoll.e2e.collectives import make
+from dmacoll.e2e.model import Model
+from dmacoll.e2e.schedule import NoComm, Schedule
+from dmacoll.verify.launch import run_ranks
+from test_e2e import synthetic_rows, tiny
+
+
+# -- pure layout -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch,length,parts", [
+    (3, 8, [(0, 2, 0, 8), (2, 3, 0, 8)]), (2, 5, [(0, 1, 0, 5), (1, 2, 0, 5)]),
+    (1, 9, [(0, 1, 0, 5), (0, 1, 5, 9)]), (1, 1, [(0, 1, 0, 1)]), (4, 1, [(0, 2, 0, 1), (2, 4, 0, 1)])])
+def test_micro_batches_split_sequences_else_one_prompt_by_tokens(batch, length, parts):
+    got = k.split(batch, length)
+    assert [(p.seq0, p.seq1, p.tok0, p.tok1) for p in got] == parts
+    assert sum(p.tokens for p in got) == batch * length
+    assert sum(k.logits_rows(p, length) for p in got) == batch  # every sequence's last token in exactly one part
+
+
+@pytest.mark.parametrize("tokens,world,pieces", [(7, 2, 3), (24, 4, 3), (2048, 4, 4), (1, 8, 2), (129, 2, 1)])
+def test_seqpar_rows_are_each_held_by_one_rank_and_pieces_gather_in_order(tokens, world, pieces):
+    P, Tp = k.piece_rows(tokens, world, pieces), k.padded_tokens(tokens, world, pieces)
+    assert Tp >= tokens and Tp - tokens < pieces * world and Tp == pieces * world * P
+    # rank r's shard row i*P + j is global row i*w*P + r*P + j; the head's owner formula inverts it
+    held = {(i * world * P + r * P + j): (r, i * P + j) for r in range(world) for i in range(pieces) for j in range(P)}
+    assert sorted(held) == list(range(Tp))
+    for g in range(Tp):
+        assert (g % (world * P) // P, g // (world * P) * P + g % P) == held[g]
+    # an all-gather of piece i concatenates every rank's rows of piece i: rows i*w*P .. (i+1)*w*P in order
+    for i in range(pieces):
+        order = [i * world * P + r * P + j for r in range(world) for j in range(P)]
+        assert order == list(range(i * world * P, (i + 1) * world * P))
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["llama", "mixtral"])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_each_schedule_issues_serial_collectives_rewritten(moe, world):
+    s = tiny(moe, layers=3)
+    serial = k.expected_calls(s, world, "serial", 3, 7, 2)[0]
+    per_layer = (1 + (3 if world > 1 else 0)) if moe else 2
+    assert len(serial) == 1 + 3 * per_layer + 1 and serial[0].site == "embed" and serial[-1].site == "logits"
+    micro = k.expected_calls(s, world, "microbatch", 3, 7, 2)
+    assert micro == {0: k.serial_calls(s, world, 14, 2), 1: k.serial_calls(s, world, 7, 1)}
+    one = k.expected_calls(s, world, "microbatch", 1, 7, 2)  # a prompt split by tokens: only the second has logits
+    assert one[0] == k.serial_calls(s, world, 4, 0) and one[0][-1].site != "logits" and one[1][-1].site == "logits"
+    assert k.expected_calls(s, world, "seqpar", 3, 1, 2, decode=True) == \
+        k.expected_calls(s, world, "serial", 3, 1, 2, decode=True)  # decode: seqpar is a prefill schedule
+    seq = k.expected_calls(s, world, "seqpar", 3, 7, 2)[0]
+    ops = pd.Series([(e.site.split(".")[0], e.op) for e in seq]).value_counts()
+    T, H = 21, s.hidden
+    Tp, P = k.padded_tokens(T, world, 2), k.piece_rows(T, world, 2)
+    for e in seq:  # every serial all-reduce of T x H became pieces that move the same (padded) rows
+        if e.op == "reduce_scatter":
+            assert e.numel == P * H
+        if e.op == "all_gather" and e.site != "logits":
+            assert e.numel == world * P * H
+    blocks = 3 * (1 if moe else 2)
+    assert ops[("embed", "reduce_scatter")] == 2 and sum(v for (site, op), v in ops.items()
+                                                         if op == "reduce_scatter") == 2 * (1 + blocks)
+    assert sum(v for (site, op), v in ops.items() if op == "all_gather" and site != "logits") == 2 * blocks
+    assert [e.op for e in seq[-2:]] == ["all_reduce", "all_gather"] and seq[-2].numel == 3 * H
+    if not moe:  # an MLP pipelines: gather 0, gather 1, scatter 0, scatter 1
+        mlp = [e.op for e in seq if e.site.startswith("mlp0")]
+        assert mlp == ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"]
+
+
+def _recorded(schedule: str, batch: int = 3, length: int = 7, drop=None):
+    """A world-1 prefill's logits and recorded calls (``drop``: a call the schedule skips)."""
+    s = tiny(False)
+    m = Model(s, 0, 1, "cpu", torch.float32, seed=3)
+    coll = make("none", "cpu", k.schedule_buffers(s, 1, batch * length, batch, schedule, 2), torch.float32)
+    sched = Schedule(schedule, 2, log=[])
+    if drop:
+        issue = sched._issue
+
+        def skipping(coll_, call, main, side):
+            if (call.mb, call.site) == drop:
+                from dmacoll.e2e.schedule import Handle
+                return Handle(call)  # never issued, never recorded
+            return issue(coll_, call, main, side)
+        sched._issue = skipping
+    ids = torch.randint(0, s.vocab, (batch, length), generator=torch.Generator().manual_seed(1))
+    logits = m.prefill(coll, ids, m.new_cache(batch, length), 0, sched)
+    return logits, [c.record() for c in sched.log], k.expected_calls(s, 1, schedule, batch, length, 2)
+
+
+def test_the_calls_check_catches_a_dropped_added_resized_or_reordered_collective():
+    _, rec, want = _recorded("microbatch")
+    assert k.check_calls(rec, want) == ""
+    assert [r[0] for r in rec[:4]] == [0, 1, 0, 1]  # interleaved: each micro-batch's collective under the other
+    mb1 = [i for i, r in enumerate(rec) if r[0] == 1]
+    assert "micro-batch 1 call 2: expected all_reduce at mlp0" in k.check_calls(rec[:mb1[2]] + rec[mb1[2] + 1:], want)
+    assert "1 call(s) missing, first all_gather at logits" in k.check_calls(rec[:mb1[-1]] + rec[mb1[-1] + 1:], want)
+    assert "extra" in k.check_calls(rec + [rec[-1]], want)
+    swapped = list(rec)
+    swapped[mb1[1]], swapped[mb1[2]] = swapped[mb1[2]], swapped[mb1[1]]
+    assert "micro-batch 1 call 1: expected" in k.check_calls(swapped, want)
+    resized = list(rec)
+    resized[0] = (*rec[0][:3], rec[0][3] + 1)
+    assert "call 0" in k.check_calls(resized, want)
+    assert "micro-batch 1: 1 call(s) missing" in k.check_calls([(2, *r[1:]) if r is rec[-1] else r for r in rec], want)
+    # the interleaving of the two micro-batches is free (every rank runs the same code, so the same order)
+    assert k.check_calls(sorted(rec, key=lambda r: r[0]), want) == ""
+
+
+def test_a_schedule_that_drops_a_collective_fails_where_one_rank_logits_cannot_tell():
+    ref, _, _ = _recorded("serial")
+    logits, rec, want = _recorded("microbatch", drop=(1, "mlp1"))
+    assert torch.allclose(logits, ref, atol=1e-5)  # at world 1 an all-reduce changes nothing...
+    assert "micro-batch 1" in k.check_calls(rec, want) and "mlp1" in k.check_calls(rec, want)  # ...the check sees it
+
+
+def test_schedule_names_and_pieces_are_checked():
+    k.check_schedules(["serial", "seqpar"], 4)
+    for bad, msg in ((["async"], "unknown"), ([], "unknown"), (["serial", "serial"], "twice")):
+        with pytest.raises(ValueError, match=msg):
+            k.check_schedules(bad, 2)
+    with pytest.raises(ValueError, match="pieces"):
+        k.check_schedules(["seqpar"], 0)
+    s = tiny(False)
+    m = Model(s, 0, 1, "cpu", torch.float32)
+    coll = make("none", "cpu", k.schedule_buffers(s, 1, 8, 2, "serial", 1), torch.float32)
+    with pytest.raises(ValueError, match="prefill only"):
+        m.decode(coll, torch.zeros(2, dtype=torch.long), torch.zeros(1, dtype=torch.long), m.new_cache(2, 4),
+                 Schedule("seqpar"))
+
+
+def test_no_comm_keeps_the_buffers_and_moves_nothing():
+    coll = make("none", "cpu", {"reduce": 8, "logits": 8}, torch.float32)
+    quiet = NoComm(coll)
+    assert quiet.buffer("reduce", 2, 4).data_ptr() == coll.buffer("reduce", 8).data_ptr()
+    x = quiet.buffer("logits", 8).fill_(3.0)
+    y = quiet.buffer("reduce", 8).fill_(1.0)
+    for out in (quiet.all_reduce(x), quiet.all_gather(x, y[:4]), quiet.all_to_all(x, y), quiet.reduce_scatter(x, y)):
+        assert out.data_ptr() == x.data_ptr() and torch.equal(x, torch.full((8,), 3.0))
+
+
+# -- the runner on the host emulator ---------------------------------------------------------------------------
+def _run(world: int, impls):
+    cfg = {**c.DEFAULTS, "models": [tiny(True)], "batches": [1, 3], "prompts": [5], "decode_steps": 2,
+           "repeats": 2, "chunk_tokens": 16, "impls": impls, "pieces": 2}
+    return pd.DataFrame(run_ranks(run_e2e, world, cfg, timeout_s=300)[0])
+
+
+@pytest.mark.parametrize("world,impls", [(1, ["nccl"]), (2, ["nccl", "dma"])])
+def test_the_runner_measures_every_schedule_and_where_the_time_goes(world, impls):
+    df = _run(world, impls)
+    assert list(df.columns) == c.E2E_COLUMNS and len(df) == 2 * len(impls) * 3
+    assert (df["status"] == "ok").all() and df["calls_ok"].all(), df[["schedule", "calls_ok", "status"]]
+    checked = df[df["logits_ok"] != ""]
+    assert len(checked) == len(df) - 2 and checked["logits_ok"].all()  # all but the reference (nccl serial)
+    assert (checked["check_max_abs_diff"] < 1e-4).all() and (checked["argmax_agree"] == 1).all()
+    seq = df["schedule"] == "seqpar"
+    assert df[seq]["decode_ms"].isna().all() and df[~seq]["decode_ms"].gt(0).all()
+    assert set(df[seq]["pieces"]) == {2} and set(df[~seq]["pieces"]) == {1}
+    micro = df[df["schedule"] == "microbatch"]
+    assert list(micro["microbatches"]) == [1] * len(impls) + [2] * len(impls)  # a decode step of batch 1 cannot split
+    for col in ("ttft_compute_ms", "ttft_comm_ms", "ttft_ideal_speedup", "ttft_fraction_of_ideal_raw",
+                "prefill_floor_ms", "prefill_compute_over_floor", "copy_GBps", "gemm_TFLOPs"):
+        assert df[col].map(math.isfinite).all(), col
+    for col in ("decode_compute_ms", "decode_comm_ms", "decode_fraction_of_ideal", "decode_compute_over_floor"):
+        assert df[~seq][col].map(math.isfinite).all() and df[seq][col].isna().all(), col
+    assert (df["ttft_fraction_of_ideal"] <= 1).all() and (df["ttft_ideal_speedup"] >= 1).all()
+    per_forward = df[(df["schedule"] == "serial")]["decode_calls"]
+    assert set(per_forward) == {1 + (4 if world > 1 else 1) * 2 + 1}  # embedding, 2 MoE layers, logits
+
+
+def test_old_tables_read_as_the_serial_schedule(tmp_path):
+    new = pd.DataFrame(synthetic_rows(schedules=("serial", "microbatch")))
+    old = new[new["schedule"] == "serial"].drop(columns=["schedule", "pieces", "microbatches", "calls_ok"])
+    (tmp_path / "old.csv").write_text(old.to_csv(index=False))
+    (tmp_path / "new.csv").write_text(new.to_csv(index=False))
+    df = load.read("e2e", [tmp_path / "old.csv", tmp_path / "new.csv"])
+    assert set(df[df["source"].str.endswith("old.csv")]["schedule"]) == {"serial"}
+    assert set(df["schedule"]) == {"serial", "microbatch"} and df["pieces"].notna().all()
+    from dmacoll.analysis import tables
+    assert len(tables.e2e_ratios(df)) == 24  # the serial points, both files' rows pivoted together
