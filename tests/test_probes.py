@@ -272,7 +272,7 @@ COMMITTED = committed()
 
 
 # Written, not yet run on a GPU: no results to commit yet (an entry leaves once its results are committed).
-AWAITING_GPU = {"crossing"}
+AWAITING_GPU: set[str] = set()
 
 
 def test_every_probe_table_has_committed_results():
@@ -340,3 +340,16 @@ def test_reference_run_calls_registered_probes_and_no_scripts():
     assert (called - {"$t"}) | set(loop) == set(NAMES)
     assert "tools/probe_" not in script and not list((ROOT / "tools").glob("probe_*.py"))
     assert not [p for p in (ROOT / "src").rglob("*.py") if "sys.path" in p.read_text()]
+
+
+def test_submit_cost_table_leaves_refused_ways_empty():
+    import pandas as pd
+
+    from dmacoll.analysis import tables
+
+    rows = pd.DataFrame([submit_cost.row("cuMemcpyAsync", "legacy", 2, 4096, [9.0], 9.0, True),
+                         submit_cost.row("cuMemcpyBatchAsync", "legacy", 2, 4096, [], NAN, False, "driver result 1"),
+                         submit_cost.row("native", "legacy", 2, 4096, [7.123], 7.0, True)])
+    t = tables.submit_cost(rows)
+    assert list(t.columns) == ["stream", "copies", "cuMemcpyAsync", "native"]
+    assert t.iloc[0].tolist() == ["legacy", 2, 9.0, 7.12]

@@ -141,7 +141,7 @@ def native(machine: str) -> str:
 def probes(machine: str) -> str:
     parts = []
     for name, summary in (("flag_latency", tables.flag_latency), ("crossing", tables.crossing),
-                          ("few_sm_kernels", tables.few_sm_best),
+                          ("submit_cost", tables.submit_cost), ("few_sm_kernels", tables.few_sm_best),
                           ("sm_carveout", tables.carveout_effect)):
         path = run(machine, "probes", name)
         if (ROOT / path).exists():

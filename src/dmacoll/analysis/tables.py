@@ -125,6 +125,15 @@ def carveout_effect(sm: pd.DataFrame) -> pd.DataFrame:
     return sm[cols].round(1)
 
 
+def submit_cost(rows: pd.DataFrame) -> pd.DataFrame:
+    """Host microseconds to issue k copies, per stream and k (rows) and way (columns); empty where the driver
+    refused the way (the legacy stream's batch)."""
+    ok = rows[rows["error"].fillna("") == ""]
+    table = ok.pivot_table(index=["stream", "copies"], columns="way", values="host_us", aggfunc="first")
+    order = [w for w in ("cuMemcpyAsync", "cuMemcpyBatchAsync", "native", "torch") if w in table.columns]
+    return table[order].round(2).astype(object).fillna("").reset_index()
+
+
 def few_sm_best(kernels: pd.DataFrame) -> pd.DataFrame:
     """Per carveout and job: the driver's copy / torch's add next to the GEMM, the best of the few-SM kernels
     (picked after the fact, N configurations), and their ratio."""
