@@ -18,9 +18,10 @@ def test_host_sweep_runs_and_checks_every_collective(tmp_path):
     df = pd.read_csv(out)
     assert list(df.columns) == COLUMNS and len(df) == len(rows) and out.with_suffix(".json").exists()
     assert set(df["op"]) == set(ops.NAMES) and set(df["impl"]) == {"nccl", "dma_default", "dma", "peer_copy"}
-    # the no-options call says what it ran (no tuning table on the host: pcpy/push)
+    # the no-options call says what it ran (no tuning table on the host: the fallback, flags as copies)
     default = df[df["impl"] == "dma_default"]
-    assert set(zip(default["variant"], default["direction"], default["signal"])) == {("pcpy", "push", "memop")}
+    ran = zip(*(default[name] for name in ("variant", "direction", "signal", "wait", "prerecord", "submit")))
+    assert set(ran) == {("pcpy", "push", "copy", "memop", False, "python")}
     bad = df[(df["status"] != "ok") | ~df["correct"]]
     assert bad.empty, bad[["op", "impl", "variant", "direction", "place", "handshake", "bytes_per_rank", "error"]]
     # in place and lean only where they apply: in-place forms, push exchanges

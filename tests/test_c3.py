@@ -337,7 +337,7 @@ def _fake_rank(strategies, carveout_ok=True):
     rk = c3.Rank.__new__(c3.Rank)
     rk.cfg = {**g.DEFAULTS, "strategies": strategies, "sm_fractions": [0.75], "repeats": 3}
     rk.rank, rk.world, rk.device, rk.hold, rk.hi_group = 0, 2, "cpu", 0, None
-    rk.comm = SimpleNamespace(last_choice=("b2b", "push", "reset"))
+    rk.comm = SimpleNamespace(last_options=SimpleNamespace(variant="b2b", direction="push"))
     rk.comp_stream, rk.comm_stream, rk.comm_hi = (SimpleNamespace(name=n, priority=p) for n, p in
                                                   (("comp", 0), ("comm", 0), ("comm_hi", -5)))
     rk.greens = {0.75: SimpleNamespace(stream=SimpleNamespace(name="green", priority=0), split="96/132")}

@@ -51,7 +51,7 @@ def _refusing_host(rank, world, sync="reset"):
     except DmaCollError as e:
         return str(e)
     rows = run_cases(comm, cases(["pcpy", "b2b", "multi"], ["push", "pull"], ["float32", "int32"], [1, 33]))
-    signal = comm.options.signal
+    signal = comm.last_options.signal
     comm.close()
     return rows, refused, signal
 

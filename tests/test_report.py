@@ -39,10 +39,12 @@ def test_picks_lead_with_what_communicator_does_by_default():
     p = report.picks(df)
     key = ("all_gather", "graph", 4 << 10)
     table = tuning.find(2, "NVIDIA H200")
-    variant, direction = table.select("all_gather", 4 << 10, "graph", False, "memop")
+    # what every 'auto' option resolves to in a captured call on a cuda engine (no prerecording, no native)
+    choice = table.select("all_gather", 4 << 10, "graph", False, {"signal": {"memop", "copy"}, "prerecord": {False},
+                                                                  "submit": {"python"}})
     default = p["default"].loc[key]
-    assert (default["variant"], default["direction"], default["place"], default["signal"], default["handshake"],
-            default["n"]) == (variant, direction, "out", "memop", "full", 1)
+    assert tuple(default[list(report.CHOSEN)]) == tuple(choice)
+    assert (default["place"], default["handshake"], default["n"]) == ("out", "full", 1)
     dma = df[(df["impl"] == "dma") & df["ok"]].set_index(report.KEYS).loc[key]
     assert p["oracle"].loc[key, "n"] == len(dma) and p["oracle"].loc[key, "time_us"] == dma["time_us"].min()
     assert p["oracle"].loc[key, "time_us"] <= p["tuned"].loc[key, "time_us"] <= p["default"].loc[key, "time_us"]
@@ -85,9 +87,10 @@ def test_ratio_table_picks_fastest_correct_dma():
                      "mode": "graph", "bytes_per_rank": 4096, "time_us": t, "busbw_GBps": 1.0, "status": "ok", "correct": True,
                      "error": ""})
     rows.append({**rows[-1], "variant": "multi", "time_us": 1.0, "correct": False})  # wrong: never picked
+    rows[1]["signal"] = "copy"  # the fallback's flags
     df = pd.DataFrame(rows)
     df["ok"] = df["correct"]
-    table = report.ratio_table(df, sizes=(4096,))  # no provenance, so no tuning table: auto is pcpy/push
+    table = report.ratio_table(df, sizes=(4096,))  # no provenance, no table: the fallback (pcpy/push, copy flags)
     assert table.loc[0, "default_over_nccl"] == 0.8 and table.loc[0, "default_n"] == 1
     assert table.loc[0, "oracle_over_nccl"] == 0.6 and table.loc[0, "oracle_n"] == 2  # the wrong row never counts
     assert table.loc[0, "oracle_config"] == "b2b/push/out"

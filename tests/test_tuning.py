@@ -17,24 +17,38 @@ def _table(entries):
     return tuning.TuningTable({"world": 2, "gpu": "NVIDIA H200"}, [tuning.Entry(*e) for e in entries])
 
 
+def _pick(choice):
+    return choice and (choice.variant, choice.direction)
+
+
 def test_select_takes_smallest_measured_size_at_or_above_the_message():
     t = _table([("all_gather", "graph", "out", 1024, "b2b", "pull", 1.0),
                 ("all_gather", "graph", "out", 4096, "pcpy", "push", 2.0),
                 ("all_gather", "eager", "out", 1024, "multi", "push", 3.0)])
-    assert t.select("all_gather", 100, "graph", False) == ("b2b", "pull")
-    assert t.select("all_gather", 1025, "graph", False) == ("pcpy", "push")
-    assert t.select("all_gather", 1 << 30, "graph", False) == ("pcpy", "push")  # beyond the table: largest
-    assert t.select("all_gather", 100, "eager", False) == ("multi", "push")
-    assert t.select("all_gather", 100, "graph", True) == ("b2b", "pull")  # no in-place rows: out-of-place ones
-    assert t.select("all_to_all", 100, "graph", False) == tuning.FALLBACK
+    assert _pick(t.select("all_gather", 100, "graph", False)) == ("b2b", "pull")
+    assert _pick(t.select("all_gather", 1025, "graph", False)) == ("pcpy", "push")
+    assert _pick(t.select("all_gather", 1 << 30, "graph", False)) == ("pcpy", "push")  # beyond the table: largest
+    assert _pick(t.select("all_gather", 100, "eager", False)) == ("multi", "push")
+    assert _pick(t.select("all_gather", 100, "graph", True)) == ("b2b", "pull")  # no in-place rows: out-of-place
+    assert t.select("all_to_all", 100, "graph", False) is None
 
 
-def test_select_uses_the_callers_signal_mode_and_falls_back_to_memop_entries():
+def test_select_picks_the_fastest_combination_the_call_allows():
     t = _table([("all_gather", "graph", "out", 1024, "b2b", "pull", 1.0),
-                ("all_gather", "graph", "out", 1024, "multi", "push", 0.5, "kernel")])
-    assert t.select("all_gather", 100, "graph", False, "kernel") == ("multi", "push")
-    assert t.select("all_gather", 100, "graph", False, "memop") == ("b2b", "pull")
-    assert t.select("all_gather", 100, "graph", False, "copy") == ("b2b", "pull")  # not measured: memop's pick
+                ("all_gather", "graph", "out", 1024, "multi", "push", 0.5, "copy", "spin"),
+                ("all_gather", "graph", "out", 1024, "pcpy", "pull", 0.7, "copy", "memop", True, "native")])
+    assert t.select("all_gather", 100, "graph", False) == ("multi", "push", "copy", "spin", False, "python")
+    assert _pick(t.select("all_gather", 100, "graph", False, {"wait": {"memop"}})) == ("pcpy", "pull")
+    assert _pick(t.select("all_gather", 100, "graph", False,
+                          {"wait": {"memop"}, "submit": {"python"}})) == ("b2b", "pull")
+    assert t.select("all_gather", 100, "graph", False, {"signal": {"kernel"}}) is None  # nothing measured
+
+
+def test_fallback_keeps_what_the_call_allows():
+    assert tuning.fallback({}) == tuning.FALLBACK
+    assert tuning.FALLBACK.signal == "copy"  # no stream-memop write into peer memory without a measurement
+    assert tuning.fallback({"signal": {"memop"}, "wait": {"spin"}}) == tuning.FALLBACK._replace(
+        signal="memop", wait="spin")
 
 
 def test_shipped_table_is_derived_from_the_committed_sweep():
@@ -47,6 +61,11 @@ def test_shipped_table_is_derived_from_the_committed_sweep():
     assert tuning.find(8, "NVIDIA H200") is None and tuning.find(2, "cpu") is None
 
 
+def _ran(comm):
+    o = comm.last_options
+    return o.variant, o.direction, o.signal
+
+
 def _auto(rank, world, table_path):
     from dmacoll import Communicator
 
@@ -56,9 +75,9 @@ def _auto(rank, world, table_path):
         x = torch.arange(4, dtype=torch.float32) + 10 * rank
         y = torch.empty(4 * world)
         comm.all_gather(y, x)
-        out[name] = (comm.last_choice, y.tolist())
+        out[name] = (_ran(comm), y.tolist())
         comm.all_gather(y, x, variant="b2b")  # a per-call override wins over the table
-        out[name + "_override"] = comm.last_choice
+        out[name + "_override"] = _ran(comm)
         comm.close()
     return out
 
@@ -67,10 +86,10 @@ def test_communicator_resolves_auto_from_the_table(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(_table([("all_gather", "eager", "out", 1 << 20, "multi", "pull", 1.0)]).to_json())
     res = run_ranks(_auto, 2, str(path))[0]
-    assert res["default"][0] == ("pcpy", "push", "reset")  # the host emulator has no table: fallback
-    assert res["table"][0] == ("multi", "pull", "reset")
+    assert res["default"][0] == ("pcpy", "push", "copy")  # the host emulator has no table: fallback
+    assert res["table"][0] == ("multi", "pull", "memop")
     assert res["table"][1] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
-    assert res["table_override"] == ("b2b", "pull", "reset")
+    assert res["table_override"] == ("b2b", "pull", "memop")
 
 
 def _uneven_auto(rank, world, table_path):
@@ -82,7 +101,7 @@ def _uneven_auto(rank, world, table_path):
     x = torch.arange(sum(counts[rank]), dtype=torch.float32) + 1000 * rank
     y = torch.full((sum(row[rank] for row in counts),), -1.0)
     comm.all_to_all_v(y, x, counts)
-    choice = comm.last_choice
+    choice = _ran(comm)
     comm.close()
     return choice, y.tolist()
 
@@ -98,6 +117,6 @@ def test_all_to_all_v_ranks_agree_on_the_variant_whatever_their_own_row():
         with open(path, "w") as f:
             f.write(_table(rows).to_json())
         (c0, y0), (c1, y1) = run_ranks(_uneven_auto, 2, path)
-    assert c0 == c1 == ("pcpy", "push", "reset")  # the largest row (2 KB) decides, alike on both ranks
+    assert c0 == c1 == ("pcpy", "push", "memop")  # the largest row (2 KB) decides, alike on both ranks
     assert -1.0 not in y0 + y1
     assert y1 == list(range(256, 512)) + [1000.0 + i for i in range(128, 256)]

@@ -80,7 +80,7 @@ def messages():
     ("rs_capacity", "larger staging_bytes (>= 8192)"),
     ("ar_capacity", "reduce collectives receive every rank's chunk there"),
     ("ar_option", "direction='sideways' is not one of"),
-    ("submit", "submit='c++' is not one of ('python', 'native')"),
+    ("submit", "submit='c++' is not one of ('python', 'native', 'auto')"),
     ("submit_host", "submit='native' issues CUDA driver calls: it needs backend='cuda', not 'host'"),
 ])
 def test_message_says_what_to_change(messages, name, fragment):

@@ -52,11 +52,16 @@ class Options:
     variant: str = "auto"
     direction: str = "auto"
     sync: str = "reset"
-    signal: str = "memop"
-    prerecord: bool = False
-    submit: str = "python"
+    signal: str = "auto"
+    prerecord: object = "auto"  # True, False or "auto"
+    submit: str = "auto"
     handshake: str = "full"
-    wait: str = "memop"
+    wait: str = "auto"
+
+    @property
+    def auto(self) -> bool:
+        """Whether the tuning table (or the fallback) still has something to choose."""
+        return "auto" in (self.variant, self.direction, self.signal, self.wait, self.prerecord, self.submit)
 
     def override(self, changes: dict, engine) -> "Options":
         if not changes:  # the common call: nothing to check again
@@ -69,11 +74,14 @@ class Options:
 
     def checked(self, engine) -> "Options":
         for name, allowed in (("variant", VARIANTS + ("auto",)), ("direction", DIRECTIONS + ("auto",)),
-                              ("sync", SYNC_MODES), ("signal", SIGNAL_MODES), ("submit", SUBMITS),
-                              ("handshake", HANDSHAKES), ("wait", WAIT_MODES)):
-            if getattr(self, name) not in allowed:
-                raise InvalidArgument(f"{name}={getattr(self, name)!r} is not one of {allowed}")
-        if self.signal != "memop" and self.sync == "epoch":
+                              ("sync", SYNC_MODES), ("signal", SIGNAL_MODES + ("auto",)),
+                              ("submit", SUBMITS + ("auto",)), ("handshake", HANDSHAKES),
+                              ("wait", WAIT_MODES + ("auto",)), ("prerecord", (False, True, "auto"))):
+            value = getattr(self, name)
+            wrong_type = isinstance(value, bool) != (name == "prerecord" and value != "auto")  # 1 == True: a bool
+            if wrong_type or value not in allowed:
+                raise InvalidArgument(f"{name}={value!r} is not one of {allowed}")
+        if self.signal in ("copy", "kernel") and self.sync == "epoch":
             raise InvalidArgument(f"signal={self.signal!r} sends a constant 1: it needs sync='reset'")
         if self.signal == "kernel" and not engine.kernel_signals:
             raise InvalidArgument(f"signal='kernel' uses PyTorch's CUDA signal pads; on backend={engine.name!r} use "
@@ -83,7 +91,7 @@ class Options:
                                   f"{engine.name!r}")
         if self.submit == "native" and self.signal == "kernel":
             raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy'")
-        if self.wait != "memop":
+        if self.wait in ("spin", "fold"):
             if self.signal == "kernel":
                 raise InvalidArgument(f"wait={self.wait!r} polls dmacoll's flag words, and signal='kernel' sets "
                                       "PyTorch's signal pads instead: use signal='memop' or 'copy'")
@@ -98,7 +106,7 @@ class Options:
     def on(self, engine) -> "Options":
         """These options as ``engine`` can run them: where its driver refuses stream-memop writes into peer memory
         (``engine.memop_refusal``), memop flags travel as 4-byte copies instead (said once per process)."""
-        if self.signal != "memop" or engine.remote_memop_writes:
+        if self.signal not in ("memop", "auto") or engine.remote_memop_writes:
             return self
         if self.sync == "epoch":
             raise InvalidArgument(f"sync='epoch' sends sequence numbers as stream-memop writes to peers, and "
@@ -107,7 +115,7 @@ class Options:
             _REFUSALS_SAID.add(engine.memop_refusal)
             log.warning("dmacoll: %s: flags travel as 4-byte copy-engine copies (signal='copy')",
                         engine.memop_refusal)
-        return dataclasses.replace(self, signal="copy")
+        return self if self.signal == "auto" else dataclasses.replace(self, signal="copy")
 
 
 class LeanState:
@@ -184,8 +192,8 @@ class Communicator:
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *, backend: str = "auto",
                  heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "auto",
                  direction: str = "auto", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 engines: int = 2, signal: str = "memop", prerecord: bool = False, submit: str = "python",
-                 handshake: str = "full", wait: str = "memop", tuning_table: Optional[str] = None,
+                 engines: int = 2, signal: str = "auto", prerecord: object = "auto", submit: str = "auto",
+                 handshake: str = "full", wait: str = "auto", tuning_table: Optional[str] = None,
                  device: Optional[torch.device] = None):
         if not dist.is_initialized():
             raise InvalidArgument("torch.distributed is not initialised; call dist.init_process_group first")
@@ -207,7 +215,7 @@ class Communicator:
         self.engine = make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
         try:
             self.options = self.options.on(self.engine)
-            if self.options.wait != "memop":
+            if self.options.wait in ("spin", "fold"):
                 self.engine.load_kernels()
         except DmaCollError:
             self.engine.close()
@@ -222,9 +230,11 @@ class Communicator:
         self._calls = 0
         self._programs: dict[tuple, tuple[tuple[Program, ...], frozenset]] = {}
         self._option_sets: dict[tuple, Options] = {}  # a call's option changes -> its checked Options
+        self._resolved: dict[tuple, Options] = {}  # (op, size, capturing, in place, Options) -> 'auto' resolved
+        self._native_ok: Optional[bool] = None  # whether the native library loads (or builds): found on first need
         self._lean = LeanState()
         self.last_handshake: Handshake = FULL  # the flags the last call used (for tests and logs)
-        self.last_choice: tuple[str, str, str] = ("", "", "")  # (variant, direction, sync) the last call ran
+        self.last_options: Optional[Options] = None  # every option the last call ran with, 'auto' resolved
         self.error: Optional[DmaCollError] = None  # set by a failed call; every later call raises it
         self._gate: Optional[Gate] = None  # the open or pending prelaunch gate
         self._gates_used = 0
@@ -254,9 +264,9 @@ class Communicator:
         """Run collective ``op`` (a name in ``dmacoll.ops``); the named methods call this."""
         spec = ops.get(op)
         request = spec.bind(self._ops_group, output, input, *args)
-        opts = self._options_for(options)
         self._check_usable(op)
         capturing = self.engine.is_capturing()
+        opts = self._resolve(spec, request, self._options_for(options), capturing)
         if opts.sync == "epoch" and capturing:
             raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
                                   "then deadlock; capture with sync='reset'")
@@ -267,7 +277,7 @@ class Communicator:
             self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
         if opts.wait != "memop":
             self.engine.load_kernels()
-        variant, direction = self._choose(spec, request, opts, capturing)
+        variant, direction = opts.variant, opts.direction
         programs = self._plan(spec, request, opts, variant, direction, capturing, prerecord)
         self._submit(spec, request, opts, programs, variant, direction, prerecord)
         return output
@@ -293,15 +303,58 @@ class Communicator:
             raise InvalidArgument(f"{op}: a prelaunched collective is still pending; call gate.wait() first "
                                   "(collectives of one communicator run one after another)")
 
-    def _choose(self, spec: ops.OpSpec, request: ops.Request, opts: Options, capturing: bool) -> tuple[str, str]:
-        """(variant, direction): the options', with 'auto' resolved by the tuning table."""
-        variant, direction = opts.variant, opts.direction
-        if "auto" in (variant, direction):
-            picked = self.tuning.select(spec.tuning_op, request.nbytes, "graph" if capturing else "eager",
-                                        request.in_place, opts.signal) if self.tuning else tuning.FALLBACK
-            variant = picked[0] if variant == "auto" else variant
-            direction = picked[1] if direction == "auto" else direction
-        return variant, direction
+    def _resolve(self, spec: ops.OpSpec, request: ops.Request, opts: Options, capturing: bool) -> Options:
+        """``opts`` with every 'auto' replaced: by the fastest configuration the tuning table measured that the call
+        may use (``_allowed``), else by ``tuning.fallback``. Worked out once per (op, size, graph/eager, in place,
+        options): the size is the same on every rank (``Request.nbytes``), so the ranks choose alike."""
+        if not opts.auto:
+            return opts
+        key = (spec.tuning_op, request.nbytes, capturing, request.in_place, opts)
+        resolved = self._resolved.get(key)
+        if resolved is None:
+            allowed = self._allowed(opts, capturing)
+            resolved = self._choice(spec, request, opts, capturing, allowed)
+            if opts.submit == "auto" and resolved.submit == "native" and not self._native_available():
+                resolved = self._choice(spec, request, opts, capturing, {**allowed, "submit": {"python"}})
+            if len(self._resolved) >= 4096:
+                self._resolved.clear()
+            self._resolved[key] = resolved
+        return resolved
+
+    def _choice(self, spec: ops.OpSpec, request: ops.Request, opts: Options, capturing: bool,
+                allowed: dict) -> Options:
+        mode = "graph" if capturing else "eager"
+        choice = (self.tuning.select(spec.tuning_op, request.nbytes, mode, request.in_place, allowed)
+                  if self.tuning else None) or tuning.fallback(allowed)
+        return dataclasses.replace(opts, **{name: getattr(choice, name) for name in choice._fields
+                                            if getattr(opts, name) == "auto"})
+
+    def _allowed(self, opts: Options, capturing: bool) -> dict:
+        """Per option the table may choose, the values this call may take: the caller's where it fixed one, else
+        what the engine runs here. Never chosen: signal='kernel' (PyTorch's pads, an SM while it waits; measured
+        slower), memop flags where the driver refuses them, prerecording or native submission under capture."""
+        eng, eager = self.engine, not capturing
+        candidates = {
+            "signal": {"memop"} if opts.sync == "epoch" else {"copy", "memop"} if eng.remote_memop_writes else {"copy"},
+            "wait": {"memop", "spin", "fold"} if eng.spin_waits else {"memop"},
+            "prerecord": {False, True} if eager and eng.graphs and opts.sync == "reset" else {False},
+            "submit": {"python", "native"} if eager and eng.native_submit and self._native_ok is not False
+            else {"python"},
+        }
+        return {name: values if getattr(opts, name) == "auto" else {getattr(opts, name)}
+                for name, values in candidates.items()}
+
+    def _native_available(self) -> bool:
+        """Whether the native library loads here (built on first use if needed); a failure is said once and the
+        calls go on from Python."""
+        if self._native_ok is None:
+            try:
+                self.engine.ensure_native()
+                self._native_ok = True
+            except DmaCollError as e:
+                self._native_ok = False
+                log.warning("dmacoll: submitting from Python: %s", e)
+        return self._native_ok
 
     def _plan(self, spec: ops.OpSpec, request: ops.Request, opts: Options, variant: str, direction: str,
               capturing: bool, prerecord: bool) -> tuple[Program, ...]:
@@ -354,7 +407,7 @@ class Communicator:
         first, last = self._epoch + 1, self._epoch + len(programs)
         self._epoch = last
         label = f"{spec.name} call #{self._calls} ({variant}/{direction}/{opts.sync}/{opts.signal}/{opts.wait})"
-        self.last_choice = (variant, direction, opts.sync)
+        self.last_options = opts
         bases = self.engine.bases(request.input, request.output)
         native = opts.submit == "native"
 

@@ -1,13 +1,15 @@
-"""Automatic variant selection from a measured tuning table.
+"""Automatic configuration from a measured tuning table: what 'auto' options resolve to.
 
-A table maps (op, mode, place, signal, message size) to the fastest (variant,
-direction) measured by a sweep of the dma variants (``dmacoll tune``): the signal
-mode stays the caller's choice (only ``kernel`` uses an SM, and a spinning flag
-kernel can wait behind a GEMM that fills the GPU), 'auto' picks the rest for it. ``select`` picks the
-entry of the smallest measured size at or above the message (the largest if the
-message is bigger than any), for the call's mode (``graph`` while a CUDA graph
-is being captured, else ``eager``). Tables are JSON with the provenance of the
-sweep they come from; the package ships one per measured platform.
+A table holds, per (op, mode, place, message size) and per measured combination of the options a caller may
+leave to the library (``CHOSEN``: signal, wait, prerecord, submit), the fastest (variant, direction) a sweep of
+the dma configurations measured (``dmacoll tune``), with its time. ``select`` answers a call: among the
+combinations the caller and the backend allow (an option the caller fixed allows its value only; the
+communicator leaves out what the engine cannot run), each combination's entry of the smallest measured size at
+or above the message (the largest if the message is bigger than any), then the fastest of those. Mode is
+``graph`` while a CUDA graph is being captured, else ``eager``; a place without entries takes the out-of-place
+ones. The handshake is never chosen: the lean one needs the caller's promise. Tables are JSON with the provenance
+of the sweep they come from; the package ships one per measured platform; tables from before the wait, prerecord
+and submit columns hold memop-wait, not prerecorded, Python-submitted entries.
 """
 from __future__ import annotations
 
@@ -15,10 +17,24 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Optional
+from typing import Collection, Mapping, NamedTuple, Optional
 
 DEFAULT_DIRECTORY = "tuning_tables"  # package data: src/dmacoll/tuning_tables/*.json
-FALLBACK = ("pcpy", "push")
+CHOSEN = ("signal", "wait", "prerecord", "submit")  # besides variant and direction, what 'auto' may choose
+
+
+class Choice(NamedTuple):
+    variant: str
+    direction: str
+    signal: str
+    wait: str
+    prerecord: bool
+    submit: str
+
+
+# without a table (or an entry the call may use): one queue per peer, pushed, and flags as copy-engine copies,
+# which every driver takes (no stream-memop write into peer memory)
+FALLBACK = Choice("pcpy", "push", "copy", "memop", False, "python")
 
 
 @dataclass(frozen=True)
@@ -31,15 +47,23 @@ class Entry:
     direction: str
     time_us: float
     signal: str = "memop"  # tables from before signal modes were measured hold memop entries only
+    wait: str = "memop"
+    prerecord: bool = False
+    submit: str = "python"
+
+    @property
+    def combination(self) -> tuple:
+        return self.signal, self.wait, self.prerecord, self.submit
 
 
 class TuningTable:
     def __init__(self, meta: dict, entries: list[Entry]):
         self.meta = meta
         self.entries = entries
-        self._by_key: dict[tuple[str, str, str, str], list[Entry]] = {}
+        # (op, mode, place) -> combination -> entries by size
+        self._by_key: dict[tuple[str, str, str], dict[tuple, list[Entry]]] = {}
         for e in sorted(entries, key=lambda e: e.bytes_per_rank):
-            self._by_key.setdefault((e.op, e.mode, e.place, e.signal), []).append(e)
+            self._by_key.setdefault((e.op, e.mode, e.place), {}).setdefault(e.combination, []).append(e)
 
     @classmethod
     def load(cls, path: str | Path) -> "TuningTable":
@@ -52,17 +76,22 @@ class TuningTable:
     def matches(self, world: int, device_name: str) -> bool:
         return self.meta.get("world") == world and self.meta.get("gpu", "") in device_name
 
-    def select(self, op: str, nbytes: int, mode: str, in_place: bool, signal: str = "memop") -> tuple[str, str]:
-        place = "in" if in_place else "out"
-        rows = next((self._by_key[k] for k in ((op, mode, place, signal), (op, mode, "out", signal),
-                                                (op, mode, place, "memop"), (op, mode, "out", "memop"))
-                     if k in self._by_key), None)
-        if not rows:
-            return FALLBACK
-        for e in rows:
-            if e.bytes_per_rank >= nbytes:
-                return e.variant, e.direction
-        return rows[-1].variant, rows[-1].direction
+    def select(self, op: str, nbytes: int, mode: str, in_place: bool,
+               allowed: Optional[Mapping[str, Collection]] = None) -> Optional[Choice]:
+        """The fastest measured configuration the call may use (``allowed``: option -> the values it may take,
+        every value where an option is missing), or None where the table has none."""
+        allowed = allowed or {}
+        combos = self._by_key.get((op, mode, "in" if in_place else "out")) or self._by_key.get((op, mode, "out"))
+        best: Optional[Entry] = None
+        for combination, rows in (combos or {}).items():
+            if any(name in allowed and value not in allowed[name] for name, value in zip(CHOSEN, combination)):
+                continue
+            entry = next((e for e in rows if e.bytes_per_rank >= nbytes), rows[-1])
+            if best is None or entry.time_us < best.time_us:
+                best = entry
+        if best is None:
+            return None
+        return Choice(best.variant, best.direction, best.signal, best.wait, best.prerecord, best.submit)
 
 
 def shipped_tables() -> list[Path]:
@@ -79,3 +108,12 @@ def find(world: int, device_name: str, path: Optional[str] = None) -> Optional[T
         if table.matches(world, device_name):
             return table
     return None
+
+
+def fallback(allowed: Mapping[str, Collection]) -> Choice:
+    """FALLBACK, each option that ``allowed`` rules out replaced by the first value it may take."""
+    values = FALLBACK._asdict()
+    for name in CHOSEN:
+        if name in allowed and values[name] not in allowed[name]:
+            values[name] = sorted(allowed[name], key=str)[0]
+    return Choice(**values)

@@ -3,10 +3,11 @@
 Three dmacoll configurations are reported per (op, mode, size), never mixed (``picks``):
 
 * **default**: what ``Communicator()`` does with no options for an out-of-place call: the sweep's ``dma_default``
-  rows where it measured them (a call with no options); for older sweeps, the row of the options that were the
-  defaults then (memop flags, the full handshake, Python submission, no prerecording) and the (variant,
-  direction) that ``variant='auto'`` takes from the tuning table shipped for the machine (``tuning.find``;
-  pcpy/push without one);
+  rows where it measured them (a call with no options); for sweeps without them, the row of the configuration
+  that every 'auto' option takes from the tuning table shipped for the machine (``tuning.find``; the fallback
+  without one): the variant, direction, flag signal, wait, prerecording and submission, with the full
+  handshake. Where that table was derived from the same sweep, this pick is in-sample (the fastest of the
+  promise-free rows of that very sweep): only a measured ``dma_default`` row is a fresh sample;
 * **tuned**: ``variant='auto'`` with the shipped table and the options a caller may set without promising
   anything about its data flow (signal, prerecord, submit, in place), the fastest of those N measured rows;
 * **oracle**: the fastest of all N measured dma configurations, picked after the fact (the lean handshake
@@ -42,8 +43,7 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
 
 
 KEYS = ["op", "mode", "bytes_per_rank"]
-DEFAULT = {"place": "out", "signal": "memop", "wait": "memop", "prerecord": False, "submit": "python",
-           "handshake": "full"}
+CHOSEN = ("variant", "direction", *tuning.CHOSEN)
 PICKS = ("default", "tuned", "oracle")
 
 
@@ -56,18 +56,41 @@ def shipped_table(df: pd.DataFrame):
     return tuning.find(int(df["world"].iloc[0]), gpus[0] if gpus else "")
 
 
-def auto_choice(dma: pd.DataFrame) -> pd.Series:
-    """Per row, whether its (variant, direction) is what ``variant='auto'`` picks for its op, size, mode, place
-    and signal."""
+def _table_choice(table, op: str, nbytes: int, mode: str, in_place: bool, allowed: dict) -> tuple:
     from .. import ops  # the op specs (torch) only where the analysis needs them
 
+    op = ops.get(op).tuning_op  # all_to_all_v's choice comes from all_to_all's rows, as in the communicator
+    choice = table.select(op, nbytes, mode, in_place, allowed) if table else None
+    return tuple(choice or tuning.fallback(allowed))
+
+
+def auto_choice(dma: pd.DataFrame) -> pd.Series:
+    """Per row, whether its (variant, direction) is what ``variant='auto'`` picks for its op, size, mode, place
+    and the other options the row fixed."""
     table = shipped_table(dma) if len(dma) else None
 
     def picked(r) -> bool:
-        op = ops.get(r.op).tuning_op  # all_to_all_v's variant comes from all_to_all's rows, as in the communicator
-        choice = table.select(op, int(r.bytes_per_rank), r.mode, r.place == "in", r.signal) if table \
-            else tuning.FALLBACK
-        return (r.variant, r.direction) == choice
+        allowed = {"signal": {r.signal}, "wait": {r.wait}, "prerecord": {r.prerecord}, "submit": {r.submit}}
+        return (r.variant, r.direction) == _table_choice(table, r.op, int(r.bytes_per_rank), r.mode, r.place == "in",
+                                                         allowed)[:2]
+    return pd.Series([picked(r) for r in dma.itertuples()], index=dma.index, dtype=bool)
+
+
+def default_choice(dma: pd.DataFrame) -> pd.Series:
+    """Per row, whether it is the configuration a call with no options takes on the sweep's machine (every 'auto'
+    option resolved by the shipped table, out of place, the full handshake). What the communicator allows is
+    what a cuda engine runs: memop or copy signals, every wait, prerecording and native submission when eager."""
+    table = shipped_table(dma) if len(dma) else None
+
+    def picked(r) -> bool:
+        if r.place != "out" or r.handshake != "full":
+            return False
+        eager = r.mode == "eager"
+        allowed = {"signal": {"memop", "copy"}, "wait": {"memop", "spin", "fold"},
+                   "prerecord": {False, True} if eager else {False},
+                   "submit": {"python", "native"} if eager else {"python"}}
+        choice = _table_choice(table, r.op, int(r.bytes_per_rank), r.mode, False, allowed)
+        return tuple(getattr(r, name) for name in CHOSEN) == choice
     return pd.Series([picked(r) for r in dma.itertuples()], index=dma.index, dtype=bool)
 
 
@@ -86,8 +109,8 @@ def picks(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     ``baseline``, per (op, mode, size): the row measured for each, and the N it was picked from."""
     dma = df[(df["impl"] == "dma") & df["ok"]]
     auto = dma[auto_choice(dma)]
-    measured = fastest(df[(df["impl"] == "dma_default") & df["ok"]])
-    derived = fastest(matching(auto, DEFAULT))
+    measured = fastest(df[(df["impl"] == "dma_default") & df["ok"]]).assign(measured=True)
+    derived = fastest(dma[default_choice(dma)]).assign(measured=False)
     default = pd.concat([measured, derived[~derived.index.isin(measured.index)]])
     return {"default": default, "tuned": fastest(auto[auto["handshake"] == "full"]),
             "oracle": fastest(dma), "baseline": fastest(matching(dma, BASELINE))}
@@ -116,6 +139,7 @@ def ratio_table(df: pd.DataFrame, sizes=TABLE_SIZES) -> pd.DataFrame:
             got = p[name].loc[key] if key in p[name].index else None
             row[f"{name}_over_nccl"] = round(float(got["time_us"]) / n, 2) if got is not None else "not measured"
             row[f"{name}_n"] = int(got["n"]) if got is not None else 0
+        row["default_measured"] = bool(p["default"].loc[key, "measured"]) if key in p["default"].index else False
         oracle = p["oracle"].loc[key]
         row["oracle_config"] = config_label(oracle)
         row["oracle_minus_peer_copy_us"] = round(float(oracle["time_us"] - floor.loc[key, "time_us"]), 1) \

@@ -6,16 +6,17 @@ from . import report
 
 
 def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
-    """The fastest correct dma (variant, direction) per (op, mode, place, signal, size) of a sweep."""
+    """The fastest correct dma (variant, direction) per (op, mode, place, size) and combination of the options
+    'auto' may choose (signal, wait, prerecord, submit) of a sweep. The handshake is the caller's: lean rows are
+    left out."""
     df = report.load(sweep_csvs)
-    # 'auto' chooses variant and direction; signal, prerecord and handshake stay the caller's choice
-    dma = df[(df["impl"] == "dma") & df["ok"] & ~df["prerecord"] & (df["submit"] == "python")
-             & (df["handshake"] == "full")]
+    dma = df[(df["impl"] == "dma") & df["ok"] & (df["handshake"] == "full")]
     if dma.empty:
         raise ValueError(f"{sweep_csvs}: no correct dma rows to tune from")
-    idx = dma.groupby(["op", "mode", "place", "signal", "bytes_per_rank"])["time_us"].idxmin()
+    keys = ["op", "mode", "place", "signal", "wait", "prerecord", "submit", "bytes_per_rank"]
+    idx = dma.groupby(keys)["time_us"].idxmin()
     entries = [Entry(r.op, r.mode, r.place, int(r.bytes_per_rank), r.variant, r.direction, float(r.time_us),
-                     r.signal) for r in dma.loc[idx].itertuples()]
+                     r.signal, r.wait, bool(r.prerecord), r.submit) for r in dma.loc[idx].itertuples()]
     gpus = provenance.get("hardware", {}).get("gpus", [])
     meta = {"world": int(dma["world"].iloc[0]), "gpu": gpus[0] if gpus else "", "dtype": str(dma["dtype"].iloc[0]),
             "source": sweep_csvs, "source_git_sha": provenance.get("git_sha"),

@@ -14,6 +14,8 @@ import torch
 
 from ..executor import MemOp, gate_index, gate_ops
 
+MAX_RECORDED = 256  # prerecorded graphs kept per engine (each holds its buffers' addresses)
+
 
 class StreamEngine:
     def flush_queue(self, queue) -> None:
@@ -82,6 +84,8 @@ class StreamEngine:
         for the current one) on the current stream, then bracket the call as usual."""
         graph = self._graphs.get(key)
         if graph is None:
+            if len(self._graphs) >= MAX_RECORDED:  # ever-new buffers (prerecord='auto' on the caching allocator)
+                self._graphs.clear()
             graph = torch.cuda.CUDAGraph()
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))

@@ -253,7 +253,7 @@ def measure_point(rk: Rank, op: str, size: int, calls: int, base: dict, placemen
             reason[name] = err
         else:
             graphs[name] = got
-    variant = "/".join(rk.comm.last_choice[:2]) if "dma" in graphs else ""
+    variant = f"{rk.comm.last_options.variant}/{rk.comm.last_options.direction}" if "dma" in graphs else ""
     t_comm = {name: rk.alone(g.replay, s, cfg["repeats"]) for name, (_, g, s) in graphs.items()}
     rows = []
     for strategy, frac in opts:

@@ -169,9 +169,9 @@ def measure(rk: harness.Rank, cfg: SweepConfig, baselines: Baselines, pt: Point,
     else:
         samples = rk.time_calls(b.run, cfg.calls, cfg.repeats, cfg.warmup)
         correct = b.check(b.run)
-    # what a call with no options ran: the variant and direction 'auto' chose, the communicator's flag signal
-    chosen = {"variant": rk.comm.last_choice[0], "direction": rk.comm.last_choice[1],
-              "signal": rk.comm.options.signal, "wait": rk.comm.options.wait} \
+    # what a call with no options ran: every option 'auto' chose
+    last = rk.comm.last_options
+    chosen = {name: getattr(last, name) for name in ("variant", "direction", "signal", "wait", "prerecord", "submit")} \
         if pt.impl == "dma_default" else {}
     return {"samples": samples, "correct": correct, "chosen": chosen}
 
