@@ -1,7 +1,8 @@
 """`vllm bench latency` / `vllm bench throughput` JSON -> one tidy CSV (a row per metric) with provenance.
 
-Each JSON comes with a ``<name>.meta.json`` beside it (written by the workflow before the run: bench kind, model,
-TP / EP, plugin on or off, batch, lengths, vLLM version), because vLLM's JSON does not say how it was run.
+Each JSON comes with a ``<name>.meta.json`` beside it (written by ``dmacoll vllm-bench`` after the run: bench kind,
+model, TP / EP, plugin on or off, batch, lengths, vLLM version, GPU, vLLM's all-reduce backends per group, what the
+plugin routed), because vLLM's JSON does not say how it was run.
 
     dmacoll vllm-results meta --out X.meta.json bench=latency model=... plugin=dma tp=2 ...
     dmacoll vllm-results csv --out vllm.csv A.json B.json ...
@@ -16,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-META_KEYS = ["bench", "model", "tp", "ep", "plugin", "batch", "input_len", "output_len", "num_prompts",
-             "vllm_version"]
+META_KEYS = ["bench", "model", "spec", "layers", "tp", "ep", "plugin", "batch", "input_len", "output_len",
+             "num_prompts", "max_model_len", "vllm_version", "gpu", "allreduce_backends", "dmacoll_routed"]
 VLLM_COLUMNS = META_KEYS + ["metric", "value", "unit", "source"]
 
 
