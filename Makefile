@@ -19,7 +19,7 @@ SNAKEMAKE_FLAGS = --cores $(CORES) --resources gpu=$(GPUS) --printshellcmds --re
 # machines (tools/vllm_one_gpu.sh). No test may skip there (the JUnit report is checked).
 VLLM_VENV ?= .venv-vllm
 VLLM_CI   ?= vllm==0.32.0
-VLLM_TESTS = tests/test_vllm_plugin.py tests/test_vllm_model.py
+VLLM_TESTS = tests/test_vllm_plugin.py tests/test_vllm_model.py tests/test_vllm_check.py
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: setup artifact test test-gpu test-vllm dryrun clean snakemake-flags

@@ -55,6 +55,8 @@ def cmd_vllm_model(a: argparse.Namespace) -> int:
     from ..e2e import vllm_model
 
     print(f"wrote {vllm_model.write(a.out, a.model, a.layers)} (config.json, synthetic tokenizer)")
+    if a.weights:
+        print(f"wrote {vllm_model.write_weights(a.out, a.model, a.layers, a.seed, a.device)}")
     return 0
 
 
@@ -71,6 +73,25 @@ def cmd_vllm_bench(a: argparse.Namespace) -> int:
                               f"--model {a.spec})")
     run = vllm_runs.run_from_flags(a)
     return vllm_runs.execute(run, a.model_dir, Path(a.out_json), a.python or sys.executable)
+
+
+def cmd_vllm_check(a: argparse.Namespace) -> int:
+    """Outputs with the plugin off and on (dmacoll.e2e.vllm_check); exit 1 if a comparison fails."""
+    from ..e2e import vllm_check, vllm_model
+
+    if a.tp < 2:
+        raise InvalidArgument("vllm-check needs --tp 2 or more: at TP 1 the plugin routes nothing")
+    model_dir = Path(a.model_dir or Path(a.out) / "model")
+    if not (model_dir / "model.safetensors").exists():
+        vllm_model.write(model_dir, a.model, a.layers)
+        vllm_model.write_weights(model_dir, a.model, a.layers, a.seed, a.device)
+    rows = vllm_check.check(a.out, str(model_dir), a.tp, a.model, a.layers, a.python or sys.executable, a.prompts,
+                            a.prompt_len, a.new_tokens, a.seed)
+    for r in rows:
+        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['comparison']} ({r['dtype']}): tokens {r['tokens_equal']}, "
+              f"max |d logprob| {r['max_abs_logprob_diff']:.3g} ({r['max_rel_logprob_diff']:.3g} of the spread), "
+              f"routed: {r['routed'] or 'nothing'} {r['why']}")
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 def cmd_vllm_bundle(a: argparse.Namespace) -> int:
@@ -131,6 +152,10 @@ def register(sub) -> None:
     m.add_argument("out")
     m.add_argument("--model", choices=list(MODELS), required=True)
     m.add_argument("--layers", type=positive, default=None, help="the first N layers (default: all)")
+    m.add_argument("--weights", action="store_true", help="also model.safetensors: seeded random weights at a "
+                                                          "trained model's scale (for dmacoll vllm-check)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--device", default="cpu", help="where the random weights are drawn (cuda: faster)")
     m.set_defaults(func=cmd_vllm_model)
 
     b = sub.add_parser("vllm-bench", help="one `vllm bench latency|throughput` run with the dmacoll plugin off "
@@ -156,6 +181,21 @@ def register(sub) -> None:
     b.add_argument("--vllm-arg", action="append", help="one more argument for vLLM (repeat)")
     b.add_argument("--python", help="the interpreter that has vLLM (default: this one)")
     b.set_defaults(func=cmd_vllm_bench)
+
+    c = sub.add_parser("vllm-check", help="outputs with the plugin off and on at TP >= 2: token for token where only "
+                                          "data moves, log-probabilities within a tolerance where sums are routed")
+    c.add_argument("out")
+    c.add_argument("--tp", type=positive, default=2)
+    c.add_argument("--model", choices=list(MODELS), default="llama-3.1-8b")
+    c.add_argument("--layers", type=positive, default=2)
+    c.add_argument("--model-dir", help="a folder with model.safetensors (default: OUT/model, written if missing)")
+    c.add_argument("--prompts", type=positive, default=8)
+    c.add_argument("--prompt-len", type=positive, default=64)
+    c.add_argument("--new-tokens", type=positive, default=32)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--device", default="cpu", help="where the random weights are drawn")
+    c.add_argument("--python", help="the interpreter that has vLLM (default: this one)")
+    c.set_defaults(func=cmd_vllm_check)
 
     u = sub.add_parser("vllm-bundle", help="vLLM and the wheels a GPU machine without network lacks, in pieces "
                                            "that fit one transfer, with a checking install script (docs/e2e.md)")

@@ -241,13 +241,18 @@ def resolve(root: str, target: Target, fetch: Callable[[str, str], Path], left_o
             memo[(name, spec)] = read_wheel(fetch(name, spec))
         return memo[(name, spec)]
 
+    from packaging.requirements import Requirement
+
+    fixed = canonical(Requirement(root).name)  # the root's version is asked for: never excluded
     for _ in range(rounds):
         try:
             plan = _resolve_once(root, target, cached, left_out, excluded)
         except Conflict as c:
-            movable = [(p, v) for p, v, _ in c.parents if p != "(bundle)" and v]
+            movable = [(p, v) for p, v, _ in c.parents if p not in ("(bundle)", fixed) and v]
             if not movable:
-                raise
+                tried = "; ".join(f"{n} != {', '.join(sorted(v))}" for n, v in excluded.items())
+                raise Conflict(c.name, c.parents, str(c).split(";")[0].split(": ", 1)[1]
+                               + (f" (after excluding {tried})" if tried else "")) from c
             parent, version = movable[-1]
             excluded.setdefault(parent, set()).add(version)
             continue
