@@ -76,6 +76,9 @@ FAKE_VLLM = textwrap.dedent('''\
     out = args[args.index("--output-json") + 1]
     assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     plugin = os.environ["DMACOLL_VLLM"]
+    if plugin == "1":
+        print("INFO dmacoll.vllm: dmacoll: CudaPlatform process groups use "
+              "dmacoll.integrations.vllm.DmaCudaCommunicator (DMACOLL_VLLM=1)")
     print("Using ['CUSTOM', 'PYNCCL'] all-reduce backends (in dispatch order) for group 'tp:0' out of ...")
     if plugin == "1":
         for pid in (11, 12):  # two workers, one decision each
@@ -107,7 +110,9 @@ def test_execute_records_what_vllms_json_leaves_out(tmp_path, capsys):
     meta = json.loads((tmp_path / "raw/latency_dma.meta.json").read_text())
     assert meta["allreduce_backends"] == '{"tp:0": ["CUSTOM", "PYNCCL"]}' and meta["vllm_version"] == "0.26.0"
     assert meta["dmacoll_routed"] == "all_gather graph 4 MB" and meta["dmacoll_decisions"] == 2  # deduplicated
-    assert json.loads((tmp_path / "raw/latency_vllm.meta.json").read_text())["dmacoll_routed"] == ""
+    assert meta["plugin_registered"] is True
+    off = json.loads((tmp_path / "raw/latency_vllm.meta.json").read_text())
+    assert off["dmacoll_routed"] == "" and off["plugin_registered"] is False
     assert "DMACOLL_VLLM=1" in capsys.readouterr().out  # the command is printed with its environment
     csv = tmp_path / "data.csv"
     assert cli.main(["vllm-results", "csv", "--out", str(csv), *outs]) == 0

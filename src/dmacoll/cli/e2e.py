@@ -47,6 +47,10 @@ def cmd_vllm_results(a: argparse.Namespace) -> int:
             return 2
         vr.write_meta(a.out, dict(x.split("=", 1) for x in a.items))
         return 0
+    if a.what == "tests":
+        rows = vr.write_tests(a.out, a.items[0])
+        print(", ".join(f"{sum(r['outcome'] == o for r in rows)} {o}" for o in ("passed", "failed", "error", "skipped")))
+        return 0
     vr.write_csv(a.out, a.items)
     return 0
 
@@ -141,8 +145,9 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_e2e)
 
     v = sub.add_parser("vllm-results", help="meta: record how a `vllm bench` run was made (key=value ...); "
-                                            "csv: vLLM result JSONs (each with its .meta.json) as one tidy CSV")
-    v.add_argument("what", choices=("meta", "csv"))
+                                            "csv: vLLM result JSONs (each with its .meta.json) as one tidy CSV; tests: "
+                                            "pytest's JUnit XML as a table")
+    v.add_argument("what", choices=("meta", "csv", "tests"))
     v.add_argument("items", nargs="+", metavar="key=value | result.json")
     v.add_argument("--out", required=True)
     v.set_defaults(func=cmd_vllm_results)

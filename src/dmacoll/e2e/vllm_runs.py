@@ -23,7 +23,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 # on the lent machines: no FlashInfer (its sampler), no symmetric-memory all-reduce, NVLink multicast off
 ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "NCCL_NVLS_ENABLE": "0",
@@ -134,6 +134,7 @@ def cli_flags(r: Run) -> str:
 
 
 # -- what a run records -----------------------------------------------------------------------------------------
+REGISTERED = "process groups use dmacoll.integrations.vllm.DmaCudaCommunicator"  # register()'s log line
 ALLREDUCE_LINE = re.compile(r"Using (\[[^\]]*\]) all-reduce backends.*?group '([^']+)'")
 
 
@@ -168,7 +169,8 @@ def record(r: Run, out_json: Path, log: str, info: dict) -> dict:
     ds = decisions(out_json.parent / f"{out_json.stem}.decisions")
     return {**r.meta(), "vllm_version": info.get("vllm", ""), "gpu": info.get("gpu", ""),
             "allreduce_backends": json.dumps(allreduce_backends(log), sort_keys=True),
-            "dmacoll_routed": routed_summary(ds), "dmacoll_decisions": len(ds)}
+            "dmacoll_routed": routed_summary(ds), "dmacoll_decisions": len(ds),
+            "plugin_registered": REGISTERED in log}
 
 
 def execute(r: Run, model_dir: str, out_json: Path, python: str = sys.executable, timeout_s: float = 3600) -> int:
@@ -205,5 +207,3 @@ def run_from_flags(a) -> Run:
                seed=a.seed, args=tuple(a.vllm_arg or ()))
 
 
-def names(runs: dict[str, Run], pattern: str = "") -> Sequence[str]:
-    return [n for n in runs if re.search(pattern, n)]

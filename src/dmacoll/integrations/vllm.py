@@ -70,6 +70,17 @@ def log_once(key: str, message: str, level: int = logging.INFO) -> bool:
     return True
 
 
+def show_logs() -> None:
+    """Make the plugin's INFO lines visible in vLLM's processes (vLLM configures only its own logger)."""
+    if not any(getattr(h, "dmacoll", False) for h in log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.dmacoll = True
+        log.addHandler(handler)
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
+
+
 def enabled(environ: Optional[dict] = None) -> bool:
     value = (os.environ if environ is None else environ).get(SWITCH, "").strip().lower()
     return value in ("1", "true", "yes", "on")
@@ -180,6 +191,7 @@ def register() -> None:
     DmaCudaCommunicator for its process groups. Never raises: a problem is logged and vLLM runs as usual."""
     if not enabled():
         return
+    show_logs()
     why = vllm_missing()
     if why:
         log_once("missing", why, logging.WARNING)
