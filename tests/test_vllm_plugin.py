@@ -348,7 +348,8 @@ def test_measured_policy_routes_only_where_dmacoll_is_faster(vllm_class, on_gpu,
         monkeypatch.setattr(plug, "capture_mode", lambda: "eager")
         assert comm.all_gather(big, 0) == "vllm"  # eager is measured slower
         assert comm.all_gather(big, 0) == "vllm"
-        comm.dma_gpu = "NVIDIA H100 80GB HBM3"  # no measurement on this GPU: vLLM's path
+        assert len(comm._dma_why) == 6  # one decision per kind of call, remembered
+        comm.dma_gpu, comm._dma_why = "NVIDIA H100 80GB HBM3", {}  # no measurement on this GPU: vLLM's path
         assert comm.all_gather(big, 0) == "vllm"
     text = caplog.text
     assert text.count("all_gather (eager, 16 KB)") == 1  # once per size class

@@ -210,5 +210,5 @@ def register(sub) -> None:
     u.add_argument("--vllm", default=None, help="vLLM version (default: the newest that pins torch 2.11.0)")
     u.add_argument("--target", default=None, help="the target's snapshot (default: envs/lent-gpu.json)")
     u.add_argument("--piece-mib", type=positive, default=None)
-    u.add_argument("--cache", default=None, help="where downloaded wheels are kept (default: OUT/cache)")
+    u.add_argument("--cache", default=None, help="where downloaded wheels are kept (default: OUT_cache beside OUT)")
     u.set_defaults(func=cmd_vllm_bundle)

@@ -524,7 +524,7 @@ def build(out: str | Path, version: Optional[str] = None, target_path: Optional[
     """Resolve, check and write the bundle (module docstring); None: the defaults."""
     target = Target.load(target_path or TARGET_SNAPSHOT)
     out = Path(out)
-    fetch = fetch or PipFetcher(target, Path(cache or out / "cache"))
+    fetch = fetch or PipFetcher(target, Path(cache or out.parent / f"{out.name}_cache"))  # not carried
     plan = resolve(f"vllm=={version or VLLM_VERSION}", target, fetch, LEFT_OUT)
     problems = import_problems(plan, target, plan.wheels["vllm"].path)
     if problems:

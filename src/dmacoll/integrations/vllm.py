@@ -288,9 +288,19 @@ def _communicator_class():
         def _reason(self, op: str, t: torch.Tensor, nbytes: Optional[int] = None,
                     sizes: Optional[Sequence[int]] = None, dim_ok: bool = True) -> str:
             """Why this call stays on vLLM's path ('' when dmacoll takes it): what dmacoll cannot run, then what
-            the measurements do not favour. The same on every rank (same sizes, same table)."""
+            the measurements do not favour. The same on every rank (same sizes, same table); remembered per kind of
+            call, so a call pays one dictionary lookup after the first of its kind."""
             if self.dma is None:
                 return "dmacoll is off for this group"
+            key = (op, t.dtype, tuple(t.shape), t.device.type, t.is_contiguous(), nbytes,
+                   None if sizes is None else tuple(sizes), dim_ok, capture_mode())
+            cache = self.__dict__.setdefault("_dma_why", {})
+            why = cache.get(key)
+            if why is None:
+                why = cache[key] = self._decide(op, t, key[-1], nbytes, sizes, dim_ok)
+            return why
+
+        def _decide(self, op: str, t: torch.Tensor, mode: str, nbytes: Optional[int], sizes, dim_ok: bool) -> str:
             size = t.numel() * t.element_size()
             why = fallback_reason(Call(op, size if nbytes is None else nbytes, str(t.dtype).removeprefix("torch."),
                                        t.device.type, t.is_contiguous(), None if sizes is None else tuple(sizes),
@@ -298,7 +308,6 @@ def _communicator_class():
             if why:
                 log_once(why, f"{why}: vLLM's path")
                 return why
-            mode = capture_mode()
             decision = self.dma_routes.decide(SERVED_BY[op], size, mode, self.world_size, self.dma_gpu,
                                               self.dma_policy)
             record_decision(self.unique_name, op, mode, decision)
