@@ -60,3 +60,19 @@ def test_vllm_reads_the_folder_and_samples_its_random_dataset(tmp_path):
     for r in requests:
         assert r.prompt_len == 96 and r.expected_output_len == 8
         assert len(tok(r.prompt, add_special_tokens=False).input_ids) == 96  # re-encodes to the same length
+
+
+@needs_vllm
+@pytest.mark.parametrize("bench", ["latency", "throughput"])
+def test_vllms_own_benchmark_parsers_take_the_runs_arguments(bench, tmp_path):
+    """Every planned run's arguments, parsed by the parser `vllm bench <bench>` builds (no GPU, no run)."""
+    from dmacoll.e2e import vllm_entry, vllm_runs
+
+    runs = [r for r in vllm_runs.plan({}, gpus=4).values() if r.bench == bench]
+    assert runs
+    for r in runs[:: max(1, len(runs) // 6)]:
+        _, args = vllm_entry.parse(bench, r.vllm_args(str(tmp_path)) + ["--output-json", str(tmp_path / "x.json")])
+        assert args.model == str(tmp_path) and args.load_format == "dummy" and args.tensor_parallel_size == r.tp
+        assert args.enable_expert_parallel == r.ep and args.max_model_len == r.max_model_len
+        assert (args.batch_size == r.batch) if bench == "latency" else (args.dataset_name == "random"
+                                                                        and args.num_prompts == r.num_prompts)

@@ -20,16 +20,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # as `vllm`'s CLI does
-    bench = importlib.import_module(f"vllm.benchmarks.{argv[0]}")
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser(prog=f"vllm bench {argv[0]}")
-    bench.add_cli_args(parser)
-    args = parser.parse_args(argv[1:])
+    bench, args = parse(argv[0], argv[1:])
     bench.main(args)
     if getattr(args, "output_json", None):
         Path(args.output_json).with_suffix(".info.json").write_text(json.dumps(info(), indent=1) + "\n")
     return 0
+
+
+def parse(name: str, argv: Sequence[str]):
+    """The benchmark module and its arguments, parsed by its own parser (what `vllm bench NAME` builds)."""
+    bench = importlib.import_module(f"vllm.benchmarks.{name}")
+    from vllm import platforms
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    if platforms.current_platform.is_unspecified():  # no GPU: vLLM's `bench` takes its CPU platform, so do we
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms.current_platform = CpuPlatform()
+
+    parser = FlexibleArgumentParser(prog=f"vllm bench {name}")
+    bench.add_cli_args(parser)
+    return bench, parser.parse_args(list(argv))
 
 
 def info() -> dict:
