@@ -14,7 +14,15 @@ STAMP     := $(VENV)/.installed
 # --rerun-incomplete: a run stopped by Ctrl-C leaves incomplete-output markers that would stop the next one
 SNAKEMAKE_FLAGS = --cores $(CORES) --resources gpu=$(GPUS) --printshellcmds --rerun-incomplete
 
-.PHONY: setup artifact test test-gpu dryrun clean snakemake-flags
+# The vLLM plugin's tests against a real vLLM, in a venv of their own (vLLM pins its torch): one of
+# vLLM 0.27 - 0.32, which pin torch 2.13.0, the CPU wheel of TORCH. 0.26.0 (torch 2.11) is tested on the GPU
+# machines (tools/vllm_one_gpu.sh). No test may skip there (the JUnit report is checked).
+VLLM_VENV ?= .venv-vllm
+VLLM_CI   ?= vllm==0.32.0
+VLLM_TESTS = tests/test_vllm_plugin.py tests/test_vllm_model.py tests/test_vllm_check.py
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: setup artifact test test-gpu test-vllm dryrun clean snakemake-flags
 
 setup: $(STAMP)
 
@@ -37,9 +45,23 @@ dryrun: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check '$(TORCH)' '$(VLLM_CI)'
+	# PyPI's torchvision, torchaudio and torchcodec are built for CUDA torch: with the CPU torch their libraries
+	# fail to load when transformers imports them (vLLM does not need them for text models)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+test-vllm: $(VLLM_STAMP)
+	DMACOLL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		--junitxml=$(VLLM_VENV)/junit.xml $(VLLM_TESTS)
+	grep -q 'skipped="0"' $(VLLM_VENV)/junit.xml || { echo "test-vllm: a vLLM test was skipped"; exit 1; }
+
 # on a machine with 2 GPUs
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu tests/gpu
 
 clean:
-	rm -rf results/local logs benchmarks .snakemake
+	rm -rf results/local logs benchmarks .snakemake $(VLLM_VENV)

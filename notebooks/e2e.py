@@ -200,28 +200,39 @@ check
 # %% [markdown]
 # ## vLLM with and without the dmacoll plugin
 #
-# Present when the workflow's vLLM runs are enabled (`vllm bench latency / throughput`, dummy weights).
+# vLLM's own benchmarks (`vllm bench latency` / `throughput`, dummy weights, synthetic tokenizer) with the plugin off
+# (`vllm`) and on (`dma`), per model, TP and EP, next to the built-in benchmark above. `speedup` > 1: faster with the
+# plugin; the plugin routes a collective only where the committed sweeps say dmacoll is faster (`dmacoll_routed`
+# names them; empty: everything stayed on vLLM's path, so the two differ by noise only). `allreduce_backends`: what
+# vLLM itself enabled per group (its log line). Present where vLLM runs were made (`vllm: {enabled: true}`, or
+# shipped under `results/<machine>/vllm/`).
 
 # %%
+VKEYS = ["model", "tp", "ep", "batch", "input_len", "output_len"]
 if frames["vllm"]:
     v = pd.concat(frames["vllm"], ignore_index=True)
+    v["batch"] = v["batch"].fillna(0).astype(int)
+    v["ep"] = v["ep"].astype(str)
+    notes = v.groupby(VKEYS + ["plugin"], dropna=False)[["allreduce_backends", "dmacoll_routed"]].first().reset_index()
+    routed = notes[notes["plugin"] == "dma"].drop(columns=["plugin", "allreduce_backends"])
+    backends = notes[notes["plugin"] == "vllm"].drop(columns=["plugin", "dmacoll_routed"])
+
+    def versus(metric: str, better: str) -> pd.DataFrame:
+        rows = v[v["metric"] == metric]
+        pivot = rows.pivot_table(index=VKEYS, columns="plugin", values="value", aggfunc="median").reset_index()
+        if {"dma", "vllm"} <= set(pivot.columns):
+            pivot["speedup"] = pivot["vllm"] / pivot["dma"] if better == "lower" else pivot["dma"] / pivot["vllm"]
+        return pivot.merge(routed, on=VKEYS, how="left").merge(backends, on=VKEYS, how="left")
+
+    display_vllm = table(versus("latency_avg", "lower").round(3), "vllm_latency")
+    table(versus("output_tokens_per_s", "higher").round(3), "vllm_throughput")
     lat = v[v["metric"] == "latency_avg"]
-    pivot = lat.pivot_table(index=["model", "tp", "ep", "batch", "input_len", "output_len"], columns="plugin",
-                            values="value").reset_index()
-    if {"dma", "vllm"} <= set(pivot.columns):
-        pivot["latency_speedup"] = pivot["vllm"] / pivot["dma"]
-    table(pivot.round(3), "vllm_latency")
-    thr = v[v["metric"] == "output_tokens_per_s"]
-    tp = thr.pivot_table(index=["model", "tp", "ep"], columns="plugin", values="value").reset_index()
-    if {"dma", "vllm"} <= set(tp.columns):
-        tp["throughput_gain"] = tp["dma"] / tp["vllm"]
-    table(tp.round(3), "vllm_throughput")
     if not lat.empty:
-        g = sns.catplot(data=lat, x="batch", y="value", hue="plugin", col="model", kind="bar", height=3, aspect=1.2)
+        g = sns.catplot(data=lat, x="batch", y="value", hue="plugin", col="model", row="tp", kind="bar", height=3,
+                        aspect=1.2, errorbar=None)
         g.set_axis_labels("batch size", "request latency (ms)")
-        g.figure.suptitle(f"vllm bench latency, {platform_label}", y=1.03)
+        g.figure.suptitle(f"vllm bench latency, plugin off (vllm) / on (dma), {platform_label}", y=1.03)
         report.save_figure(g.figure, out, "vllm_latency")
-    display_vllm = pivot
 else:
     print("no vLLM runs (enable them with vllm: {enabled: true} in the config)")
     display_vllm = pd.DataFrame()

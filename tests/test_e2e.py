@@ -479,13 +479,13 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
     snakefile.write_text(
         'configfile: "config/config.yaml"\n'
         'config["e2e"] = {**config["e2e"], "models": ["llama-3.1-8b"], "layers": 1, "batches": [1, 8]}\n'
-        'config["vllm"] = {"enabled": True, "models": [{"name": "mixtral", "model": "m/x", "tp": 2, "ep": True}],\n'
-        '                  "latency": {"batches": [8]}}\n'
+        'config["vllm"] = {"enabled": True, "models": [{"name": "mixtral", "spec": "mixtral-8x7b", "tp": [2],\n'
+        '                  "ep": True}], "latency": {"batches": [8]}}\n'
         f'include: "{ROOT}/workflow/rules/common.smk"\ninclude: "{ROOT}/workflow/rules/e2e_functions.smk"\n'
         f'include: "{ROOT}/workflow/rules/e2e.smk"\n')
     r = subprocess.run([SNAKEMAKE, "-s", str(snakefile), "--directory", str(ROOT), "--cores", "1", "--dry-run",
-                        "--printshellcmds", f"{tmp_path}/e2e/e2e/data.csv", f"{tmp_path}/e2e/vllm/data.csv", "--config",
-                        "platform=cuda", f"outdir={tmp_path}"], capture_output=True, text=True, timeout=300)
+                        "--printshellcmds", f"{tmp_path}/e2e/e2e/data.csv", f"{tmp_path}/vllm/bench/data.csv", "--config",
+                        "platform=cuda", f"outdir={tmp_path}", "gpus=2"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rule e2e:" in r.stdout and "rule vllm_results:" in r.stdout
     assert r.stdout.count("rule vllm_bench:") == 4  # latency b8 and throughput, with and without the plugin
@@ -496,7 +496,6 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
     i = argv.index("--schedules")  # config/config.yaml's schedules reach the CLI
     assert argv[i + 1:i + 4] == ["serial", "microbatch", "seqpar"] and argv[argv.index("--pieces") + 1] == "4"
     assert cli.main(argv + ["--dry-run"]) == 0
-    bench = [x for x in r.stdout.splitlines() if "bench latency" in x]
-    assert any("DMACOLL_VLLM=1" in x for x in bench) and any("DMACOLL_VLLM=0" in x for x in bench)
-    assert all("--load-format dummy" in x and "--enable-expert-parallel" in x and "--batch-size 8" in x
-               for x in bench)
+    bench = [x for x in r.stdout.splitlines() if "dmacoll vllm-bench" in x and "--bench latency" in x]
+    assert any("--plugin dma" in x for x in bench) and any("--plugin vllm" in x for x in bench)
+    assert all("--spec mixtral-8x7b" in x and "--ep" in x and "--batch 8" in x and "--tp 2" in x for x in bench)

@@ -82,7 +82,8 @@ NOTEBOOK_INPUTS = {
     "c3": lambda p: [result(p, "c3/c3/data.csv")],
     "ficco": lambda p: [result(p, "ficco/ficco/data.csv")],
     "e2e": lambda p: [result(p, "e2e/e2e/data.csv")]
-    + ([f"{OUT}/e2e/vllm/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []),
+    + ([f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else [])
+    + (sorted(str(f) for f in Path(result(p, "vllm")).glob("*/data.csv")) if not GPU else []),  # shipped vLLM runs
 }
 
 

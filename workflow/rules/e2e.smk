@@ -21,40 +21,56 @@ rule e2e:
 
 if VLLM_ON:
 
-    rule vllm_bench:
-        """One `vllm bench latency|throughput` run, dummy weights, with (dma) or without (vllm) the plugin."""
+    rule vllm_model:
+        """A dummy-weight model folder: config.json (e2e's shapes, maybe fewer layers) and a synthetic tokenizer."""
         output:
-            json=f"{OUT}/e2e/vllm/bench/{{run}}.json",
-            meta=f"{OUT}/e2e/vllm/bench/{{run}}.meta.json",
+            directory(f"{OUT}/vllm/models/{{model}}"),
+        wildcard_constraints:
+            model="|".join(VLLM_MODELS),
+        log:
+            f"{OUT}/vllm/models/{{model}}.log",
+        params:
+            py=VLLM_PY,
+            flags=vllm_model_flags,
+        conda:
+            "../../envs/vllm.yaml"
+        shell:
+            "{params.py} -m dmacoll vllm-model {output} {params.flags} > {log} 2>&1"
+
+    rule vllm_bench:
+        """One `vllm bench latency|throughput` run, dummy weights, with (dma) or without (vllm) the plugin;
+        beside vLLM's JSON its settings, vLLM's all-reduce backends and what the plugin routed (.meta.json)."""
+        input:
+            model=lambda wc: f"{OUT}/vllm/models/{VLLM_RUNS[wc.run].model}",
+        output:
+            json=f"{OUT}/vllm/bench/raw/{{run}}.json",
+            meta=f"{OUT}/vllm/bench/raw/{{run}}.meta.json",
         wildcard_constraints:
             run="|".join(VLLM_RUNS),
         log:
-            f"{OUT}/e2e/vllm/bench/{{run}}.log",
+            f"{OUT}/vllm/bench/raw/{{run}}.log",
         benchmark:
             "benchmarks/vllm_{run}.tsv"
         resources:
             gpu=config["gpus"],
         params:
-            py=PY,
-            vllm=VLLM.get("bin", "vllm"),
-            cmd=lambda wc: vllm_command(VLLM_RUNS[wc.run]),
-            meta=lambda wc: vllm_meta(VLLM_RUNS[wc.run]),
+            py=VLLM_PY,
+            flags=lambda wc: vllm_runs.cli_flags(VLLM_RUNS[wc.run]),
         conda:
             "../../envs/vllm.yaml"
         shell:
-            "({params.py} -m dmacoll vllm-results meta --out {output.meta} {params.meta} "
-            "vllm_version=$({params.vllm} --version 2>/dev/null | tail -n 1) && "
-            "{params.cmd} --output-json {output.json}) > {log} 2>&1"
+            "{params.py} -m dmacoll vllm-bench --model-dir {input.model} --out-json {output.json} {params.flags} "
+            "> {log} 2>&1"
 
     rule vllm_results:
         """Every vLLM run as one tidy CSV (a row per metric) with provenance."""
         input:
-            expand(f"{OUT}/e2e/vllm/bench/{{run}}.json", run=VLLM_RUNS),
+            expand(f"{OUT}/vllm/bench/raw/{{run}}.json", run=VLLM_RUNS),
         output:
-            csv=f"{OUT}/e2e/vllm/data.csv",
-            json=f"{OUT}/e2e/vllm/data.json",
+            csv=f"{OUT}/vllm/bench/data.csv",
+            json=f"{OUT}/vllm/bench/data.json",
         log:
-            f"{OUT}/e2e/vllm/run.log",
+            f"{OUT}/vllm/bench/run.log",
         params:
             py=PY,
         conda:

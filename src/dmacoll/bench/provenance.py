@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "NVSHMEM_", "DMACOLL_", "HIP_", "HSA_", "OMP_")
+ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "NVSHMEM_", "DMACOLL_", "HIP_", "HSA_", "OMP_", "VLLM_")
 
 
 def _run(cmd: list[str]) -> str:

@@ -30,9 +30,25 @@ def cmd_docs(a: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_vllm_routes(a: argparse.Namespace) -> int:
+    """The vLLM plugin's routing table from the committed operator sweeps (--check: exit 1 if stale)."""
+    from ..analysis import vllm_routes
+
+    if a.check:
+        if vllm_routes.stale():
+            print(f"{vllm_routes.OUT} is stale: run `dmacoll report vllm-routes`")
+            return 1
+        print(f"{vllm_routes.OUT} is up to date")
+        return 0
+    print(f"{vllm_routes.OUT}: {'updated' if vllm_routes.write() else 'already up to date'}")
+    return 0
+
+
 def cmd_report(a: argparse.Namespace) -> int:
     if a.what == "docs":
         return cmd_docs(a)
+    if a.what == "vllm-routes":
+        return cmd_vllm_routes(a)
     if a.what == "index":
         from ..analysis import index_page
 
@@ -80,10 +96,11 @@ def cmd_rules(a: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     r = sub.add_parser("report", help="tables from result CSVs: table, claims, docs (the generated blocks of the "
-                                      "README and docs/results.md), index (the report's front page)")
-    r.add_argument("what", choices=("table", "claims", "docs", "index"))
+                                      "README and docs/results.md), index (the report's front page), vllm-routes "
+                                      "(the vLLM plugin's routing table from the committed sweeps)")
+    r.add_argument("what", choices=("table", "claims", "docs", "index", "vllm-routes"))
     r.add_argument("files", nargs="*", help="docs: the documents (default: README.md docs/results.md)")
-    r.add_argument("--check", action="store_true", help="docs: only say which blocks are stale (exit 1 if any)")
+    r.add_argument("--check", action="store_true", help="docs, vllm-routes: only say what is stale (exit 1 if any)")
     r.add_argument("--csv", nargs="+", help="operator sweep CSV(s)")
     r.add_argument("--out", help="table: write the Markdown here; claims: the JSON (Markdown beside it); index: "
                                  "the HTML page (default REPORT_DIR/index.html)")

@@ -1,10 +1,12 @@
 """`vllm bench latency` / `vllm bench throughput` JSON -> one tidy CSV (a row per metric) with provenance.
 
-Each JSON comes with a ``<name>.meta.json`` beside it (written by the workflow before the run: bench kind, model,
-TP / EP, plugin on or off, batch, lengths, vLLM version), because vLLM's JSON does not say how it was run.
+Each JSON comes with a ``<name>.meta.json`` beside it (written by ``dmacoll vllm-bench`` after the run: bench kind,
+model, TP / EP, plugin on or off, batch, lengths, vLLM version, GPU, vLLM's all-reduce backends per group, what the
+plugin routed), because vLLM's JSON does not say how it was run.
 
     dmacoll vllm-results meta --out X.meta.json bench=latency model=... plugin=dma tp=2 ...
     dmacoll vllm-results csv --out vllm.csv A.json B.json ...
+    dmacoll vllm-results tests --out data.csv junit.xml        # pytest's JUnit XML as a table (device runs)
 
 Fields read (the rest is ignored): latency: ``avg_latency`` (s), ``percentiles`` {"10": s, ...};
 throughput: ``elapsed_time`` (s), ``num_requests``, ``total_num_tokens``, ``requests_per_second``,
@@ -16,8 +18,9 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-META_KEYS = ["bench", "model", "tp", "ep", "plugin", "batch", "input_len", "output_len", "num_prompts",
-             "vllm_version"]
+META_KEYS = ["bench", "model", "spec", "layers", "tp", "ep", "plugin", "batch", "input_len", "output_len",
+             "num_prompts", "max_model_len", "vllm_version", "gpu", "allreduce_backends", "plugin_registered",
+             "dmacoll_routed"]
 VLLM_COLUMNS = META_KEYS + ["metric", "value", "unit", "source"]
 
 
@@ -75,3 +78,31 @@ def write_csv(out: str, jsons: Sequence[str]) -> None:
     from ..bench import provenance
 
     provenance.write_table(Path(out), load(jsons), VLLM_COLUMNS, {"inputs": list(jsons)})
+
+
+TEST_COLUMNS = ["test", "outcome", "seconds", "message"]
+
+
+def junit_rows(xml_path: str) -> list[dict]:
+    """pytest's JUnit XML as rows: test, outcome (passed / failed / error / skipped), seconds, message."""
+    import xml.etree.ElementTree as ET
+
+    rows = []
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for kind in ("failure", "error", "skipped"):
+            el = case.find(kind)
+            if el is not None:
+                outcome = {"failure": "failed"}.get(kind, kind)
+                message = (el.get("message") or "")[:300]
+        rows.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                     "seconds": float(case.get("time") or 0), "message": message})
+    return rows
+
+
+def write_tests(out: str, xml_path: str) -> list[dict]:
+    from ..bench import provenance
+
+    rows = junit_rows(xml_path)
+    provenance.write_table(Path(out), rows, TEST_COLUMNS, {"junit": xml_path})
+    return rows

@@ -1,0 +1,158 @@
+"""The output check with the plugin off and on: the comparisons, the driver (against a stand-in for vLLM) and the
+random checkpoint it serves (its names and shapes against transformers' own models, where installed)."""
+import dataclasses
+import importlib.util
+import json
+import os
+import random
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+from dmacoll import cli
+from dmacoll.e2e import config, vllm_check as vc, vllm_model
+
+REQUIRE = bool(os.environ.get("DMACOLL_REQUIRE_VLLM"))
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None and not REQUIRE,
+                                        reason="transformers is not installed here (make test-vllm runs this)")
+
+
+def outputs(seed=1, n=3, length=10, new=6, scale=1.0):
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        prompt = [rng.randrange(3, 1000) for _ in range(length)]
+        rows.append({"prompt": prompt, "tokens": [rng.randrange(3, 1000) for _ in range(new)],
+                     "prompt_logprobs": [None] + [-scale * rng.uniform(1, 9) for _ in range(length - 1)],
+                     "sample_logprobs": [-rng.uniform(0, 3) for _ in range(new)]})
+    return rows
+
+
+def test_exact_comparison_wants_every_token_and_bit():
+    off = outputs()
+    assert vc.compare(off, json.loads(json.dumps(off)), "exact")["ok"]
+    flipped = json.loads(json.dumps(off))
+    flipped[1]["tokens"][4] += 1
+    r = vc.compare(off, flipped, "exact")
+    assert not r["ok"] and r["tokens_equal"] == "2/3" and r["sample_tokens"] == "17/18"
+    nudged = json.loads(json.dumps(off))
+    nudged[0]["sample_logprobs"][0] += 1e-7
+    assert not vc.compare(off, nudged, "exact")["ok"]
+
+
+def test_close_comparison_scales_with_the_spread_of_each_prompt():
+    off = outputs()
+    near = json.loads(json.dumps(off))
+    for r in near:
+        r["prompt_logprobs"] = [None if x is None else x * (1 + 1e-6) for x in r["prompt_logprobs"]]
+        r["tokens"][-1] += 1  # a flipped near-tie is reported, not failed
+    got = vc.compare(off, near, "close")
+    assert got["ok"] and got["max_rel_logprob_diff"] < 1e-4 and got["tokens_equal"] == "0/3"
+    far = json.loads(json.dumps(off))
+    far[2]["prompt_logprobs"][5] += 0.01 * vc.spread(off[2]["prompt_logprobs"])  # 1% of the spread: too far
+    assert not vc.compare(off, far, "close")["ok"]
+    tiny = outputs(scale=1e-6)  # flat logits (vLLM's dummy weights): the tolerance shrinks with them
+    moved = json.loads(json.dumps(tiny))
+    moved[0]["prompt_logprobs"][3] += 1e-7
+    assert not vc.compare(tiny, moved, "close")["ok"]
+    with pytest.raises(ValueError, match="different prompts"):
+        vc.compare(off, outputs(seed=2), "close")
+
+
+def test_routed_kinds():
+    d = [{"op": "all_gatherv", "route": True}, {"op": "all_reduce", "route": False}]
+    assert vc.routed_kinds(d) == {"moves"}
+    assert vc.routed_kinds(d + [{"op": "reduce_scatter", "route": True}]) == {"moves", "sums"}
+
+
+FAKE = textwrap.dedent('''\
+    """Stands in for `python -m dmacoll.e2e.vllm_check generate`: fixed outputs, the plugin's decision lines."""
+    import json, os, random, sys
+    model, tp, dtype, out, n, length, new, seed, max_len = sys.argv[4:13]  # after -m MODULE generate
+    rng = random.Random(int(seed))
+    rows = []
+    for _ in range(int(n)):
+        prompt = [rng.randrange(3, 100) for _ in range(int(length))]
+        rows.append({"prompt": prompt, "tokens": [7] * int(new), "sample_logprobs": [-1.0] * int(new),
+                     "prompt_logprobs": [None] + [-1.0 - i / 7 for i in range(int(length) - 1)]})
+    route = os.environ["DMACOLL_VLLM_ROUTE"]
+    if os.environ["DMACOLL_VLLM"] == "1":
+        ops = ["all_gather"] + (["all_reduce"] if route == "all" else [])
+        with open(os.environ["DMACOLL_VLLM_DECISIONS"] + "5.jsonl", "w") as f:
+            for op in ops:
+                f.write(json.dumps({"group": "tp:0", "op": op, "mode": "graph", "size_class": "any size",
+                                    "route": True, "reason": route}) + "\\n")
+        if route == "all" and os.environ.get("BREAK_SUMS"):
+            rows[0]["prompt_logprobs"][2] += 0.5
+    json.dump(rows, open(out, "w"))
+''')
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    (tmp_path / "fake.py").write_text(FAKE)
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'fake.py'} \"$@\"\n")
+    exe.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_text("")  # present: the CLI does not write one
+    return str(exe), str(model)
+
+
+def test_driver_runs_every_setting_and_writes_the_verdicts(tmp_path, fake_python, monkeypatch, capsys):
+    exe, model = fake_python
+    out = tmp_path / "check"
+    argv = ["vllm-check", str(out), "--tp", "2", "--model-dir", model, "--python", exe, "--prompts", "3"]
+    assert cli.main(argv) == 0
+    df = pd.read_csv(out / "data.csv")
+    assert list(df["comparison"]) == ["moves_bf16 vs off_bf16", "all_fp32 vs off_fp32"] and df["ok"].all()
+    assert list(df["routed"]) == ["all_gather graph any size", "all_gather graph any size; all_reduce graph any size"]
+    assert (out / "data.json").exists() and (out / "all_fp32.log").exists()
+    monkeypatch.setenv("BREAK_SUMS", "1")
+    assert cli.main(argv) == 1
+    assert "FAIL all_fp32 vs off_fp32" in capsys.readouterr().out
+
+
+def test_a_comparison_that_routed_nothing_fails(tmp_path, fake_python, monkeypatch):
+    exe, model = fake_python
+    monkeypatch.setattr(vc, "SETTINGS", tuple(dataclasses.replace(s, route="measured") for s in vc.SETTINGS))
+    rows = vc.check(tmp_path / "c", model, 2, "llama-3.1-8b", 2, exe, n=2)
+    assert not rows[1]["ok"] and "nothing of kind 'sums' was routed" in rows[1]["why"]
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "mixtral-8x7b"])
+def test_weight_names_and_shapes(name, tmp_path):
+    spec = config.spec(name, 2)
+    shapes = vllm_model.weight_shapes(spec)
+    per_layer = 9 if not spec.moe else 6 + 1 + 3 * spec.experts
+    assert len(shapes) == 3 + 2 * per_layer
+    assert shapes["lm_head.weight"] == (spec.vocab, spec.hidden)
+
+
+@needs_transformers
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "mixtral-8x7b"])
+def test_weights_load_into_transformers_own_model(name, tmp_path, monkeypatch):
+    """transformers loads the checkpoint (Hugging Face's names, what vLLM's weight loaders read) into its
+    LlamaForCausalLM / MixtralForCausalLM with no key missing, unexpected or mismatched, here at a small size."""
+    import torch
+    import transformers
+
+    small = dataclasses.replace(config.spec(name, 2), hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96,
+                                vocab=128)
+    monkeypatch.setattr(vllm_model.config, "spec", lambda *a: small)
+    vllm_model.write(tmp_path, name, 2)
+    path = vllm_model.write_weights(tmp_path, name, 2, seed=3)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), output_loading_info=True,
+                                                                    dtype=torch.float32)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    from safetensors.torch import load_file
+
+    ours = load_file(str(path))
+    w = ours["model.layers.0.mlp.down_proj.weight" if name.startswith("llama") else
+             "model.layers.0.block_sparse_moe.experts.0.w2.weight"].float()
+    assert abs(w.std().item() * small.intermediate ** 0.5 - 1) < 0.1  # std 1/sqrt(fan-in)
+    assert torch.equal(ours["model.norm.weight"].float(), torch.ones(small.hidden))
+    assert torch.equal(model.lm_head.weight, ours["lm_head.weight"].float())  # loaded, not re-initialised

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# vLLM with the dmacoll plugin on a lent one-GPU machine (no network), after the bundle's pieces arrived.
+# Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> bash tools/vllm_one_gpu.sh OUTDIR [STEP...]
+#   STEP: install  check, join and install the bundle (build/vllm_bundle/, from `dmacoll vllm-bundle`) into
+#                  build/vllm_site, and dmacoll as a distribution beside it (a wheel built here: vLLM finds the
+#                  plugin through its `vllm.general_plugins` entry point); skipped when already done
+#         tests    the plugin's tests against that vLLM (the CPU ones and tests/gpu/test_vllm_gpu.py)
+#         bench    `vllm bench latency` at TP 1, Llama-3.1-8B with dummy weights, DMACOLL_VLLM=0 and =1 alternating
+#                  (REPS rounds, batch BATCH); at TP 1 the plugin routes nothing: the two must agree within noise
+#   default: install tests bench. Each step's time is printed; split the steps over calls to stay inside 10 minutes
+#   (build/ stays on a warm machine between calls).
+# Out: OUTDIR/results.tgz laid out as results/<machine>/ is (vllm/<run>/{data.csv,data.json,run.log}; unpack with
+# `tar xzf results.tgz -C results/<machine>/`), OUTDIR/summary.txt, OUTDIR/lent-gpu.json (this machine's snapshot:
+# compare with envs/lent-gpu.json).
+set -u
+dest=${1:?output dir}; shift
+steps=${*:-install tests bench}
+out=$dest/run; mkdir -p "$out"
+bundle=build/vllm_bundle; site=$PWD/build/vllm_site; py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLREDUCE_USE_SYMM_MEM=0
+summary=$dest/summary.txt
+say() { echo "$*" | tee -a "$summary"; }
+# the machine's own packages, before the bundle is on the path
+PYTHONPATH=$PWD/src "$py" -m dmacoll vllm-bundle "$dest/lent-gpu.json" --probe > /dev/null 2>&1 \
+  || say "probe failed (PYTHONPATH=src python3 -m dmacoll vllm-bundle X --probe)"
+# dmacoll's code from this checkout; vLLM, its wheels and dmacoll's entry point from the site
+export PYTHONPATH=$PWD/src:$site
+{
+  nvidia-smi; "$py" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, torch.version.cuda)'
+  cat "$site/.dmacoll_bundle" 2>/dev/null; "$py" -m pip --version
+} > "$out/probe.txt" 2>&1
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$gpu" in *H200*) machine=h200x1 ;; *H100*) machine=h100x1 ;; *) machine=gpux1 ;; esac
+say "machine $machine ($gpu), steps: $steps"
+for step in $steps; do
+t0=$(date +%s)
+case "$step" in
+  install)
+    if [ -f "$site/.dmacoll_bundle" ] && [ "$(cat "$site/.dmacoll_bundle")" = "$(sed -n 's/.*"tar_sha256": "\(.*\)".*/\1/p' $bundle/meta/MANIFEST.json)" ]; then
+      say "install: the bundle is already in $site"
+    else
+      bash $bundle/meta/install.sh $bundle "$site" 2>&1 | tail -3 | tee -a "$summary" || { say "install failed"; exit 1; }
+    fi
+    rm -rf build/dmacoll_wheel
+    "$py" -m pip wheel -q --no-deps --no-build-isolation --no-index -w build/dmacoll_wheel . > build/dmacoll_wheel.log 2>&1 \
+      && "$py" -m pip install -q --no-deps --no-index --upgrade --target "$site" build/dmacoll_wheel/dmacoll-*.whl \
+        >> build/dmacoll_wheel.log 2>&1 || { tail -20 build/dmacoll_wheel.log; say "dmacoll wheel failed"; exit 1; }
+    "$py" -c 'import importlib.metadata as m; print("vllm", m.version("vllm"), "dmacoll entry points:",
+      [e.value for e in m.entry_points(group="vllm.general_plugins")])' 2>&1 | tee -a "$summary" ;;
+  tests)
+    d=$out/vllm/plugin_tests; mkdir -p "$d"
+    DMACOLL_REQUIRE_VLLM=1 timeout 400 "$py" -m pytest -q -p no:cacheprovider --junitxml="$d/junit.xml" \
+      tests/test_vllm_plugin.py tests/test_vllm_model.py tests/test_vllm_check.py tests/gpu/test_vllm_gpu.py \
+      > "$d/run.log" 2>&1
+    tail -3 "$d/run.log" | tee -a "$summary"
+    "$py" -m dmacoll vllm-results tests --out "$d/data.csv" "$d/junit.xml" | tee -a "$summary"
+    rm -f "$d/junit.xml" ;;
+  bench)
+    d=$out/vllm/tp1_latency; raw=build/vllm_raw; mkdir -p "$d"; rm -rf $raw
+    models=build/vllm_models/llama-3.1-8b
+    [ -f $models/tokenizer.json ] || "$py" -m dmacoll vllm-model $models --model llama-3.1-8b >> "$d/run.log" 2>&1
+    for rep in $(seq 1 "${REPS:-2}"); do
+      for plugin in vllm dma; do
+        name=latency_llama-3.1-8b_tp1_b${BATCH:-8}_i128_${plugin}_r$rep
+        echo "== $name ($(date -u +%T))" >> "$d/run.log"
+        timeout 240 "$py" -m dmacoll vllm-bench --model-dir $models --out-json $raw/$name.json --name $name \
+          --bench latency --model-name llama-3.1-8b --spec llama-3.1-8b --tp 1 --plugin $plugin \
+          --batch "${BATCH:-8}" --input-len 128 --output-len 128 --warmup 3 --iters "${ITERS:-10}" >> "$d/run.log" 2>&1 \
+          || say "$name failed (exit $?): see vllm/tp1_latency/run.log"
+      done
+    done
+    "$py" -m dmacoll vllm-results csv --out "$d/data.csv" $raw/*.json >> "$d/run.log" 2>&1 || say "no results"
+    "$py" - "$d/data.csv" <<'EOF' | tee -a "$summary"
+import sys, pandas as pd
+df = pd.read_csv(sys.argv[1])
+lat = df[df.metric == "latency_avg"]
+for r in lat.itertuples():
+    print(f"{r.source.rsplit('/', 1)[-1]}: {r.value:.1f} ms, vllm {r.vllm_version}, registered {r.plugin_registered}, "
+          f"routed '{'' if pd.isna(r.dmacoll_routed) else r.dmacoll_routed}'")
+m = lat.groupby("plugin")["value"].agg(["median", "min", "max"])
+print(m.round(1).to_string())
+if {"dma", "vllm"} <= set(m.index):
+    spread = (lat.groupby("plugin")["value"].max() - lat.groupby("plugin")["value"].min()).max()
+    print(f"dma / vllm median {m.loc['dma', 'median'] / m.loc['vllm', 'median']:.4f}; "
+          f"largest spread within one setting {spread:.1f} ms")
+EOF
+    ;;
+  *) say "unknown step $step"; exit 2 ;;
+esac
+say "step $step: $(( $(date +%s) - t0 )) s"
+done
+tar czf "$dest/results.tgz" -C "$out" .
+ls -la "$dest"
