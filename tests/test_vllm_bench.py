@@ -115,7 +115,9 @@ def test_execute_records_what_vllms_json_leaves_out(tmp_path, capsys):
     assert off["dmacoll_routed"] == "" and off["plugin_registered"] is False
     assert "DMACOLL_VLLM=1" in capsys.readouterr().out  # the command is printed with its environment
     csv = tmp_path / "data.csv"
-    assert cli.main(["vllm-results", "csv", "--out", str(csv), *outs]) == 0
+    (tmp_path / "raw/latency_vllm.info.json").write_text('{"vllm": "0.26.0"}')  # as the run writes it
+    everything = sorted(str(p) for p in (tmp_path / "raw").glob("*.json"))  # a shell glob names the sidecars too
+    assert cli.main(["vllm-results", "csv", "--out", str(csv), *everything]) == 0
     df = pd.read_csv(csv)
     avg = df[df["metric"] == "latency_avg"].set_index("plugin")["value"]
     assert avg["vllm"] == pytest.approx(600) and avg["dma"] == pytest.approx(500)

@@ -57,10 +57,16 @@ def rows_for(data: dict, meta: dict, source: str = "") -> list[dict]:
     return [{**head, "metric": m, "value": v, "unit": u} for m, v, u in out]
 
 
+SIDECARS = (".meta.json", ".info.json")  # written beside each run's JSON (vllm_runs): not results themselves
+
+
 def load(paths: Sequence[str]) -> list[dict]:
+    """The rows of vLLM's result JSONs (a glob of a raw folder may name the sidecars too: they are skipped)."""
     rows = []
     for p in paths:
         path = Path(p)
+        if path.name.endswith(SIDECARS):
+            continue
         meta_path = path.with_suffix(".meta.json")
         if not meta_path.exists():
             raise FileNotFoundError(f"{meta_path} is missing: it says how {path} was run (see this module)")
