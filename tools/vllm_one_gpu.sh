@@ -49,7 +49,7 @@ case "$step" in
     "$py" -c 'import importlib.metadata as m; print("vllm", m.version("vllm"), "dmacoll entry points:",
       [e.value for e in m.entry_points(group="vllm.general_plugins")])' 2>&1 | tee -a "$summary" ;;
   tests)
-    d=$out/vllm/plugin_tests; mkdir -p "$d"
+    d=$out/vllm_tests/plugin; mkdir -p "$d"
     DMACOLL_REQUIRE_VLLM=1 timeout 400 "$py" -m pytest -q -p no:cacheprovider --junitxml="$d/junit.xml" \
       tests/test_vllm_plugin.py tests/test_vllm_model.py tests/test_vllm_check.py tests/gpu/test_vllm_gpu.py \
       > "$d/run.log" 2>&1
