@@ -28,7 +28,7 @@ def test_world2_every_dtype_odd_and_power_of_two_sizes():
     results = _run_check(2, list(DTYPES), [1, 3, 64, 1023, 4096])
     assert {r["dtype"] for r in results} == set(DTYPES)
     assert {r["in_place"] for r in results} == {True, False}
-    assert {r["buffers"] for r in results} == {"sym", "private", "alternating"}  # alternating: lean pipelines
+    assert {r["buffers"] for r in results} == {"sym", "private", "alternating", "owned"}  # the last two: lean pipelines
 
 
 def test_world3():

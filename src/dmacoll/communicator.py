@@ -149,6 +149,40 @@ class LeanState:
         self.previous = (context, *output, done_peers, flags.done) if exchange else None
 
 
+class ResultBuffers:
+    """The two alternating regions of the symmetric heap that ``Communicator.result`` returns outputs in, grown
+    (at least doubled, both together) when a call needs more; a grown pair replaces the old one, whose bytes the
+    heap does not take back (so up to 4x the largest output in all; ``reserve`` first to hold exactly 2x).
+    ``take`` hands out the region the previous call did not use."""
+
+    def __init__(self, allocate):
+        self.allocate = allocate  # bytes -> a uint8 tensor of the symmetric heap (collective)
+        self.regions: list[torch.Tensor] = []
+        self.next = 0
+
+    def reserve(self, nbytes: int, grow: int = 1) -> None:
+        held = self.regions[0].numel() if self.regions else 0
+        if not self.regions or nbytes > held:
+            size = max(nbytes, grow * held, 4096)
+            self.regions = [self.allocate(size), self.allocate(size)]
+
+    def take(self, nbytes: int, capturing: bool) -> torch.Tensor:
+        held = self.regions[0].numel() if self.regions else 0
+        if capturing and (not self.regions or nbytes > held):
+            raise InvalidArgument(f"Communicator.result needs {nbytes} bytes but holds {held}: growing them "
+                                  "allocates collectively, which a CUDA graph capture cannot; make one call of "
+                                  "the largest size (or reserve_results) before capturing")
+        self.reserve(nbytes, grow=2)
+        region, self.next = self.regions[self.next], 1 - self.next
+        return region[:nbytes]
+
+
+def _result_shape(input: torch.Tensor, numel: int) -> tuple[int, ...]:
+    """The input's shape with its first dimension scaled to ``numel`` elements where it divides, else flat."""
+    row = input[0].numel() if input.dim() > 0 and input.shape[0] > 0 else 0
+    return (numel // row, *input.shape[1:]) if row and numel % row == 0 else (numel,)
+
+
 class Communicator:
     """DMA collectives for the ranks of ``group`` (default: the world group).
 
@@ -158,9 +192,10 @@ class Communicator:
     ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue),
     ``multi`` (one handshake, copies split over ``engines`` queues) or ``auto``;
     ``direction``: ``push`` (write into peers), ``pull`` (read from peers) or ``auto``.
-    ``auto`` takes the fastest measured choice for the call's (op, size, graph/eager, in place)
-    from a tuning table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on
-    this platform; without one: pcpy/push);
+    ``auto`` (the default of these and of ``signal``, ``wait``, ``prerecord``, ``submit``) takes the
+    fastest safe combination measured for the call's (op, size, graph/eager, in place) from a tuning
+    table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on this platform; without
+    one: pcpy/push with copy-engine flags; see ``_resolve``);
     ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers);
     ``signal``: how a flag reaches a peer, ``memop`` (cuStreamWriteValue32), ``copy``
     (a 4-byte copy-engine copy queued behind the data) or ``kernel`` (one-thread flag
@@ -185,6 +220,8 @@ class Communicator:
     reading the output before it, the buffer this call writes. One flag crossing per call
     instead of two. Other calls run the full handshake; an output that overlaps the previous
     one raises (the decision must not depend on one rank's buffer sizes, or ranks would disagree).
+    ``result(op, input, ...)`` gives the lean handshake without a promise: the communicator owns the
+    outputs (two alternating buffers) and documents their lifetime.
     Each may be overridden per call. Calls enqueue work on the current stream and
     never block the host; they can be captured in a CUDA graph (sync='reset').
     """
@@ -233,6 +270,7 @@ class Communicator:
         self._resolved: dict[tuple, Options] = {}  # (op, size, capturing, in place, Options) -> 'auto' resolved
         self._native_ok: Optional[bool] = None  # whether the native library loads (or builds): found on first need
         self._lean = LeanState()
+        self._results = ResultBuffers(lambda n: self.empty(n, dtype=torch.uint8))
         self.last_handshake: Handshake = FULL  # the flags the last call used (for tests and logs)
         self.last_options: Optional[Options] = None  # every option the last call ran with, 'auto' resolved
         self.error: Optional[DmaCollError] = None  # set by a failed call; every later call raises it
@@ -281,6 +319,35 @@ class Communicator:
         programs = self._plan(spec, request, opts, variant, direction, capturing, prerecord)
         self._submit(spec, request, opts, programs, variant, direction, prerecord)
         return output
+
+    def result(self, op: str, input: torch.Tensor, *args, **options) -> torch.Tensor:
+        """Run collective ``op`` into an output the communicator owns, and return that output.
+
+        The output is valid until the next collective call of this communicator is issued: read it (on the
+        call's stream, or on a stream that waits for it) or pass it as the next call's input before then; copy it
+        to keep it longer. The outputs alternate between two buffers of the symmetric heap, so the library itself
+        knows what ``handshake='lean'`` otherwise needs the caller to promise, and an all-gather / all-to-all(-v)
+        that follows such a call skips the READY crossing by default (``handshake=`` overrides). Same arguments
+        as the named method, without ``output``; shapes: the input's with its first dimension scaled (all-gather:
+        x world, reduce-scatter: / world), all-to-all-v flat (this rank's column of ``send_counts``). The
+        buffers grow collectively (every rank calls with sizes that agree, as for any collective): the first
+        call of a new largest size must not be inside a CUDA graph capture."""
+        spec = ops.get(op)
+        if not isinstance(input, torch.Tensor):
+            raise InvalidArgument(f"{op}: result(op, input, ...) needs an input tensor, got {type(input).__name__}")
+        self._check_usable(op)
+        numel, reserve = spec.result_numel(self.world, self.rank, input, *args)
+        size = input.element_size()
+        region = self._results.take(reserve * size, self.engine.is_capturing())
+        output = region[: numel * size].view(input.dtype).view(_result_shape(input, numel))
+        if not spec.reduces:
+            options.setdefault("handshake", "lean")
+        return self.collective(op, output, input, *args, **options)
+
+    def reserve_results(self, nbytes: int) -> None:
+        """Hold ``result``'s two output buffers at ``nbytes`` each or more from now on (collective, like
+        ``empty``): outputs up to that size then never grow them."""
+        self._results.reserve(int(nbytes))
 
     def _options_for(self, changes: dict) -> Options:
         """The communicator's options with a call's changes, checked once per set of changes (then looked up)."""

@@ -270,22 +270,25 @@ def test_reduce_graph_capture_and_replay_with_fresh_data():
 
 
 def _lean(rank: int, world: int, seed: int) -> list[str]:
-    """handshake='lean' on two alternating outputs, eager and captured, with a late reader on the last rank:
-    every call's output against the CPU reference (check.run_pipeline), and READY really skipped."""
+    """handshake='lean' on two alternating outputs, and the communicator's own (Communicator.result), eager and
+    captured, with a late reader on the last rank: every call's output against the CPU reference
+    (check.run_pipeline), and READY really skipped."""
     from dmacoll import Communicator
     from dmacoll.verify.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
 
     comm = Communicator(timeout_s=30)
     buffers = pipeline_buffers(comm, 1 << 22, 1 << 22)
     failures = []
-    for i, (op, variant, dtype, count, graph) in enumerate(
-            (op, v, dt, n, g) for op in PIPELINE_OPS for v in VARIANTS
-            for dt, n in (("bfloat16", 1), ("float32", 65537), ("int8", 300001)) for g in (False, True)):
+    for i, (op, variant, dtype, count, graph, owned) in enumerate(
+            (op, v, dt, n, g, o) for op in PIPELINE_OPS for v in VARIANTS
+            for dt, n in (("bfloat16", 1), ("float32", 65537), ("int8", 300001)) for g in (False, True)
+            for o in (False, True)):
         errors, lean = run_pipeline(comm, op, variant, dtype, count, 6, seed + 100 * i, late_consumer=True,
-                                    graph=graph, buffers=buffers)
-        label = f"{op} {variant} {dtype} x{count} {'graph' if graph else 'eager'}"
+                                    graph=graph, buffers=buffers, owned=owned)
+        label = f"{op} {variant} {dtype} x{count} {'graph' if graph else 'eager'}{' owned' if owned else ''}"
         failures += [f"{label} call {k}: {e}" for k, e in enumerate(errors) if e]
-        if lean[0] or not any(lean) or (op != "all_to_all_v" and not all(lean[1:])):
+        # the first call has nobody to vouch for it, unless an owned output follows an eager exchange
+        if (lean[0] and not owned) or not any(lean) or (op != "all_to_all_v" and not all(lean[1:])):
             failures.append(f"{label}: READY skipped at calls {lean}")
     comm.close()
     return failures

@@ -28,6 +28,12 @@ class AllToAllV(OpSpec):
         counts = self.counts(chunk, world) if counts is None else counts
         return sum(counts[rank]), sum(row[rank] for row in counts)
 
+    def result_numel(self, world: int, rank: int, input: torch.Tensor, send_counts=None) -> tuple[int, int]:
+        if send_counts is None:
+            raise InvalidArgument("all_to_all_v needs send_counts: result('all_to_all_v', input, send_counts)")
+        columns = [sum(col) for col in zip(*validate.split_matrix(send_counts, world))]
+        return columns[rank], max(columns)  # every rank reserves the largest column
+
     def counts(self, chunk: int, world: int, seed: Optional[int] = None) -> Counts:
         """With a seed, random splits with empty and odd ones (correctness); without, a fixed skew whose rows
         send about ``world x chunk`` elements, from 2/(world+1) to 2 world/(world+1) chunks per peer (benchmarks)."""

@@ -105,6 +105,14 @@ class OpSpec:
         n_in, n_out = self.chunks(world)
         return n_in * chunk, n_out * chunk
 
+    def result_numel(self, world: int, rank: int, input: torch.Tensor, *extra) -> tuple[int, int]:
+        """(elements of ``rank``'s output, elements every rank reserves for it) of a call whose output the
+        communicator provides (``Communicator.result``): the reserve is the same on every rank, so the ranks'
+        symmetric allocations agree. Equal splits: the output is the input scaled by the op's chunks."""
+        n_in, n_out = self.chunks(world)
+        n = input.numel() * n_out // n_in
+        return n, n
+
     def counts(self, chunk: int, world: int, seed: Optional[int] = None) -> Counts:
         """The split matrix of a call with chunks of ``chunk`` elements (None: equal splits)."""
         return None

@@ -153,15 +153,16 @@ def pipeline_cases(op: str, variant: str, dtype: str, count: int, calls: int, se
 
 def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int, seed: int,
                  late_consumer: bool = False, same_output: bool = False, graph: bool = False,
-                 buffers: Optional[tuple[list[torch.Tensor], list[torch.Tensor]]] = None
+                 buffers: Optional[tuple[list[torch.Tensor], list[torch.Tensor]]] = None, owned: bool = False
                  ) -> tuple[list[Optional[str]], list[bool]]:
     """``handshake='lean'`` used as promised: ``calls`` back-to-back push calls (``pipeline_cases``) into two
     alternating symmetric outputs (one, with ``same_output``: a broken promise), each output read (copied out)
     right after its call and before the next one; every copy compared with the CPU reference. ``late_consumer``: the last
     rank reads each output ~50 ms late, which exposes a peer writing too early. ``graph`` (cuda): the calls,
     input refills and reads captured once, replayed on fresh inputs. ``buffers``: from ``pipeline_buffers``
-    (default: allocated here). Returns an error or None per call, and per call (of the last pass) whether
-    it skipped READY with some peer."""
+    (default: allocated here). ``owned``: the outputs are the communicator's (``Communicator.result``, the
+    handshake left to it) instead of the two given ones. Returns an error or None per call, and per call (of the
+    last pass) whether it skipped READY with some peer."""
     world, rank = comm.world, comm.rank
     cases = pipeline_cases(op, variant, dtype, count, calls, seed)
     sizes = [numels(c, rank, world) for c in cases]
@@ -175,14 +176,22 @@ def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int
     results = [torch.empty(n, dtype=torch_dtype, device=comm.device) for _, n in sizes]
     late = late_consumer and rank == world - 1
     lean: list[bool] = []
+    returned: list[torch.Tensor] = []  # owned: the outputs the communicator gave
 
     def one_pass() -> None:
         lean.clear()
+        returned.clear()
         for k, case in enumerate(cases):
             slot = 0 if same_output else k % 2
             inp, out = ins[slot][: sizes[k][0]], outs[slot][: sizes[k][1]]
             inp.copy_(sources[k])
-            call(comm, case, out, inp, send_counts(case, world))
+            if owned:
+                counts = send_counts(case, world)
+                out = comm.result(case.op, inp, *(() if counts is None else (counts,)), variant=case.variant,
+                                  direction=case.direction, sync=case.sync)
+                returned.append(out)
+            else:
+                call(comm, case, out, inp, send_counts(case, world))
             lean.append(bool(comm.last_handshake.ready_implied))
             if late:  # a slow reader: the next call must not overwrite what it has not read yet
                 torch.cuda._sleep(100_000_000) if comm.device.type == "cuda" else time.sleep(0.05)
@@ -202,7 +211,7 @@ def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int
             one_pass()
         offset = 7919 if op != "all_to_all_v" else 0  # a new seed would change all_to_all_v's splits
         refill(offset)
-        for out in outs:
+        for out in returned if owned else outs:
             out.view(torch.uint8).fill_(POISON)  # the replay must move the data, whatever the seed
         g.replay()
     else:
@@ -216,18 +225,22 @@ def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int
 
 def run_pipelines(comm, ops: Iterable[str], variants: Iterable[str], dtypes: Iterable[str], counts: Iterable[int],
                   seed: int = 0, calls: int = 6) -> list[dict]:
-    """``run_pipeline`` for every exchange op, variant, dtype and count: a result row per call."""
+    """``run_pipeline`` for every exchange op, variant, dtype and count, on two given outputs and on the
+    communicator's own (``Communicator.result``: ``buffers`` 'owned'): a result row per call."""
     grid = list(itertools.product([o for o in ops if o in PIPELINE_OPS], variants, dtypes, counts))
     if not grid:
         return []
     # all_to_all_v sends at most 2 x count + 1 elements per peer
     most = max((2 * n + 1) * comm.world * DTYPES[dt].itemsize for _, _, dt, n in grid)
     buffers = pipeline_buffers(comm, most, most)
+    comm.reserve_results(most)  # the owned outputs at their largest once (growing would leave old pairs behind)
     rows = []
     for i, (op, v, dt, n) in enumerate(grid):
-        errors, _ = run_pipeline(comm, op, v, dt, n, calls, seed + 1000 * i, buffers=buffers)
-        for case, error in zip(pipeline_cases(op, v, dt, n, calls, seed + 1000 * i), errors):
-            rows.append({**asdict(case), "rank": comm.rank, "ok": error is None, "error": error or ""})
+        for owned in (False, True):
+            errors, _ = run_pipeline(comm, op, v, dt, n, calls, seed + 1000 * i, buffers=buffers, owned=owned)
+            for case, error in zip(pipeline_cases(op, v, dt, n, calls, seed + 1000 * i), errors):
+                case = replace(case, buffers="owned") if owned else case
+                rows.append({**asdict(case), "rank": comm.rank, "ok": error is None, "error": error or ""})
     return rows
 
 
@@ -266,7 +279,7 @@ def check_rank(rank: int, world: int, args: dict) -> list[dict]:
         rows = run_cases(comm, all_cases, nccl=args["reference"] == "nccl", progress=rank == 0)
         if "push" in args["directions"] and "reset" in syncs:  # handshake='lean': alternating outputs, one dtype
             if rank == 0:
-                print("  handshake=lean pipelines (push, alternating outputs)", flush=True)
+                print("  handshake=lean pipelines (push, alternating outputs, the communicator's own)", flush=True)
             rows += run_pipelines(comm, args["ops"], args["variants"], args["dtypes"][:1], args["counts"],
                                   seed=args["seed"])
         return rows
