@@ -16,7 +16,7 @@ SNAKEMAKE_FLAGS = --cores $(CORES) --resources gpu=$(GPUS) --printshellcmds --re
 
 # The vLLM plugin's tests against a real vLLM, in a venv of their own (vLLM pins its torch): one of
 # vLLM 0.27 - 0.32, which pin torch 2.13.0, the CPU wheel of TORCH. 0.26.0 (torch 2.11) is tested on the GPU
-# machines (tools/vllm_one_gpu.sh). No test may skip there (the JUnit report is checked).
+# machines (tools/vllm_gpu_run.sh). No test may skip there (the JUnit report is checked).
 VLLM_VENV ?= .venv-vllm
 VLLM_CI   ?= vllm==0.32.0
 VLLM_TESTS = tests/test_vllm_plugin.py tests/test_vllm_model.py tests/test_vllm_check.py

@@ -1,4 +1,4 @@
-"""The plugin inside vLLM's own CUDA platform (a GPU machine with vLLM: tools/vllm_one_gpu.sh runs this)."""
+"""The plugin inside vLLM's own CUDA platform (a GPU machine with vLLM: tools/vllm_gpu_run.sh runs this)."""
 from __future__ import annotations
 
 import importlib.util

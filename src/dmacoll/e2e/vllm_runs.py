@@ -2,7 +2,7 @@
 what a run records beside vLLM's JSON.
 
 The workflow (``workflow/rules/e2e.smk``: rules ``vllm_model``, ``vllm_bench``, ``vllm_results``) and the
-one-GPU script (``tools/vllm_one_gpu.sh``) both run ``dmacoll vllm-bench``, which runs one of them:
+one-GPU script (``tools/vllm_gpu_run.sh``) both run ``dmacoll vllm-bench``, which runs one of them:
 
     python -m dmacoll.e2e.vllm_entry latency|throughput ARGS    # = `vllm bench latency|throughput ARGS`
 

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# vLLM with the dmacoll plugin on a lent one-GPU machine (no network), after the bundle's pieces arrived.
-# Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> bash tools/vllm_one_gpu.sh OUTDIR [STEP...]
+# vLLM with the dmacoll plugin on a lent GPU machine (no network), after the bundle's pieces arrived.
+# Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> [TP=n] bash tools/vllm_gpu_run.sh OUTDIR [STEP...]
 #   STEP: install  check, join and install the bundle (build/vllm_bundle/, from `dmacoll vllm-bundle`) into
 #                  build/vllm_site, and dmacoll as a distribution beside it (a wheel built here: vLLM finds the
 #                  plugin through its `vllm.general_plugins` entry point); skipped when already done
 #         tests    the plugin's tests against that vLLM (the CPU ones and tests/gpu/test_vllm_gpu.py)
-#         bench    `vllm bench latency` at TP 1, Llama-3.1-8B with dummy weights, DMACOLL_VLLM=0 and =1 alternating
-#                  (REPS rounds, batch BATCH); at TP 1 the plugin routes nothing: the two must agree within noise
+#         bench    `vllm bench latency` at TP (default 1), Llama-3.1-8B with dummy weights, DMACOLL_VLLM=0 and =1
+#                  alternating (REPS rounds, batch BATCH); at TP 1 the plugin routes nothing: the two must agree
+#                  within noise
+#         throughput  `vllm bench throughput` at TP, 200 prompts of 128 in and 128 out, plugin off and on
+#         check    `dmacoll vllm-check` at TP (2 or more): outputs with the plugin off and on
 #   default: install tests bench. Each step's time is printed; split the steps over calls to stay inside 10 minutes
-#   (build/ stays on a warm machine between calls).
+#   (build/ stays on a warm machine between calls). Each vLLM start costs about 1-2 minutes.
 # Out: OUTDIR/results.tgz laid out as results/<machine>/ is (vllm/<run>/{data.csv,data.json,run.log}; unpack with
 # `tar xzf results.tgz -C results/<machine>/`), OUTDIR/summary.txt, OUTDIR/lent-gpu.json (this machine's snapshot:
 # compare with envs/lent-gpu.json).
@@ -16,7 +19,7 @@ set -u
 dest=${1:?output dir}; shift
 steps=${*:-install tests bench}
 out=$dest/run; mkdir -p "$out"
-bundle=build/vllm_bundle; site=$PWD/build/vllm_site; py=${PYTHON:-python3}
+bundle=build/vllm_bundle; site=$PWD/build/vllm_site; py=${PYTHON:-python3}; tp=${TP:-1}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLREDUCE_USE_SYMM_MEM=0
 summary=$dest/summary.txt
@@ -31,8 +34,11 @@ export PYTHONPATH=$PWD/src:$site
   cat "$site/.dmacoll_bundle" 2>/dev/null; "$py" -m pip --version
 } > "$out/probe.txt" 2>&1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-case "$gpu" in *H200*) machine=h200x1 ;; *H100*) machine=h100x1 ;; *) machine=gpux1 ;; esac
-say "machine $machine ($gpu), steps: $steps"
+gpus=$(nvidia-smi -L | wc -l)
+case "$gpu" in *H200*) machine=h200x$gpus ;; *H100*) machine=h100x$gpus ;; *) machine=gpux$gpus ;; esac
+say "machine $machine ($gpu), TP $tp, steps: $steps"
+models=build/vllm_models/llama-3.1-8b
+model() { [ -f $models/tokenizer.json ] || "$py" -m dmacoll vllm-model $models --model llama-3.1-8b >> "$1" 2>&1; }
 for step in $steps; do
 t0=$(date +%s)
 case "$step" in
@@ -57,17 +63,15 @@ case "$step" in
     "$py" -m dmacoll vllm-results tests --out "$d/data.csv" "$d/junit.xml" | tee -a "$summary"
     rm -f "$d/junit.xml" ;;
   bench)
-    d=$out/vllm/tp1_latency; raw=build/vllm_raw; mkdir -p "$d"; rm -rf $raw
-    models=build/vllm_models/llama-3.1-8b
-    [ -f $models/tokenizer.json ] || "$py" -m dmacoll vllm-model $models --model llama-3.1-8b >> "$d/run.log" 2>&1
+    d=$out/vllm/tp${tp}_latency; raw=build/vllm_raw; mkdir -p "$d"; rm -rf $raw; model "$d/run.log"
     for rep in $(seq 1 "${REPS:-2}"); do
       for plugin in vllm dma; do
-        name=latency_llama-3.1-8b_tp1_b${BATCH:-8}_i128_${plugin}_r$rep
+        name=latency_llama-3.1-8b_tp${tp}_b${BATCH:-8}_i128_${plugin}_r$rep
         echo "== $name ($(date -u +%T))" >> "$d/run.log"
         timeout 240 "$py" -m dmacoll vllm-bench --model-dir $models --out-json $raw/$name.json --name $name \
-          --bench latency --model-name llama-3.1-8b --spec llama-3.1-8b --tp 1 --plugin $plugin \
+          --bench latency --model-name llama-3.1-8b --spec llama-3.1-8b --tp $tp --plugin $plugin \
           --batch "${BATCH:-8}" --input-len 128 --output-len 128 --warmup 3 --iters "${ITERS:-10}" >> "$d/run.log" 2>&1 \
-          || say "$name failed (exit $?): see vllm/tp1_latency/run.log"
+          || say "$name failed (exit $?): see vllm/tp${tp}_latency/run.log"
       done
     done
     "$py" -m dmacoll vllm-results csv --out "$d/data.csv" $raw/*.json >> "$d/run.log" 2>&1 || say "no results"
@@ -86,6 +90,21 @@ if {"dma", "vllm"} <= set(m.index):
           f"largest spread within one setting {spread:.1f} ms")
 EOF
     ;;
+  throughput)
+    d=$out/vllm/tp${tp}_throughput; raw=build/vllm_raw_throughput; mkdir -p "$d"; rm -rf $raw; model "$d/run.log"
+    for plugin in vllm dma; do
+      name=throughput_llama-3.1-8b_tp${tp}_n200_i128_$plugin
+      timeout 250 "$py" -m dmacoll vllm-bench --model-dir $models --out-json $raw/$name.json --name $name \
+        --bench throughput --model-name llama-3.1-8b --spec llama-3.1-8b --tp $tp --plugin $plugin \
+        --input-len 128 --output-len 128 --num-prompts 200 >> "$d/run.log" 2>&1 || say "$name failed (exit $?)"
+    done
+    "$py" -m dmacoll vllm-results csv --out "$d/data.csv" $raw/*.json >> "$d/run.log" 2>&1 || say "no results"
+    grep -h -A0 "tokens_per_s" "$d/data.csv" | cut -d, -f1-3 | head -4 | tee -a "$summary" ;;
+  check)
+    d=$out/vllm_check/tp$tp; mkdir -p "$d"
+    timeout 500 "$py" -m dmacoll vllm-check build/vllm_check --tp $tp > "$d/run.log" 2>&1; echo "exit $?" >> "$d/run.log"
+    grep -E "^(ok|FAIL)|^exit" "$d/run.log" | tee -a "$summary"
+    cp build/vllm_check/data.csv build/vllm_check/data.json "$d/" 2>/dev/null || say "vllm-check wrote no table" ;;
   *) say "unknown step $step"; exit 2 ;;
 esac
 say "step $step: $(( $(date +%s) - t0 )) s"
