@@ -99,7 +99,9 @@ EOF
         --input-len 128 --output-len 128 --num-prompts 200 >> "$d/run.log" 2>&1 || say "$name failed (exit $?)"
     done
     "$py" -m dmacoll vllm-results csv --out "$d/data.csv" $raw/*.json >> "$d/run.log" 2>&1 || say "no results"
-    grep -h -A0 "tokens_per_s" "$d/data.csv" | cut -d, -f1-3 | head -4 | tee -a "$summary" ;;
+    "$py" -c 'import sys, pandas as pd; df = pd.read_csv(sys.argv[1])
+print(df[df.metric == "tokens_per_s"][["plugin", "value", "plugin_registered"]].to_string(index=False))' \
+      "$d/data.csv" | tee -a "$summary" ;;
   check)
     d=$out/vllm_check/tp$tp; mkdir -p "$d"
     timeout 500 "$py" -m dmacoll vllm-check build/vllm_check --tp $tp > "$d/run.log" 2>&1; echo "exit $?" >> "$d/run.log"
