@@ -1,42 +1,9 @@
 """Communicator.result: outputs the communicator owns (two alternating buffers), the lean handshake without a
-caller's promise; on the host emulator, one process per rank."""
-import itertools
-import random
-
-import pytest
+caller's promise; on the host emulator, one process per rank. The lean pipelines on them, with a late reader at
+worlds 2-8: tests/test_host_emulator.py."""
 import torch
 
-from dmacoll.plan import VARIANTS
 from dmacoll.verify.launch import run_ranks
-
-
-def _owned_pipelines(rank, world, args):
-    from dmacoll import Communicator
-    from dmacoll.verify.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
-
-    comm = Communicator(backend="host", timeout_s=30)
-    inputs = pipeline_buffers(comm, 1 << 16, 8)  # the inputs (the outputs are the communicator's)
-    results = []
-    for i, (op, variant) in enumerate(itertools.product(PIPELINE_OPS, VARIANTS)):
-        count = args["count"] * (1 + i % 3)  # sizes that grow and shrink: the buffers grow under the pipelines
-        errors, lean = run_pipeline(comm, op, variant, args["dtype"], count, 4, args["seed"] + 100 * i,
-                                    late_consumer=True, buffers=inputs, owned=True)
-        results.append((op, variant, errors, lean))
-    comm.close()
-    return results
-
-
-@pytest.mark.parametrize("world,dtype,count", [(2, "bfloat16", 1023), (3, "int8", 1), (4, "float32", 64),
-                                               (8, "int64", 5)])
-def test_owned_outputs_run_lean_and_stay_correct_with_a_late_reader(world, dtype, count):
-    seed = random.randrange(1 << 20)
-    per_rank = run_ranks(_owned_pipelines, world, dict(dtype=dtype, count=count, seed=seed))
-    for rank, results in enumerate(per_rank):
-        for i, (op, variant, errors, lean) in enumerate(results):
-            assert errors == [None] * 4, f"seed {seed} rank {rank} {op} {variant}: {errors}"
-            assert lean[0] == (i > 0), (op, variant, lean)  # only the very first call has nobody to vouch for it
-            if op != "all_to_all_v":  # every pair talks in every call
-                assert all(lean[1:]), (op, variant, lean)
 
 
 def _owned_api(rank, world):
