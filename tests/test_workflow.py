@@ -179,28 +179,25 @@ def test_make_artifact_resumes_after_ctrl_c(tmp_path):
     (tmp_path / "small.yaml").write_text(f"platform: none\noutdir: {tmp_path}/out\nhost_check: {{world: 2}}\n")
     select = ("--configfile", "config/config.yaml", str(tmp_path / "small.yaml"), "--until", "host_check")
     command = [SNAKEMAKE, *artifact_flags(), *select]
-    for attempt in range(3):  # on a loaded machine the job can finish before the signal lands: then again
-        shutil.rmtree(tmp_path / "out", ignore_errors=True)
-        with open(tmp_path / f"interrupted{attempt}.log", "w") as log:
-            # a session of its own: the signal reaches snakemake and its jobs, as Ctrl-C reaches the terminal's
-            # foreground process group, and not pytest
-            run = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                deadline = time.monotonic() + 240
-                # the job's shell creates its output (`> {output}`) before the check starts: from then on it runs
-                while not any((tmp_path / "out").rglob("host_w2.txt")) and run.poll() is None \
-                        and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                assert run.poll() is None, "the job ended before it could be interrupted"
-                os.killpg(run.pid, signal.SIGINT)
-                interrupted = run.wait(timeout=120) != 0
-            finally:
-                if run.poll() is None:
-                    os.killpg(run.pid, signal.SIGKILL)
-                    run.wait()
-        if interrupted:
-            break
-    assert interrupted, "every run finished despite Ctrl-C"
+    with open(tmp_path / "interrupted.log", "w") as log:
+        # a session of its own: the signal reaches snakemake and its jobs, as Ctrl-C reaches the terminal's
+        # foreground process group, and not pytest. SIGINT restored to its default: a test run started in the
+        # background of a script (`make test &`) inherits it ignored, and Python then never sees Ctrl-C
+        run = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            deadline = time.monotonic() + 240
+            # the job's shell creates its output (`> {output}`) before the check starts: from then on it runs
+            while not any((tmp_path / "out").rglob("host_w2.txt")) and run.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert run.poll() is None, "the job ended before it could be interrupted"
+            os.killpg(run.pid, signal.SIGINT)
+            assert run.wait(timeout=120) != 0
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
     plain = subprocess.run([SNAKEMAKE, "--cores", "1", "--dry-run", *select], cwd=ROOT, capture_output=True,
                            text=True, timeout=300)
     assert "IncompleteFilesException" in plain.stdout + plain.stderr  # what stopped a plain rerun
