@@ -29,6 +29,8 @@ def test_world2_every_dtype_odd_and_power_of_two_sizes():
     assert {r["dtype"] for r in results} == set(DTYPES)
     assert {r["in_place"] for r in results} == {True, False}
     assert {r["buffers"] for r in results} == {"sym", "private", "alternating", "owned"}  # the last two: lean pipelines
+    auto = [r for r in results if r["variant"] == "auto"]  # Communicator() with no options: every op and dtype
+    assert {(r["op"], r["dtype"]) for r in auto} == {(r["op"], r["dtype"]) for r in results if r["variant"] != "auto"}
 
 
 def test_world3():
@@ -104,7 +106,8 @@ def test_reduce_world2_every_summed_dtype():
     assert {r["dtype"] for r in results} == set(SUMMED)  # int8 and bool are not summed: no cases
     assert {(r["op"], r["in_place"]) for r in results} == {(op, p) for op in REDUCE_OPS for p in (True, False)}
     assert {(r["variant"], r["direction"], r["buffers"], r["sync"]) for r in results} == set(
-        itertools.product(VARIANTS, ("push", "pull"), ("sym", "private"), ("reset", "epoch")))
+        itertools.product(VARIANTS, ("push", "pull"), ("sym", "private"), ("reset", "epoch"))) | {
+        ("auto", "auto", b, "reset") for b in ("sym", "private")}  # the last: Communicator() with no options
 
 
 def test_reduce_world3_odd_sizes():

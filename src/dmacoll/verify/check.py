@@ -266,7 +266,8 @@ def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = 
 
 def check_rank(rank: int, world: int, args: dict) -> list[dict]:
     """One rank of `dmacoll check`: every case of ``args`` (the CLI's options) on a new communicator, then the
-    lean-handshake pipelines; a result row per case."""
+    lean-handshake pipelines, then every op, dtype and count on ``Communicator()`` with no options (every
+    option 'auto': variant and direction 'auto' in the rows); a result row per case."""
     from ..communicator import DEFAULT_TIMEOUT_S, Communicator
 
     signal = args.get("signal", "memop")
@@ -282,6 +283,13 @@ def check_rank(rank: int, world: int, args: dict) -> list[dict]:
                 print("  handshake=lean pipelines (push, alternating outputs, the communicator's own)", flush=True)
             rows += run_pipelines(comm, args["ops"], args["variants"], args["dtypes"][:1], args["counts"],
                                   seed=args["seed"])
-        return rows
     finally:
         comm.close()
+    if rank == 0:
+        print("  Communicator() with no options (what the tuning table or the fallback picks)", flush=True)
+    default = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S))
+    try:
+        auto = cases(("auto",), ("auto",), args["dtypes"], args["counts"], ops=args["ops"], seed=args["seed"] + 7)
+        return rows + run_cases(default, auto, nccl=args["reference"] == "nccl")
+    finally:
+        default.close()
