@@ -248,7 +248,7 @@ def _reused_output(rank, world, broken_rule):
     comm = Communicator(backend="host", timeout_s=30)
     if broken_rule:  # vouch although every call writes the same output
         flags = comm._lean.flags
-        comm._lean.flags = lambda spec, opts, d, ctx, out: flags(spec, opts, d, ctx, out and (-2, -1))
+        comm._lean.flags = lambda spec, opts, ctx, out: flags(spec, opts, ctx, out and (-2, -1))
     try:
         errors, lean = run_pipeline(comm, "all_gather", "pcpy", "float32", 4096, 4, 11, late_consumer=True,
                                     same_output=True)

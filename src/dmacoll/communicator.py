@@ -127,13 +127,13 @@ class LeanState:
     def __init__(self):
         self.previous: Optional[tuple[object, int, int, frozenset, int]] = None
 
-    def flags(self, spec: ops.OpSpec, options: Options, direction: str, context: object,
+    def flags(self, spec: ops.OpSpec, options: Options, context: object,
               output: Optional[tuple[int, int]]) -> Handshake:
         """READY skipped with the peers the previous call vouches for, DONE alternating along such runs.
         Every condition is the same on every rank (buffer kinds and call options must be), so the ranks
         of a pair always agree."""
         prev = self.previous
-        if (options.handshake != "lean" or spec.reduces or direction != "push" or output is None or prev is None
+        if (options.handshake != "lean" or spec.reduces or options.direction != "push" or output is None or prev is None
                 or prev[0] != context):
             return FULL
         _, prev_start, prev_end, done_peers, prev_done = prev
@@ -315,9 +315,8 @@ class Communicator:
             self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
         if opts.wait != "memop":
             self.engine.load_kernels()
-        variant, direction = opts.variant, opts.direction
-        programs = self._plan(spec, request, opts, variant, direction, capturing, prerecord)
-        self._submit(spec, request, opts, programs, variant, direction, prerecord)
+        programs = self._plan(spec, request, opts, capturing, prerecord)
+        self._submit(spec, request, opts, programs, prerecord)
         return output
 
     def result(self, op: str, input: torch.Tensor, *args, **options) -> torch.Tensor:
@@ -398,18 +397,12 @@ class Communicator:
 
     def _allowed(self, opts: Options, capturing: bool) -> dict:
         """Per option the table may choose, the values this call may take: the caller's where it fixed one, else
-        what the engine runs here. Never chosen: signal='kernel' (PyTorch's pads, an SM while it waits; measured
-        slower), memop flags where the driver refuses them, prerecording or native submission under capture."""
-        eng, eager = self.engine, not capturing
-        candidates = {
-            "signal": {"memop"} if opts.sync == "epoch" else {"copy", "memop"} if eng.remote_memop_writes else {"copy"},
-            "wait": {"memop", "spin", "fold"} if eng.spin_waits else {"memop"},
-            "prerecord": {False, True} if eager and eng.graphs and opts.sync == "reset" else {False},
-            "submit": {"python", "native"} if eager and eng.native_submit and self._native_ok is not False
-            else {"python"},
-        }
+        what the engine runs here (``tuning.candidates``)."""
+        eng = self.engine
+        runs = tuning.candidates(not capturing, eng.remote_memop_writes, eng.spin_waits, eng.graphs,
+                                 eng.native_submit and self._native_ok is not False, opts.sync == "epoch")
         return {name: values if getattr(opts, name) == "auto" else {getattr(opts, name)}
-                for name, values in candidates.items()}
+                for name, values in runs.items()}
 
     def _native_available(self) -> bool:
         """Whether the native library loads here (built on first use if needed); a failure is said once and the
@@ -423,18 +416,17 @@ class Communicator:
                 log.warning("dmacoll: submitting from Python: %s", e)
         return self._native_ok
 
-    def _plan(self, spec: ops.OpSpec, request: ops.Request, opts: Options, variant: str, direction: str,
-              capturing: bool, prerecord: bool) -> tuple[Program, ...]:
+    def _plan(self, spec: ops.OpSpec, request: ops.Request, opts: Options, capturing: bool,
+              prerecord: bool) -> tuple[Program, ...]:
         """The call's lowered plans, with the flags the lean-handshake state allows."""
         out_sym = self.engine.sym_offset(request.output)
         out_range = None if out_sym is None else (out_sym, out_sym + ops.spec.nbytes(request.output))
         # prerecorded graphs and gated calls replay after whatever came before: they never vouch or skip
         context = object() if prerecord or self._gate is not None else self._context(capturing)
-        flags = self._lean.flags(spec, opts, direction, context, out_range)
-        key = (spec.name, request.key, variant, direction, opts.sync, opts.signal, opts.wait,
+        flags = self._lean.flags(spec, opts, context, out_range)
+        key = (spec.name, request.key, opts.variant, opts.direction, opts.sync, opts.signal, opts.wait,
                self.engine.sym_offset(request.input), out_sym, flags)
-        programs, done_peers = self._programs.get(key) or self._lower(key, spec, request, opts, variant, direction,
-                                                                      flags)
+        programs, done_peers = self._programs.get(key) or self._lower(key, spec, request, opts, flags)
         self._lean.record(spec, context, out_range, done_peers, flags)
         self.last_handshake = flags
         return programs
@@ -447,12 +439,13 @@ class Communicator:
         capture = self.engine.capture_id()
         return ("capture", capture) if capture is not None else object()
 
-    def _lower(self, key: tuple, spec: ops.OpSpec, request: ops.Request, opts: Options, variant: str,
-               direction: str, flags: Handshake) -> tuple[tuple[Program, ...], frozenset]:
+    def _lower(self, key: tuple, spec: ops.OpSpec, request: ops.Request, opts: Options,
+               flags: Handshake) -> tuple[tuple[Program, ...], frozenset]:
         """Build and lower the plans of a call (cached by ``key``: eager calls pay only a dict lookup); also the
         peers its last plan waits DONE from (what a lean successor may skip READY with)."""
         layout = Layout(self.engine.sym_offset(request.input), self.engine.sym_offset(request.output), self.staging)
-        built, need = request.build(variant, direction, layout, flags, self.engines)
+        direction = opts.direction
+        built, need = request.build(opts.variant, direction, layout, flags, self.engines)
         larger = f"create the communicator with a larger staging_bytes (>= {_align(need)})"
         if spec.reduces:  # the received chunks always go through staging, whatever the buffers
             what, hint = f"{spec.name} ({direction})", f"{larger}; reduce collectives receive every rank's chunk there"
@@ -467,13 +460,14 @@ class Communicator:
         return cached
 
     def _submit(self, spec: ops.OpSpec, request: ops.Request, opts: Options, programs: tuple[Program, ...],
-                variant: str, direction: str, prerecord: bool) -> None:
+                prerecord: bool) -> None:
         """Hand the call to the engine: now, as a recorded graph's replay, or (prelaunch) behind the gate."""
         self._calls += 1
         # a sequence number per plan: an epoch wait of a call's second plan must not be met by its first's signals
         first, last = self._epoch + 1, self._epoch + len(programs)
         self._epoch = last
-        label = f"{spec.name} call #{self._calls} ({variant}/{direction}/{opts.sync}/{opts.signal}/{opts.wait})"
+        label = (f"{spec.name} call #{self._calls} "
+                 f"({opts.variant}/{opts.direction}/{opts.sync}/{opts.signal}/{opts.wait})")
         self.last_options = opts
         bases = self.engine.bases(request.input, request.output)
         native = opts.submit == "native"
@@ -492,7 +486,7 @@ class Communicator:
             self.engine.end_call(label, opts.sync, 1 if opts.sync == "reset" else last)
 
         if prerecord:
-            graph_key = (spec.name, request.key, variant, direction, opts.signal, opts.wait,
+            graph_key = (spec.name, request.key, opts.variant, opts.direction, opts.signal, opts.wait,
                          request.input.data_ptr(), request.output.data_ptr())
             self.engine.submit(lambda: self.engine.replay_recorded(graph_key, work, label, opts.sync))
         else:

@@ -110,6 +110,18 @@ def find(world: int, device_name: str, path: Optional[str] = None) -> Optional[T
     return None
 
 
+def candidates(eager: bool, remote_memop_writes: bool = True, spin_waits: bool = True, graphs: bool = True,
+               native: bool = True, epoch: bool = False) -> dict[str, set]:
+    """Per option 'auto' may choose (``CHOSEN``), the values an engine with these capabilities runs; the
+    defaults are a cuda engine's. Never chosen: signal='kernel' (PyTorch's pads, an SM while it waits; measured
+    slower), memop flags where the driver refuses them (copy flags carry a constant: not with sync='epoch'),
+    prerecording (a replayed graph: sync='reset') or native submission under capture."""
+    return {"signal": {"memop"} if epoch else {"copy", "memop"} if remote_memop_writes else {"copy"},
+            "wait": {"memop", "spin", "fold"} if spin_waits else {"memop"},
+            "prerecord": {False, True} if eager and graphs and not epoch else {False},
+            "submit": {"python", "native"} if eager and native else {"python"}}
+
+
 def fallback(allowed: Mapping[str, Collection]) -> Choice:
     """FALLBACK, each option that ``allowed`` rules out replaced by the first value it may take."""
     values = FALLBACK._asdict()

@@ -43,7 +43,7 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
 
 
 KEYS = ["op", "mode", "bytes_per_rank"]
-CHOSEN = ("variant", "direction", *tuning.CHOSEN)
+CHOSEN = tuning.Choice._fields  # what 'auto' resolves: variant, direction and tuning.CHOSEN
 PICKS = ("default", "tuned", "oracle")
 
 
@@ -78,18 +78,14 @@ def auto_choice(dma: pd.DataFrame) -> pd.Series:
 
 def default_choice(dma: pd.DataFrame) -> pd.Series:
     """Per row, whether it is the configuration a call with no options takes on the sweep's machine (every 'auto'
-    option resolved by the shipped table, out of place, the full handshake). What the communicator allows is
-    what a cuda engine runs: memop or copy signals, every wait, prerecording and native submission when eager."""
+    option resolved by the shipped table, out of place, the full handshake), on a cuda engine
+    (``tuning.candidates``' defaults)."""
     table = shipped_table(dma) if len(dma) else None
 
     def picked(r) -> bool:
         if r.place != "out" or r.handshake != "full":
             return False
-        eager = r.mode == "eager"
-        allowed = {"signal": {"memop", "copy"}, "wait": {"memop", "spin", "fold"},
-                   "prerecord": {False, True} if eager else {False},
-                   "submit": {"python", "native"} if eager else {"python"}}
-        choice = _table_choice(table, r.op, int(r.bytes_per_rank), r.mode, False, allowed)
+        choice = _table_choice(table, r.op, int(r.bytes_per_rank), r.mode, False, tuning.candidates(r.mode == "eager"))
         return tuple(getattr(r, name) for name in CHOSEN) == choice
     return pd.Series([picked(r) for r in dma.itertuples()], index=dma.index, dtype=bool)
 

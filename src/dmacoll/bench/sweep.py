@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import ops
+from .. import ops, tuning
 from ..verify.reference import compare_bytes, poison
 from . import harness
 from .bandwidth import bandwidths
@@ -171,7 +171,7 @@ def measure(rk: harness.Rank, cfg: SweepConfig, baselines: Baselines, pt: Point,
         correct = b.check(b.run)
     # what a call with no options ran: every option 'auto' chose
     last = rk.comm.last_options
-    chosen = {name: getattr(last, name) for name in ("variant", "direction", "signal", "wait", "prerecord", "submit")} \
+    chosen = {name: getattr(last, name) for name in tuning.Choice._fields} \
         if pt.impl == "dma_default" else {}
     return {"samples": samples, "correct": correct, "chosen": chosen}
 

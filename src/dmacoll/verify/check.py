@@ -185,13 +185,13 @@ def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int
             slot = 0 if same_output else k % 2
             inp, out = ins[slot][: sizes[k][0]], outs[slot][: sizes[k][1]]
             inp.copy_(sources[k])
+            counts = send_counts(case, world)
             if owned:
-                counts = send_counts(case, world)
                 out = comm.result(case.op, inp, *(() if counts is None else (counts,)), variant=case.variant,
                                   direction=case.direction, sync=case.sync)
                 returned.append(out)
             else:
-                call(comm, case, out, inp, send_counts(case, world))
+                call(comm, case, out, inp, counts)
             lean.append(bool(comm.last_handshake.ready_implied))
             if late:  # a slow reader: the next call must not overwrite what it has not read yet
                 torch.cuda._sleep(100_000_000) if comm.device.type == "cuda" else time.sleep(0.05)
