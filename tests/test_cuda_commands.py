@@ -161,8 +161,9 @@ def test_copy_signals_are_four_byte_copies_of_the_one_word(engine):
 
 def test_kernel_signals_use_the_signal_pad_channels_of_the_flag_words(engine, monkeypatch):
     calls = engine.drv.calls
-    engine.handle = SimpleNamespace(put_signal=lambda dst, channel, timeout: calls.append(("put", dst, channel)),
-                                    wait_signal=lambda src, channel, timeout: calls.append(("spin", src, channel)))
+    engine.memory = SimpleNamespace(pads=SimpleNamespace(
+        put_signal=lambda dst, channel, timeout: calls.append(("put", dst, channel)),
+        wait_signal=lambda src, channel, timeout: calls.append(("spin", src, channel))))
     monkeypatch.setattr(cuda_backend.torch.cuda, "stream", lambda queue: contextlib.nullcontext())
     layout = Layout(input_sym=4096, output_sym=4096, staging=512)
     plan = build_plan(all_gather_exchange(2, 512, in_place=True), 0, "b2b", "push", layout)
@@ -171,6 +172,24 @@ def test_kernel_signals_use_the_signal_pad_channels_of_the_flag_words(engine, mo
     assert calls == [("put", 1, READY), ("spin", 1, READY), ("copy", HEAPS[1] + 4096, HEAPS[0] + 4096, 512, 7),
                      ("put", 1, DONE), ("spin", 1, DONE)]
     assert flag_index(2, "reset", DONE, 1) == DONE * 2 + 1  # the pad's layout: channel * world + rank
+
+
+def test_kernel_signals_on_the_ipc_heap_are_dmacolls_kernels_on_the_flag_words(engine):
+    """Ranks sharing a GPU (the IPC heap) have no PyTorch signal pads: the same protocol runs on the flag words,
+    a put kernel into the peer's word and a spin kernel (which re-arms) on our own."""
+    calls = engine.drv.calls
+    engine.memory = SimpleNamespace(pads=None)
+    engine._kernels = SimpleNamespace(
+        put=lambda stream, addr, value: calls.append(("put", addr, value, stream)),
+        spin=lambda stream, flags, indices, value, geq: calls.append(("spin", flags, tuple(indices), value, geq)))
+    layout = Layout(input_sym=4096, output_sym=4096, staging=512)
+    plan = build_plan(all_gather_exchange(2, 512, in_place=True), 0, "b2b", "push", layout)
+    execute(plan, engine, {}, "reset", signal="kernel")
+    assert calls == [("put", flag(1, "reset", READY, 0), 1, 7),
+                     ("spin", HEAPS[0], (flag_index(2, "reset", READY, 1),), 1, False),
+                     ("copy", HEAPS[1] + 4096, HEAPS[0] + 4096, 512, 7),
+                     ("put", flag(1, "reset", DONE, 0), 1, 7),
+                     ("spin", HEAPS[0], (flag_index(2, "reset", DONE, 1),), 1, False)]
 
 
 def test_constant_signals_refuse_sequence_numbers():

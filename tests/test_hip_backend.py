@@ -25,7 +25,7 @@ import torch
 from dmacoll import plan as plan_mod
 from dmacoll.backends import cuda as cuda_backend
 from dmacoll.backends import hip as hip_backend
-from dmacoll.backends import hip_api, hip_memory, resolve
+from dmacoll.backends import hip_api, hip_memory, ipc, resolve
 from dmacoll.backends import reduce as reduce_backend
 from dmacoll.backends.hip_api import HipApi, HipError
 from dmacoll.errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError, InvalidArgument
@@ -689,7 +689,7 @@ class MemHip(FakeHip):
 
 
 def test_signal_flags_are_one_signal_allocation_per_waited_word(monkeypatch):
-    monkeypatch.setattr(hip_memory, "dist", FakeDist())
+    monkeypatch.setattr(ipc, "dist", FakeDist())
     hip = MemHip()
     mem = hip_memory.setup(HipApi(hip), None, 0, 2, 0x9000_0200, flag_words(2), "signal")
     one = one_index(2)
@@ -706,7 +706,7 @@ def test_signal_flags_are_one_signal_allocation_per_waited_word(monkeypatch):
 
 
 def test_fine_flags_are_one_allocation_and_export_failures_say_what_to_do(monkeypatch):
-    monkeypatch.setattr(hip_memory, "dist", FakeDist())
+    monkeypatch.setattr(ipc, "dist", FakeDist())
     mem = hip_memory.setup(HipApi(MemHip()), None, 1, 3, 0x9000_0200, flag_words(3), "fine")
     assert all(row[i + 1] - row[i] == 4 for row in mem.flag_addrs for i in range(flag_words(3) - 1))
     first_signal = 0x5000_0000 + (2 << 20)  # the allocation after the fine flag words

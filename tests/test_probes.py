@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from dmacoll.bench.probes import PROBES, copy_contention, crossing, few_sm_kernels, flag_latency, \
+from dmacoll.bench.probes import PROBES, call_cost, copy_contention, crossing, few_sm_kernels, flag_latency, \
     local_copy_paths, memcpy_batch, sm_carveout, submit_cost, table_path, tables
 from dmacoll.bench.probes.common import Table
 from dmacoll.cli import build_parser, main
@@ -26,6 +26,8 @@ NAN = float("nan")
 
 # today's values (what the committed results were measured with): a rerun with the defaults measures the same
 DEFAULTS = {
+    "call_cost": dict(worlds=[2, 4, 8], bytes=1024, settings=list(call_cost.SETTINGS), signals=["memop", "copy"],
+                      waits=["memop", "spin"], calls_per_graph=10, eager_calls=200, repeats=20),
     "copy_contention": dict(bytes=64 << 20, copies=[1, 4], repeats=7),
     "crossing": dict(placements=None, legs=100, repeats=5, bytes=4096, sends=list(crossing.SENDS),
                      waits=list(crossing.WAITS), modes=list(crossing.MODES), wait_timeout_ms=20.0),
@@ -41,6 +43,8 @@ DEFAULTS = {
 
 # values each probe must refuse (argparse: usage + exit 2), beside the ones every probe refuses
 BAD = {
+    "call_cost": [["--worlds", "0"], ["--bytes", "100"], ["--settings", "nvlink"], ["--signals", "kernel"],
+                  ["--calls-per-graph", "0"]],
     "copy_contention": [["--bytes", "-64M"], ["--bytes", "lots"], ["--copies", "0"]],
     "crossing": [["--legs", "3"], ["--legs", "0"], ["--legs", str(crossing.MAX_LEGS + 2)], ["--bytes", "6"],
                  ["--bytes", "2M"], ["--placements", "mps"], ["--sends", "pigeon"], ["--waits", "sleep"],
@@ -69,7 +73,7 @@ def test_help_lists_every_probe(capsys):
     out = capsys.readouterr().out
     for name in NAMES:
         assert re.search(rf"^\s+{name}\b", out, re.M), name
-    assert set(NAMES) == {"copy_contention", "crossing", "few_sm_kernels", "flag_latency", "local_copy_paths",
+    assert set(NAMES) == {"call_cost", "copy_contention", "crossing", "few_sm_kernels", "flag_latency", "local_copy_paths",
                           "memcpy_batch", "sm_carveout", "submit_cost"}
 
 
@@ -142,6 +146,11 @@ def fake_tables(name: str) -> dict[str, Table]:
                              memcpy_batch.case_row(1, "legacy_default", "plain_to_peer_vmm", "unset", "device", 1,
                                                    "capture", "skipped: the legacy stream cannot be captured", False),
                              memcpy_batch.submit_row(0, "batch", 4, ok, [3.0, 2.0, 2.5])], {"bytes": 1 << 20})}
+    if name == "call_cost":
+        return {name: Table([call_cost.row("structure", 4, "b2b", "full", "memop", "memop", "graph", 1024,
+                                           [9.0, 8.0, 10.0], graph_nodes="batch_mem_op:3 memcpy:4", crossings=2),
+                             call_cost.row("shared", 2, "", "", "memop", "memop", "graph", 1024, [],
+                                           error="rank 1 died")], {"bytes": 1024})}
     if name == "submit_cost":
         return {name: Table([submit_cost.row("cuMemcpyAsync", "created", 4, 4096, [9.0, 8.0, 10.0], 8.5, True),
                              submit_cost.row("cuMemcpyBatchAsync", "legacy", 4, 4096, [], NAN, False,

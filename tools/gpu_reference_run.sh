@@ -3,6 +3,9 @@
 # Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> bash tools/gpu_reference_run.sh OUTDIR PART...
 #   PART: tests    the GPU tests (tests/gpu; builds the native library first if it is missing)
 #         check    `dmacoll check --backend cuda` against NCCL
+#         shared   several ranks on GPU 0 (DMACOLL_GPUS=1, the IPC heap): `dmacoll check --backend cuda` at worlds
+#                  SHARED_WORLDS (default 2..8; above 4 two dtypes and two counts), every option family, against the
+#                  CPU reference (correctness only: a shared GPU gives no performance figures)
 #         operator the reference sweep (every variant, signal and prerecord choice) and NCCL's copy-engine path
 #         breakdown control/schedule/copy/sync phases of one peer copy (CUPTI)
 #         power    energy per collective (NVML), idle baseline subtracted; kernels vs copies per collective
@@ -18,6 +21,9 @@
 #         probes   one-GPU probes: device-local copy paths and SM carveouts next to a GEMM, flag crossing latency
 #                  (`dmacoll probe local_copy_paths | flag_latency | sm_carveout`; sm_carveout's GEMM-cost table
 #                  goes in a run folder of its own, probes/sm_carveout_gemm_cost/)
+#         callcost one-GPU probe: a small all-gather's per-call time and structure by variant and handshake, one
+#                  process on a loopback engine (no crossing) and world ranks on GPU 0, beside their floors
+#                  (`dmacoll probe call_cost`)
 #         submit   one-GPU probe: host cost per call of k copies from Python, one batch call, the native library
 #                  (`dmacoll probe submit_cost`)
 #         crossing a completion crossing by halves: each send (memop, copy, kernel) x each wait (memop, spin,
@@ -61,6 +67,13 @@ case "$part" in
     timeout $((100 * world)) python3 -m dmacoll check --backend cuda --world $world --reference nccl \
       --dtypes float32 bfloat16 float16 int8 int32 int64 bool --counts 1 17 4096 65537 2>&1 | tail -3 \
       | tee "$d/check_cuda_world$world.log" ;;
+  shared)
+    d=$(rundir tests)
+    for w in ${SHARED_WORLDS:-2 3 4 5 6 7 8}; do
+      grid=""; [ "$w" -gt 4 ] && grid="--dtypes bfloat16 int8 --counts 1 4099"
+      DMACOLL_GPUS=1 timeout ${SHARED_TIMEOUT_S:-300} python3 -m dmacoll check --backend cuda --world "$w" $grid \
+        2>&1 | tee "$d/check_cuda_shared_world$w.log" | tail -12
+    done ;;
   operator)
     for op in all_gather all_to_all; do  # one CSV per op: a run cut short keeps the other
       d=$(rundir operator/sweep_$op)
@@ -109,6 +122,10 @@ case "$part" in
       # sm_carveout also writes its GEMM-cost table, into probes/sm_carveout_gemm_cost/
       timeout 120 python3 -m dmacoll probe $t --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -4
     done ;;
+  callcost)
+    d=$(rundir probes/call_cost)  # one process (structure) and world ranks on GPU 0 (shared)
+    timeout ${CALLCOST_TIMEOUT_S:-400} python3 -m dmacoll probe call_cost --out "$d/data.csv" 2>&1 \
+      | tee "$d/run.log" | tail -60 ;;
   submit)
     d=$(rundir probes/submit_cost)
     timeout 180 python3 -m dmacoll probe submit_cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -32 ;;

@@ -21,14 +21,14 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 
 from . import ops, tuning, validate
 from .backends import engine_class, make_engine, resolve
-from .errors import DmaCollError, InvalidArgument
+from .errors import BackendUnavailable, DmaCollError, InvalidArgument
 from .executor import GATES, SIGNAL_MODES, SYNC_MODES, WAIT_MODES, Program, flag_words, lower, run
 from .plan import DIRECTIONS, DONE, DONE_ALT, FULL, VARIANTS, Handshake, Layout, Wait
 
@@ -149,6 +149,15 @@ class LeanState:
         self.previous = (context, *output, done_peers, flags.done) if exchange else None
 
 
+class Lowered(NamedTuple):
+    """A call's lowered plans (cached per call shape), what its last plan waits DONE from (what a lean successor
+    may skip READY with), and the peers it waits on at all (for a timeout's message)."""
+
+    programs: tuple[Program, ...]
+    done: frozenset
+    waits: str
+
+
 class ResultBuffers:
     """The two alternating regions of the symmetric heap that ``Communicator.result`` returns outputs in, grown
     (at least doubled, both together) when a call needs more; a grown pair replaces the old one, whose bytes the
@@ -242,7 +251,7 @@ class Communicator:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
         if not 1 <= engines <= 16:
             raise InvalidArgument(f"engines must be between 1 and 16, got {engines}")
-        self.backend = resolve(backend)
+        self.backend = _agreed_backend(backend, self.group, self.world)
         self.options = Options(variant, direction, sync, signal, prerecord, submit, handshake, wait).checked(
             engine_class(self.backend))
         self.engines = engines
@@ -265,7 +274,7 @@ class Communicator:
         self._total = total
         self._epoch = 0
         self._calls = 0
-        self._programs: dict[tuple, tuple[tuple[Program, ...], frozenset]] = {}
+        self._programs: dict[tuple, Lowered] = {}
         self._option_sets: dict[tuple, Options] = {}  # a call's option changes -> its checked Options
         self._resolved: dict[tuple, Options] = {}  # (op, size, capturing, in place, Options) -> 'auto' resolved
         self._native_ok: Optional[bool] = None  # whether the native library loads (or builds): found on first need
@@ -315,8 +324,7 @@ class Communicator:
             self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
         if opts.wait != "memop":
             self.engine.load_kernels()
-        programs = self._plan(spec, request, opts, capturing, prerecord)
-        self._submit(spec, request, opts, programs, prerecord)
+        self._submit(spec, request, opts, self._plan(spec, request, opts, capturing, prerecord), prerecord)
         return output
 
     def result(self, op: str, input: torch.Tensor, *args, **options) -> torch.Tensor:
@@ -417,7 +425,7 @@ class Communicator:
         return self._native_ok
 
     def _plan(self, spec: ops.OpSpec, request: ops.Request, opts: Options, capturing: bool,
-              prerecord: bool) -> tuple[Program, ...]:
+              prerecord: bool) -> "Lowered":
         """The call's lowered plans, with the flags the lean-handshake state allows."""
         out_sym = self.engine.sym_offset(request.output)
         out_range = None if out_sym is None else (out_sym, out_sym + ops.spec.nbytes(request.output))
@@ -426,10 +434,10 @@ class Communicator:
         flags = self._lean.flags(spec, opts, context, out_range)
         key = (spec.name, request.key, opts.variant, opts.direction, opts.sync, opts.signal, opts.wait,
                self.engine.sym_offset(request.input), out_sym, flags)
-        programs, done_peers = self._programs.get(key) or self._lower(key, spec, request, opts, flags)
-        self._lean.record(spec, context, out_range, done_peers, flags)
+        lowered = self._programs.get(key) or self._lower(key, spec, request, opts, flags)
+        self._lean.record(spec, context, out_range, lowered.done, flags)
         self.last_handshake = flags
-        return programs
+        return lowered
 
     def _context(self, capturing: bool) -> object:
         """What must match between two calls for one to vouch for the other: eager, or the same capture.
@@ -440,9 +448,8 @@ class Communicator:
         return ("capture", capture) if capture is not None else object()
 
     def _lower(self, key: tuple, spec: ops.OpSpec, request: ops.Request, opts: Options,
-               flags: Handshake) -> tuple[tuple[Program, ...], frozenset]:
-        """Build and lower the plans of a call (cached by ``key``: eager calls pay only a dict lookup); also the
-        peers its last plan waits DONE from (what a lean successor may skip READY with)."""
+               flags: Handshake) -> "Lowered":
+        """Build and lower the plans of a call (cached by ``key``: eager calls pay only a dict lookup)."""
         layout = Layout(self.engine.sym_offset(request.input), self.engine.sym_offset(request.output), self.staging)
         direction = opts.direction
         built, need = request.build(opts.variant, direction, layout, flags, self.engines)
@@ -456,18 +463,21 @@ class Communicator:
         if len(self._programs) >= 4096:  # e.g. all_to_all_v with ever-new splits
             self._programs.clear()
         done = frozenset(c.peer for c in built[-1].post if isinstance(c, Wait) and c.phase in (DONE, DONE_ALT))
-        cached = self._programs[key] = (tuple(lower(plan, opts.sync, opts.signal, opts.wait) for plan in built), done)
+        waits = sorted({c.peer for plan in built for c in plan.commands() if isinstance(c, Wait)})
+        cached = self._programs[key] = Lowered(tuple(lower(plan, opts.sync, opts.signal, opts.wait) for plan in built),
+                                               done, f"rank(s) {', '.join(map(str, waits))}" if waits else "no rank")
         return cached
 
-    def _submit(self, spec: ops.OpSpec, request: ops.Request, opts: Options, programs: tuple[Program, ...],
+    def _submit(self, spec: ops.OpSpec, request: ops.Request, opts: Options, lowered: "Lowered",
                 prerecord: bool) -> None:
         """Hand the call to the engine: now, as a recorded graph's replay, or (prelaunch) behind the gate."""
+        programs = lowered.programs
         self._calls += 1
         # a sequence number per plan: an epoch wait of a call's second plan must not be met by its first's signals
         first, last = self._epoch + 1, self._epoch + len(programs)
         self._epoch = last
         label = (f"{spec.name} call #{self._calls} "
-                 f"({opts.variant}/{opts.direction}/{opts.sync}/{opts.signal}/{opts.wait})")
+                 f"({opts.variant}/{opts.direction}/{opts.sync}/{opts.signal}/{opts.wait}, waiting on {lowered.waits})")
         self.last_options = opts
         bases = self.engine.bases(request.input, request.output)
         native = opts.submit == "native"
@@ -530,6 +540,29 @@ class Communicator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _agreed_backend(requested: str, group, world: int) -> str:
+    """``requested`` resolved on every rank, and the same everywhere: a rank that cannot run it, or that resolves
+    'auto' to another backend (a rank without a GPU beside ranks with one), fails every rank with the reason
+    instead of leaving the others waiting in the engine's set-up."""
+    error: Optional[DmaCollError] = None
+    try:
+        mine = resolve(requested)
+    except DmaCollError as e:
+        mine, error = None, e
+    every: list = [None] * world
+    dist.all_gather_object(every, (mine, None if error is None else str(error)), group=group)
+    if error is not None:
+        raise error
+    failed = [f"rank {r}: {why}" for r, (_, why) in enumerate(every) if why]
+    if failed:
+        raise BackendUnavailable(f"backend={requested!r} cannot run on every rank: " + "; ".join(failed))
+    chosen = [name for name, _ in every]
+    if len(set(chosen)) > 1:
+        raise InvalidArgument(f"backend={requested!r} resolved to different backends on the ranks ({chosen}): "
+                              "every rank of a communicator must run the same backend on the same kind of device")
+    return mine
 
 
 def _collective_method(spec: ops.OpSpec):

@@ -206,3 +206,38 @@ def execute(plan: Plan, engine, bases: Mapping[str, object], sync: str = "reset"
             signal: str = "memop", wait: str = "memop") -> None:
     """Lower and run in one go (callers that repeat a plan keep the Program instead)."""
     run(lower(plan, sync, signal, wait), engine, bases, epoch)
+
+
+def critical_crossings(programs: Sequence[Program], rank: int, world: int) -> int:
+    """Flag crossings on the critical path of a call made of ``programs`` (run back to back, e.g. all-reduce's
+    two), every rank running a program of the same shape: a wait costs one crossing more than the point in the
+    peer's program where the awaited signal goes out (a signal is the same phase of the same program on the peer).
+    The structure's latency floor: what no lowering of the same protocol can go below."""
+    def ops_of(step: Step) -> tuple:
+        return step.waits if type(step) is Folded else step if type(step) is tuple else ()
+
+    def phase_of(op: MemOp) -> int:
+        return op.index // world % NUM_PHASES
+
+    signals: dict[tuple[int, int], int] = {}  # (program, phase) -> depth at which that signal goes out
+    for _ in range(2 * NUM_PHASES * len(programs) + 1):  # a fixed point: signal depths follow from waits
+        seen: dict[tuple[int, int], int] = {}
+
+        def walk(steps: Sequence[Step], depth: int, k: int) -> int:
+            for step in steps:
+                for op in ops_of(step):
+                    key = (k, phase_of(op))
+                    if op.wait:
+                        depth = max(depth, signals.get(key, 0) + 1)
+                    elif op.rank != rank:  # a signal to a peer (writes to our own words re-arm them)
+                        seen[key] = max(seen.get(key, 0), depth)
+            return depth
+
+        end = 0
+        for k, program in enumerate(programs):
+            start = walk(program.pre, end, k)
+            end = walk(program.post, max([walk(q, start, k) for q in program.queues] or [start]), k)
+        if seen == signals:
+            return end
+        signals = seen
+    raise RuntimeError("critical_crossings did not settle")  # pragma: no cover - bounded by the phases

@@ -1,4 +1,9 @@
-"""The cuda backend on 2 GPUs: correctness against NCCL, graph capture, timeouts.
+"""The cuda backend with several ranks: correctness against the reference, graph capture, timeouts, the driver
+fallback, prerecording, native submission, lean pipelines and owned outputs, at worlds 2 and 4.
+
+Ranks spread over the visible GPUs (``verify.launch.gpus_for``; $DMACOLL_GPUS=1 puts them all on one): with fewer
+GPUs than ranks they share a GPU through the IPC heap (``backends/cuda_memory.py``), and NCCL, which refuses two
+ranks on one GPU, is not the reference there (the CPU reference always is). Correctness only: no timing here.
 
 Run on the GPU machine: ``python -m pytest -m gpu tests/gpu``.
 """
@@ -10,29 +15,35 @@ import time
 import pytest
 import torch
 
-from dmacoll.verify.launch import run_ranks
 from dmacoll.plan import VARIANTS
+from dmacoll.verify.launch import nccl_usable, run_ranks
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+WORLDS = (2, 4)
 
 
-def _correctness(rank: int, world: int, seed: int) -> list[dict]:
+def reference(world: int) -> str:
+    """NCCL as a second reference where it runs (a GPU per rank); the CPU reference is checked in every case."""
+    return "nccl" if nccl_usable(world) else "cpu"
+
+
+def _correctness(rank: int, world: int, seed: int, nccl: bool) -> list[dict]:
     from dmacoll import Communicator
     from dmacoll.verify.check import cases, run_cases
 
     comm = Communicator(timeout_s=30)
     cs = cases(VARIANTS, ["push", "pull"], ["float32", "bfloat16", "float16", "int8", "int64", "bool"],
                [1, 7, 4096, 65537, 300001], seed=seed, syncs=["reset", "epoch"])
-    return run_cases(comm, cs, nccl=True)
+    return run_cases(comm, cs, nccl=nccl)
 
 
-def test_every_op_variant_dtype_matches_nccl():
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_op_variant_dtype_matches_the_reference(world, seed):
     # ~1200 cases with float64 reference sums: longer than the 150 s hang guard of the device script
-    results = run_ranks(_correctness, 2, int(time.time()), device="cuda", timeout_s=480)
+    results = run_ranks(_correctness, world, seed, reference(world) == "nccl", device="cuda", timeout_s=480)
     bad = [r for rank in results for r in rank if not r["ok"]]
     assert len(results[0]) > 500
-    assert not bad, bad[:5]
+    assert not bad, (seed, bad[:5])
 
 
 def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
@@ -63,29 +74,28 @@ def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
                         for _ in range(3):
                             fn(out, inp, variant=variant, direction=direction)
                     for replay in range(20):  # fresh data every replay: the graph must move it each time
-                        mine = random_tensor(n, torch.bfloat16, seed + replay * 2 + rank).to(comm.device)
-                        peer = random_tensor(n, torch.bfloat16, seed + replay * 2 + 1 - rank).to(comm.device)
-                        inp.copy_(mine)
+                        parts = [random_tensor(n, torch.bfloat16, seed + replay * world + r) for r in range(world)]
+                        inp.copy_(parts[rank].to(comm.device))
                         out.fill_(float("nan"))
                         graph.replay()
                         torch.cuda.synchronize()
-                        parts = [mine, peer] if rank == 0 else [peer, mine]
                         if op == "all_gather":
                             want = torch.cat(parts)
                         else:
                             want = torch.cat([p.chunk(world)[rank] for p in parts])
-                        if not torch.equal(out.view(torch.uint8), want.view(torch.uint8)):
-                            failures.append(f"{op} {variant}/{direction} {buffers} replay {replay}")
+                        if not torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)):
+                            failures.append(f"{op} {variant}/{direction} {buffers} replay {replay} (seed {seed})")
                             break
                         torch.distributed.barrier()
     comm.close()
     return failures
 
 
-@pytest.mark.parametrize("signal", ["memop", "kernel"])
-def test_graph_capture_and_replay_with_fresh_data(signal):
-    results = run_ranks(_graph, 2, int(time.time()) % 100000, signal, device="cuda")
-    assert results == [[], []]
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("signal", ["memop", "copy", "kernel"])
+def test_graph_capture_and_replay_with_fresh_data(signal, world, seed):
+    results = run_ranks(_graph, world, seed, signal, device="cuda")
+    assert results == [[]] * world
 
 
 def _timeout(rank: int, world: int, signal: str) -> dict:
@@ -112,12 +122,16 @@ def _timeout(rank: int, world: int, signal: str) -> dict:
     return info
 
 
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("signal", ["memop", "kernel"])
-def test_unsatisfied_wait_times_out_and_releases_gpu(signal):
-    info = run_ranks(_timeout, 2, signal, device="cuda")[0]
+def test_unsatisfied_wait_times_out_names_the_peers_and_releases_gpu(signal, world):
+    t0 = time.monotonic()
+    info = run_ranks(_timeout, world, signal, device="cuda", timeout_s=120)[0]
     assert info["enqueue_s"] < 1.0  # the call itself never blocks the host
     assert 1.5 < info["released_after_s"] < 10.0
-    assert "did not complete within 2 s" in info["error"]
+    peers = ", ".join(str(r) for r in range(1, world))
+    assert "did not complete within 2 s" in info["error"] and f"waiting on rank(s) {peers})" in info["error"]
+    assert time.monotonic() - t0 < 100  # every rank process ended: run_ranks joined them
 
 
 def _bad_input(rank: int, world: int) -> str:
@@ -131,7 +145,7 @@ def _bad_input(rank: int, world: int) -> str:
     return "no error"
 
 
-def test_input_on_wrong_device_is_rejected():
+def test_input_on_wrong_device_is_rejected():  # one world: the check is on the calling rank
     msg = run_ranks(_bad_input, 2, device="cuda")[0]
     assert "input is on cpu" in msg
 
@@ -166,36 +180,81 @@ def _prelaunch(rank: int, world: int, warm: bool) -> bool:
     return ok
 
 
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("kernels", ["warm", "cold"])
-def test_prelaunched_gather_starts_when_the_producer_releases_it(kernels):
+def test_prelaunched_gather_starts_when_the_producer_releases_it(kernels, world):
     if kernels == "cold" and os.environ.get("CUDA_MODULE_LOADING") != "EAGER":
         pytest.skip("a kernel loaded lazily while a gate holds the GPU deadlocks (seen on H200, driver 580)")
-    assert run_ranks(_prelaunch, 2, kernels == "warm", device="cuda") == [True, True]
+    assert run_ranks(_prelaunch, world, kernels == "warm", device="cuda") == [True] * world
 
 
+def _check(world: int, seed: int, **args) -> None:
+    from dmacoll.verify.check import check_rank as _check_rank
+
+    args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"), seed=seed,
+                reference=reference(world), **args)
+    results = run_ranks(_check_rank, world, args, device="cuda")
+    bad = [r for rank in results for r in rank if not r["ok"]]
+    assert results[0] and not bad, (seed, bad[:5])
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("signal", ["copy", "kernel"])
-def test_constant_signals_match_nccl(signal):
-    from dmacoll.verify.check import check_rank as _check_rank
-
-    args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"),
-                dtypes=["bfloat16", "int8"], counts=[1, 4099, 300001], ops=("all_gather", "all_to_all", "all_to_all_v"),
-                seed=int(time.time()), syncs=["reset"], reference="nccl", signal=signal)
-    results = run_ranks(_check_rank, 2, args, device="cuda")
-    assert results[0] and not [r for rank in results for r in rank if not r["ok"]]
+def test_constant_signals_match_the_reference(signal, world, seed):
+    _check(world, seed, dtypes=["bfloat16", "int8"], counts=[1, 4099, 300001],
+           ops=("all_gather", "all_to_all", "all_to_all_v"), syncs=["reset"], signal=signal)
 
 
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("signal", ["memop", "copy"])
-def test_native_submission_matches_nccl(signal):
+def test_native_submission_matches_the_reference(signal, world, seed):
     """submit='native' (the C library `dmacoll build` makes): every op, variant, direction, sync."""
-    from dmacoll.verify.check import check_rank as _check_rank
+    _check(world, seed, dtypes=["bfloat16", "int32"], counts=[1, 4099, 300001],
+           ops=("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce"),
+           syncs=["reset", "epoch"] if signal == "memop" else ["reset"], signal=signal, submit="native")
 
-    args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"),
-                dtypes=["bfloat16", "int32"], counts=[1, 4099, 300001],
-                ops=("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce"),
-                seed=int(time.time()), syncs=["reset", "epoch"] if signal == "memop" else ["reset"],
-                reference="nccl", signal=signal, submit="native")
-    results = run_ranks(_check_rank, 2, args, device="cuda")
-    assert results[0] and not [r for rank in results for r in rank if not r["ok"]]
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("wait", ["spin", "fold"])
+def test_kernel_waits_match_the_reference(wait, world, seed):
+    _check(world, seed, dtypes=["bfloat16", "float32"], counts=[1, 4099, 65537],
+           ops=("all_gather", "all_to_all", "reduce_scatter", "all_reduce"), syncs=["reset"], signal="memop",
+           wait=wait)
+
+
+def _forced_copy_flags(rank: int, world: int, seed: int) -> dict:
+    """A driver that refuses stream-memop writes into peer memory (CUDA >= 13.1), as if this one did: every op on
+    Communicator() and with signal='memop' asked for must be right, with no memop write to a peer issued."""
+    from dmacoll import Communicator
+    from dmacoll.backends import cuda as cuda_backend
+    from dmacoll.verify.check import cases, run_cases
+
+    cuda_backend.REMOTE_MEMOP_WRITES_UP_TO = 0  # this process only: the driver now reads as too new
+    remote = []
+    issue = cuda_backend.CudaEngine.memops
+
+    def memops(self, queue, ops):
+        remote.extend(op for op in ops if not op.wait and op.rank != self.rank and op.via == "memop")
+        return issue(self, queue, ops)
+
+    cuda_backend.CudaEngine.memops = memops
+    rows, refusals = [], []
+    for options in ({}, {"signal": "memop"}):
+        comm = Communicator(timeout_s=30, **options)
+        refusals.append(comm.engine.memop_refusal)
+        variants, directions = (("auto",), ("auto",)) if not options else (VARIANTS, ("push", "pull"))
+        rows += run_cases(comm, cases(variants, directions, ["bfloat16", "int32"], [1, 4099, 65537], seed=seed))
+        comm.close()
+    return {"rows": rows, "remote_memop_writes": len(remote), "refusals": refusals}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_driver_fallback_sends_flags_as_copies(world, seed):
+    results = run_ranks(_forced_copy_flags, world, seed, device="cuda")
+    bad = [r for res in results for r in res["rows"] if not r["ok"]]
+    assert results[0]["rows"] and not bad, (seed, bad[:5])
+    assert [res["remote_memop_writes"] for res in results] == [0] * world
+    assert all("does not take stream memory-operation writes" in why for res in results for why in res["refusals"])
 
 
 def _prerecorded(rank: int, world: int, seed: int) -> list:
@@ -220,8 +279,9 @@ def _prerecorded(rank: int, world: int, seed: int) -> list:
     return failures
 
 
-def test_prerecorded_eager_calls_replay_correctly():
-    assert run_ranks(_prerecorded, 2, int(time.time()) % 10000, device="cuda") == [[], []]
+@pytest.mark.parametrize("world", WORLDS)
+def test_prerecorded_eager_calls_replay_correctly(world, seed):
+    assert run_ranks(_prerecorded, world, seed % 10000, device="cuda") == [[]] * world, seed
 
 
 def _reduce_graph(rank: int, world: int, seed: int) -> list[str]:
@@ -265,8 +325,9 @@ def _reduce_graph(rank: int, world: int, seed: int) -> list[str]:
     return failures
 
 
-def test_reduce_graph_capture_and_replay_with_fresh_data():
-    assert run_ranks(_reduce_graph, 2, int(time.time()) % 100000, device="cuda") == [[], []]
+@pytest.mark.parametrize("world", WORLDS)
+def test_reduce_graph_capture_and_replay_with_fresh_data(world, seed):
+    assert run_ranks(_reduce_graph, world, seed % 100000, device="cuda") == [[]] * world, seed
 
 
 def _lean(rank: int, world: int, seed: int) -> list[str]:
@@ -294,5 +355,6 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     return failures
 
 
-def test_lean_handshake_pipelines_match_the_reference():
-    assert run_ranks(_lean, 2, int(time.time()) % 100000, device="cuda") == [[], []]
+@pytest.mark.parametrize("world", WORLDS)
+def test_lean_handshake_pipelines_match_the_reference(world, seed):
+    assert run_ranks(_lean, world, seed % 100000, device="cuda") == [[]] * world, seed

@@ -1,15 +1,16 @@
 """CUDA backend: plans executed with copy engines and stream memory operations.
 
-* Memory: one symmetric heap per communicator from PyTorch's symmetric memory
-  (CUDA VMM allocations exported to and mapped by every peer); the 32-bit flag
-  words live at its start.
+* Memory (``cuda_memory``): one symmetric heap per communicator, mapped by every
+  peer: PyTorch's symmetric memory, or CUDA IPC where ranks share a GPU; the 32-bit
+  flag words live at its start.
 * Copies: ``cuMemcpyAsync`` between device addresses (local or peer mapping);
   device-to-device copies run on the copy engines, no SM is used.
 * Signals: ``cuStreamWriteValue32`` to the peer's flag word (issued after a
   memory barrier, so the data written before it is visible first); waits:
   ``cuStreamWaitValue32`` on the own flag word. Neither launches a kernel.
   ``signal="copy"`` sends a flag as a 4-byte copy; ``signal="kernel"`` uses
-  PyTorch's one-block signal-pad kernels (``put_signal`` / ``wait_signal``).
+  PyTorch's one-block signal-pad kernels (``put_signal`` / ``wait_signal``), or on
+  the IPC heap dmacoll's own (``dmacoll_put``, ``dmacoll_spin``) on the flag words.
   ``wait="spin"`` polls the flag words with a one-thread kernel, ``wait="fold"``
   also folds a pushed reduction's DONE waits into its sum kernel (``cuda_kernels.py``,
   compiled by NVRTC on first use).
@@ -38,7 +39,7 @@ import torch.distributed as dist
 from ..errors import BackendUnavailable, DmaCollError
 from ..executor import Folded, MemOp, one_index, probe_index
 from ..plan import Copy, Reduce, Ref
-from . import cuda_kernels, sym_offset
+from . import cuda_kernels, cuda_memory, sym_offset
 from .reduce import reduce_step
 from .stream_engine import StreamEngine
 from .watchdog import Watchdog
@@ -118,25 +119,19 @@ class CudaEngine(StreamEngine):
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
                  device: Optional[torch.device] = None):
         reason = available()
-        if reason:
-            raise BackendUnavailable(f"cuda backend unavailable: {reason}")
-        import torch.distributed._symmetric_memory as symm_mem
-
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.timeout_s = timeout_s
+        if reason:  # said on every rank: the others must not wait for this one in the heap's exchange
+            cuda_memory.gather_placements(group, self.world, cuda_memory.local_placement(None, reason))
+            raise BackendUnavailable(f"cuda backend unavailable: {reason}")
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         torch.cuda.set_device(self.device)
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch, deprecated later
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                symm_mem.enable_symm_mem_for_group(group.group_name)
-        self.heap = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
-        self.handle = symm_mem.rendezvous(self.heap, group)
-        self.ptrs = [int(p) for p in self.handle.buffer_ptrs]
+        self.memory = cuda_memory.open_heap(group, self.rank, self.world, nbytes, self.device)
+        self.heap, self.ptrs = self.memory.heap, self.memory.ptrs
         self._pad_words = flag_words // self.world * self.world  # signal="kernel" flags: the signal pads
-        pad_bytes = getattr(self.handle, "signal_pad_size", None)
+        pad_bytes = getattr(self.memory.pads, "signal_pad_size", None)
         if pad_bytes is not None and 4 * self._pad_words > pad_bytes:
             raise BackendUnavailable(f"torch's signal pad ({pad_bytes} bytes) is smaller than the "
                                      f"{4 * self._pad_words} bytes that signal='kernel' needs")
@@ -207,7 +202,7 @@ class CudaEngine(StreamEngine):
         return (self.ptrs[ref.rank] if ref.space == "sym" else bases[ref.space]) + ref.offset
 
     def pad_view(self, rank: int) -> torch.Tensor:
-        return self.handle.get_signal_pad(rank, (self._pad_words,), torch.int32)
+        return self.memory.pads.get_signal_pad(rank, (self._pad_words,), torch.int32)
 
     def sym_offset(self, t: torch.Tensor) -> int | None:
         return sym_offset(self.heap, t)
@@ -323,12 +318,18 @@ class CudaEngine(StreamEngine):
     def _flag_kernel(self, queue: torch.cuda.Stream, op: MemOp) -> None:
         # Our flag index is channel * world + signalling rank, the signal pad's own layout:
         # put_signal sets pad[dst][channel * world + me] 0 -> 1, wait_signal sets pad[me][channel * world + src] 1 -> 0.
+        if self.memory.pads is None:  # the IPC heap: the same protocol on the flag words, by dmacoll's kernels
+            if op.wait:
+                self.kernels().spin(queue.cuda_stream, self.ptrs[self.rank], [op.index], op.value, False)
+            else:
+                self.kernels().put(queue.cuda_stream, self.ptrs[op.rank] + 4 * op.index, op.value)
+            return
         channel, rank = divmod(op.index, self.world)
         with torch.cuda.stream(queue):
             if op.wait:
-                self.handle.wait_signal(rank, channel, 0)  # no device-side timeout (it would trap): the watchdog
+                self.memory.pads.wait_signal(rank, channel, 0)  # no device-side timeout (it would trap): the watchdog
             else:
-                self.handle.put_signal(op.rank, channel, 0)
+                self.memory.pads.put_signal(op.rank, channel, 0)
 
     def _param(self, op: MemOp):
         """One entry of a cuStreamBatchMemOp array; ops in a batch run in array order."""
@@ -375,11 +376,23 @@ class CudaEngine(StreamEngine):
         return words
 
     def release_waits(self, value: int) -> None:
-        """Satisfy every wait of this rank (flag memops and signal-pad kernels) from the release stream."""
+        """Satisfy every wait of this rank (flag memops and flag kernels) from the release stream."""
         with torch.cuda.stream(self.release_stream):
             self.flag_view.fill_(value)  # every flag wait of this rank: the stuck stream drains
-            self.pad_view(self.rank).fill_(1)  # the same for waiting flag kernels (signal="kernel") ...
-            for peer in range(self.world):  # ... and signalling ones stuck on an unconsumed earlier signal
-                self.pad_view(peer).view(-1, self.world)[:, self.rank].zero_()
+            if self.memory.pads is not None:
+                self.pad_view(self.rank).fill_(1)  # the same for waiting flag kernels (signal="kernel") ...
+                for peer in range(self.world):  # ... and signalling ones stuck on an unconsumed earlier signal
+                    self.pad_view(peer).view(-1, self.world)[:, self.rank].zero_()
+            else:  # the IPC heap: signalling kernels wait for our words in the peers' flags to read 0
+                for peer in range(self.world):
+                    for index in range(self.rank, self._pad_words, self.world):
+                        check_driver(_drv.cuMemsetD32Async(self.ptrs[peer] + 4 * index, 0, 1,
+                                                           self.release_stream.cuda_stream), "cuMemsetD32Async")
         self.release_stream.synchronize()
 
+    def close(self) -> None:
+        super().close()
+        memory = getattr(self, "memory", None)
+        if memory is not None:
+            torch.cuda.synchronize(self.device)
+            memory.close()

@@ -3,6 +3,8 @@
 * ``dmacoll_spin``: one thread polls up to ``MAX_WAITS`` flag words in turn with ``ld.acquire.sys`` loads (no
   sleep), with ``cuStreamWaitValue32``'s tests (EQ, or GEQ as ``(int)(word - value) >= 0``), and re-arms each
   word to 0 in the reset mode (EQ). Launched as one block of one thread.
+* ``dmacoll_put``: ``signal='kernel'`` on the IPC heap (``cuda_memory``): sets a peer's flag word from 0 to
+  the value behind a system fence (PyTorch's ``put_signal`` on dmacoll's flag words); ``dmacoll_spin`` waits.
 * ``dmacoll_fold_<dtype>``: a reduction's sum (``plan.Reduce``: ``count`` slots plus ``own`` into ``out``)
   that waits for slot k's flag before adding slot k. Thread 0 of each block polls, then the block's barrier
   orders the slot's loads after the acquire. Half types add in float32 and round once, integers wrap, slots
@@ -76,6 +78,12 @@ extern "C" __global__ void dmacoll_spin(unsigned* flags, int n, u64 lo, u64 hi, 
         await_flag(f, value, geq);
         if (!geq) *(volatile unsigned*)f = 0u;
     }
+}
+// signal='kernel' on the IPC heap: PyTorch's put_signal on a flag word (wait for the previous signal to be
+// consumed, then set it), behind a system fence so that what the stream wrote before is seen first
+extern "C" __global__ void dmacoll_put(unsigned* flag, unsigned value) {
+    __threadfence_system();
+    while (atomicCAS_system(flag, 0u, value) != 0u) { }
 }
 """
 
@@ -170,6 +178,7 @@ class Kernels:
         module = check(drv.cuModuleLoadData(compile_program(source(), "dmacoll_kernels.cu", arch)),
                        "cuModuleLoadData")[0]
         self.spin_fn = check(drv.cuModuleGetFunction(module, b"dmacoll_spin"), "cuModuleGetFunction")[0]
+        self.put_fn = check(drv.cuModuleGetFunction(module, b"dmacoll_put"), "cuModuleGetFunction")[0]
         self.fold_fns = {dtype: check(drv.cuModuleGetFunction(module, f"dmacoll_fold_{dtype}".encode()),
                                       "cuModuleGetFunction")[0] for dtype in FOLD_TYPES}
 
@@ -183,6 +192,11 @@ class Kernels:
             self._launch(self.spin_fn, 1, 1, stream, (flags, len(part), *pack(part), value, int(geq)),
                          (ctypes.c_void_p, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_uint,
                           ctypes.c_int), "cuLaunchKernel (dmacoll_spin)")
+
+    def put(self, stream: int, flag: int, value: int = 1) -> None:
+        """Set the word at ``flag`` (a peer's) from 0 to ``value`` on ``stream``, after what is queued there."""
+        self._launch(self.put_fn, 1, 1, stream, (flag, value), (ctypes.c_void_p, ctypes.c_uint),
+                     "cuLaunchKernel (dmacoll_put)")
 
     def fold(self, stream: int, dtype: str, slots: int, own: Optional[int], out: int, numel: int, count: int,
              flags: int, indices: Sequence[int], value: int, geq: bool) -> bool:

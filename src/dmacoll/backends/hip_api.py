@@ -120,6 +120,9 @@ class HipApi:
     binding, raises HipError on a non-zero status and returns the outputs (None, one value, or a
     tuple). Tests hand in a recording module instead of hip-python's."""
 
+    # what ``ipc.share`` needs to know of a driver
+    backend, get_name, open_name, error = "hip", "hipIpcGetMemHandle", "hipIpcOpenMemHandle", HipError
+
     def __init__(self, module: Any):
         self.module = module
         self._checked: dict[str, Callable] = {}

@@ -33,11 +33,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-import torch.distributed as dist
-
-from ..errors import BackendUnavailable, InvalidArgument
+from ..errors import InvalidArgument
 from ..executor import one_index
 from .hip_api import HipApi, HipError, unavailable
+from .ipc import share, share_at
 
 FLAG_MODES = ("auto", "signal", "fine")
 SIGNAL_BYTES = 8  # hipMallocSignalMemory accepts exactly this size
@@ -70,60 +69,13 @@ class PeerMemory:
     opened: list[int] = field(default_factory=list)  # IPC mappings to close
 
 
-def _raise_failed(errors: Sequence[Optional[str]], what: str) -> None:
-    failed = [(r, e) for r, e in enumerate(errors) if e]
-    if failed:
-        raise BackendUnavailable(f"hip backend: {what} failed on rank(s) " +
-                                 "; ".join(f"{r}: {e}" for r, e in failed))
-
-
-def _all_ranks_ok(group, world: int, error: Optional[str], what: str) -> None:
-    """Raise on every rank if any rank failed, so that no rank waits alone in the next collective."""
-    errors: list = [None] * world
-    dist.all_gather_object(errors, error, group=group)
-    _raise_failed(errors, what)
-
-
-def share(api: HipApi, group, rank: int, world: int, ptrs: Sequence[int], what: str,
-          hint: str = "") -> tuple[list[list[int]], list[int]]:
-    """Export each local allocation by IPC and open every peer's: ([rank][i] address here, opened)."""
-    handles, error = [], None
-    try:
-        handles = [api.ipc_get_handle(p) for p in ptrs]
-    except HipError as e:
-        error = f"{e}{hint}"
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, (handles, error), group=group)
-    _raise_failed([e for _, e in gathered], f"hipIpcGetMemHandle ({what})")
-    out, opened, error = [], [], None
-    for r, (peer_handles, _) in enumerate(gathered):
-        if r == rank:
-            out.append(list(ptrs))
-            continue
-        try:
-            mapped = [api.ipc_open(h) for h in peer_handles]
-        except HipError as e:
-            mapped, error = [], f"{e} (opening rank {r}'s {what}){hint}"
-        opened += mapped
-        out.append(mapped)
-    _all_ranks_ok(group, world, error, f"hipIpcOpenMemHandle ({what})")
-    return out, opened
-
-
 def setup(api: HipApi, group, rank: int, world: int, heap_ptr: int, flag_words: int, mode: str) -> PeerMemory:
     """Share the heap and allocate, initialise and share the flag words."""
-    try:
-        base, _ = api.address_range(heap_ptr)
-        error = None
-    except HipError as e:
-        base, error = 0, (f"{e}: the HIP runtime that hip-python loaded does not know torch's memory; "
-                          "torch and hip-python must use the same libamdhip64 (see envs/rocm.yaml)")
-    _all_ranks_ok(group, world, error, "hipMemGetAddressRange (heap)")
-    offsets: list = [None] * world
-    dist.all_gather_object(offsets, heap_ptr - base, group=group)
-    bases, opened = share(api, group, rank, world, [base], "heap",
-                          hint=" (PYTORCH_HIP_ALLOC_CONF=expandable_segments:True gives memory IPC cannot export)")
-    heap_ptrs = [heap_ptr if r == rank else bases[r][0] + offsets[r] for r in range(world)]
+    heap_ptrs, opened = share_at(
+        api, group, rank, world, heap_ptr, "heap",
+        hint=" (PYTORCH_HIP_ALLOC_CONF=expandable_segments:True gives memory IPC cannot export)",
+        range_hint=": the HIP runtime that hip-python loaded does not know torch's memory; torch and hip-python "
+                   "must use the same libamdhip64 (see envs/rocm.yaml)")
 
     one = one_index(world)
     fine = api.malloc_flags(max(4 * flag_words, 4), api.const("hipDeviceMallocFinegrained"))

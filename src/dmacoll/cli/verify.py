@@ -11,33 +11,48 @@ from .common import add_ranks, apply_timeout
 
 def cmd_check(a: argparse.Namespace) -> int:
     from .. import validate
-    from ..backends import resolve
-    from ..verify.check import check_rank
-    from ..verify.launch import run_ranks
+    from ..backends import engine_class, resolve
+    from ..errors import InvalidArgument
+    from ..verify.check import check_rank, families
+    from ..verify.launch import gpus_for, run_ranks
 
     validate.check_world(a.world)  # before any rank starts, like the backend below
     resolve(a.backend)
+    known = [name for name, _ in families(engine_class(a.backend))]
+    unknown = [f for f in a.families if f not in known and f not in ("all", "none")]
+    if unknown:
+        raise InvalidArgument(f"--families {' '.join(unknown)}: backend {a.backend} runs {', '.join(known)}")
+    wanted = known if "all" in a.families else [f for f in a.families if f != "none"]
     seed = a.seed if a.seed is not None else random.randrange(1 << 30)
     device = "cpu" if a.backend == "host" else "cuda"  # hip: torch.cuda is HIP on ROCm builds
     print(f"dmacoll check: backend={a.backend} world={a.world} seed={seed} (pass --seed {seed} to repeat)",
           flush=True)
+    if device == "cuda" and a.world > gpus_for(a.world):
+        print(f"  {a.world} ranks on {gpus_for(a.world)} GPU(s): ranks share a GPU (CUDA IPC heap). This checks "
+              "correctness only: timings from a shared GPU are not performance results.", flush=True)
     apply_timeout(a)
     t0 = time.monotonic()
     args = dict(backend=a.backend, variants=a.variants, directions=a.directions, dtypes=a.dtypes, counts=a.counts,
                 ops=a.ops, seed=seed, syncs=a.syncs, reference=a.reference, signal=a.signal, submit=a.submit,
-                wait=a.wait)
+                wait=a.wait, families=wanted)
     per_rank = run_ranks(check_rank, a.world, args, device=device, timeout_s=a.deadline_s)
     passed = failed = 0
+    by_family: dict[str, list[int]] = {}
     for i, first in enumerate(per_rank[0]):
         results = [r[i] for r in per_rank]
+        tally = by_family.setdefault(first["family"], [0, 0])
         if all(r["ok"] for r in results):
             passed += 1
+            tally[0] += 1
         else:
             failed += 1
+            tally[1] += 1
             errors = "; ".join(f"rank {r['rank']}: {r['error']}" for r in results if not r["ok"])
             print(f"FAIL {first['op']} {first['variant']}/{first['direction']}/{first['sync']}/{first['handshake']} "
                   f"{first['dtype']} count={first['count']} {first['buffers']}"
                   f"{' in-place' if first['in_place'] else ''}: {errors}")
+    for family, (ok, bad) in by_family.items():
+        print(f"  {family}: {ok} passed, {bad} failed")
     print(f"({time.monotonic() - t0:.1f} s, world {a.world}, backend {a.backend})")
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
@@ -76,6 +91,10 @@ def register(sub) -> None:
     c.add_argument("--wait", choices=WAIT_MODES, default="memop",
                    help="how flags are awaited: a stream wait, a polling kernel, or that and reductions that wait "
                         "for each slot themselves (cuda, host)")
+    c.add_argument("--families", nargs="+", default=["all"],
+                   help="option families run beyond the core grid, each on its own communicator: signal=copy, "
+                        "signal=kernel, wait=spin, wait=fold, submit=native, prerecord, multi-op graph (or sequence); "
+                        "default: all that the backend runs; 'none': only the core grid, lean pipelines and defaults")
     c.add_argument("--reference", choices=("cpu", "nccl"), default="cpu",
                    help="also compare with torch.distributed (NCCL) on the same inputs (cuda backend)")
     c.add_argument("--submit", choices=("python", "native"), default="python",

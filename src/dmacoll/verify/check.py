@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Optional
 
 import torch
+import torch.distributed
 
 from ..ops import NAMES, REGISTRY, OpSpec, get
 from .reference import DTYPES, POISON, compare_bytes, compare_sum, draw, expected, fuzzy, mismatch, poison
@@ -244,6 +245,61 @@ def run_pipelines(comm, ops: Iterable[str], variants: Iterable[str], dtypes: Ite
     return rows
 
 
+def run_multi_op(comm, variant: str, direction: str, dtype: str, count: int, seed: int, graph: bool,
+                 replays: int = 3) -> list[dict]:
+    """Every op once, one after another, each into its own output (symmetric and private buffers in turn), the
+    whole sequence captured in one CUDA graph with ``graph`` and replayed ``replays`` times on fresh inputs (run
+    eagerly that often without); every output of every pass against the CPU reference. A result row per op."""
+    world, rank = comm.world, comm.rank
+    torch_dtype = DTYPES[dtype]
+    cs = [Case(op, variant, direction, dtype, count, ("sym", "private")[i % 2], seed=seed + i)
+          for i, op in enumerate(NAMES) if get(op).accepts(torch_dtype)]
+    counts = [send_counts(c, world) for c in cs]
+    sizes = [numels(c, rank, world) for c in cs]
+    tensors = []
+    for c, (n_in, n_out) in zip(cs, sizes):  # symmetric ones: the same sizes in the same order on every rank
+        if c.buffers == "sym":
+            most = [max(numels(c, r, world)[i] for r in range(world)) for i in (0, 1)]
+            tensors.append((comm.empty(max(1, most[1]), dtype=torch_dtype)[:n_out],
+                            comm.empty(max(1, most[0]), dtype=torch_dtype)[:n_in]))
+        else:
+            tensors.append((torch.empty(n_out, dtype=torch_dtype, device=comm.device),
+                            torch.empty(n_in, dtype=torch_dtype, device=comm.device)))
+
+    def data(k: int, r: int, p: int) -> torch.Tensor:  # pass p's input of op k on rank r (the splits stay)
+        return draw(cs[k].spec, numels(cs[k], r, world)[0], torch_dtype, (cs[k].seed * 1009 + r) * 31 + p)
+
+    def one_pass() -> None:
+        for c, (out, inp), n in zip(cs, tensors, counts):
+            call(comm, c, out, inp, n)
+
+    graphed = None
+    if graph:
+        for k, (_, inp) in enumerate(tensors):
+            inp.copy_(data(k, rank, 0).to(comm.device))
+        one_pass()  # warm-up: plans built, kernels loaded
+        torch.cuda.synchronize(comm.device)
+        graphed = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphed):
+            one_pass()
+    errors: list[Optional[str]] = [None] * len(cs)
+    for p in range(1, replays + 1):
+        for k, (out, inp) in enumerate(tensors):
+            inp.copy_(data(k, rank, p).to(comm.device))
+            poison(cs[k].spec, out)
+        graphed.replay() if graphed is not None else one_pass()
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize(comm.device)
+        for k, (out, _) in enumerate(tensors):
+            if errors[k] is None:
+                error = mismatch(cs[k].spec, out.cpu(), [data(k, r, p) for r in range(world)], rank, counts[k],
+                                 "CPU reference")
+                errors[k] = error and f"pass {p}: {error}"
+        torch.distributed.barrier(group=comm.group)  # passes in step: a failure shows in the pass it happened
+    return [{**asdict(replace(c, buffers=f"{c.buffers}/{'graph' if graph else 'eager'} sequence")), "rank": rank,
+             "ok": e is None, "error": e or ""} for c, e in zip(cs, errors)]
+
+
 def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = False) -> list[dict]:
     """Every case on this rank; with ``progress``, a line per (op, variant) group with the elapsed time."""
     if not all_cases:
@@ -264,32 +320,84 @@ def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = 
     return results
 
 
+def families(engine) -> list[tuple[str, dict]]:
+    """The option families `dmacoll check` runs beyond the core grid on an engine class (what it can run): each
+    signal and wait besides memop, native submission, prerecorded eager calls, and multi-op sequences (captured in
+    one CUDA graph where the engine has graphs, else eager)."""
+    out = [("signal=copy", {"signal": "copy"})]
+    if engine.kernel_signals:
+        out.append(("signal=kernel", {"signal": "kernel", "wait": "memop", "submit": "python"}))
+    if engine.spin_waits:
+        out += [("wait=spin", {"wait": "spin"}), ("wait=fold", {"wait": "fold"})]
+    if engine.native_submit:
+        out.append(("submit=native", {"submit": "native"}))
+    if engine.graphs:
+        out.append(("prerecord", {"prerecord": True}))
+    out.append(("multi-op graph" if engine.graphs else "multi-op sequence", {"sequence": True}))
+    return out
+
+
+def _tagged(rows: list[dict], family: str) -> list[dict]:
+    return [{**row, "family": family} for row in rows]
+
+
+def _family_rows(rank: int, world: int, args: dict, family: str, options: dict) -> list[dict]:
+    """One family (``families``) on a communicator of its own: the core grid's ops, variants and directions on the
+    first two dtypes, reset sync (every family's option needs it)."""
+    from ..communicator import DEFAULT_TIMEOUT_S, Communicator
+
+    options = dict(options)
+    sequence = options.pop("sequence", False)
+    comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S), **options)
+    try:
+        if rank == 0:
+            print(f"  {family}", flush=True)
+        if sequence:
+            rows = []
+            for i, (v, d) in enumerate(itertools.product(args["variants"], args["directions"])):
+                for count in args["counts"][:2]:
+                    rows += run_multi_op(comm, v, d, args["dtypes"][0], count, args["seed"] + 50_000 + 100 * i,
+                                         graph=comm.engine.graphs)
+            return rows
+        return run_cases(comm, cases(args["variants"], args["directions"], args["dtypes"][:2], args["counts"],
+                                     ops=args["ops"], seed=args["seed"] + 20_000))
+    finally:
+        comm.close()
+
+
 def check_rank(rank: int, world: int, args: dict) -> list[dict]:
     """One rank of `dmacoll check`: every case of ``args`` (the CLI's options) on a new communicator, then the
-    lean-handshake pipelines, then every op, dtype and count on ``Communicator()`` with no options (every
-    option 'auto': variant and direction 'auto' in the rows); a result row per case."""
+    lean-handshake pipelines, then (``args['families']``: names from ``families``) each option family, then every
+    op, dtype and count on ``Communicator()`` with no options (every option 'auto': variant and direction 'auto'
+    in the rows); a result row per case, its ``family`` named."""
     from ..communicator import DEFAULT_TIMEOUT_S, Communicator
 
     signal = args.get("signal", "memop")
+    core = f"core (signal={signal}, wait={args.get('wait', 'memop')}, submit={args.get('submit', 'python')})"
     comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S), signal=signal,
                         submit=args.get("submit", "python"), wait=args.get("wait", "memop"))
     syncs = [s for s in args["syncs"] if signal == "memop" or s == "reset"]  # copy signals carry a constant 1
     all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
                       seed=args["seed"], syncs=syncs)
     try:
-        rows = run_cases(comm, all_cases, nccl=args["reference"] == "nccl", progress=rank == 0)
+        rows = _tagged(run_cases(comm, all_cases, nccl=args["reference"] == "nccl", progress=rank == 0), core)
         if "push" in args["directions"] and "reset" in syncs:  # handshake='lean': alternating outputs, one dtype
             if rank == 0:
                 print("  handshake=lean pipelines (push, alternating outputs, the communicator's own)", flush=True)
-            rows += run_pipelines(comm, args["ops"], args["variants"], args["dtypes"][:1], args["counts"],
-                                  seed=args["seed"])
+            rows += _tagged(run_pipelines(comm, args["ops"], args["variants"], args["dtypes"][:1], args["counts"],
+                                          seed=args["seed"]), "lean pipelines")
+        engine = type(comm.engine)
     finally:
         comm.close()
+    wanted = args.get("families", ())
+    for family, options in families(engine):
+        if family in wanted:
+            rows += _tagged(_family_rows(rank, world, args, family, options), family)
     if rank == 0:
         print("  Communicator() with no options (what the tuning table or the fallback picks)", flush=True)
     default = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S))
     try:
         auto = cases(("auto",), ("auto",), args["dtypes"], args["counts"], ops=args["ops"], seed=args["seed"] + 7)
-        return rows + run_cases(default, auto, nccl=args["reference"] == "nccl")
+        return rows + _tagged(run_cases(default, auto, nccl=args["reference"] == "nccl"), "defaults")
     finally:
         default.close()

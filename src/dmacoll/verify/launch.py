@@ -24,21 +24,47 @@ def set_safe_env() -> None:
         os.environ[k] = v
 
 
+GPUS_VARIABLE = "DMACOLL_GPUS"  # spread the ranks over this many of the visible GPUs (e.g. 1: all on one)
+
+
+def gpus_for(world: int) -> int:
+    """How many GPUs ``world`` ranks spread over (rank r on GPU r % n): $DMACOLL_GPUS, at most the visible
+    ones, else every visible one. Fewer GPUs than ranks: several ranks share a GPU (the cuda backend's IPC
+    heap; correctness, not performance)."""
+    import torch
+
+    visible = torch.cuda.device_count()
+    wanted = os.environ.get(GPUS_VARIABLE, "").strip()
+    if wanted and not (wanted.isdigit() and int(wanted) >= 1):
+        raise ValueError(f"{GPUS_VARIABLE}={wanted!r} must be a positive integer")
+    return min(int(wanted), visible) if wanted else visible
+
+
+def nccl_usable(world: int) -> bool:
+    """Whether NCCL (a baseline or reference) can run ``world`` ranks here: one GPU each (NCCL refuses two ranks
+    on one GPU)."""
+    return 0 < world <= gpus_for(world)
+
+
 def init_rank(rank: int, world: int, init_method: str, device: str) -> None:
-    """Join the process group: gloo for host objects, NCCL too when on GPUs."""
+    """Join the process group: gloo for host objects, NCCL too when every rank has a GPU of its own (ranks that
+    share a GPU get gloo only: NCCL refuses them)."""
     set_safe_env()
     import torch
     import torch.distributed as dist
 
+    kwargs = {}
     if device == "cuda":
-        if torch.cuda.device_count() == 0:
+        gpus = gpus_for(world)
+        if gpus == 0:
             raise RuntimeError(f"rank {rank} was started for {device} but this machine shows no GPU")
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-        backend = "cpu:gloo,cuda:nccl"
+        torch.cuda.set_device(rank % gpus)
+        backend = "cpu:gloo,cuda:nccl" if world <= gpus else "gloo"
+        if world <= gpus:
+            kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
     else:
         torch.set_num_threads(1)  # many ranks share few cores
         backend = "gloo"
-    kwargs = {"device_id": torch.device("cuda", torch.cuda.current_device())} if device == "cuda" else {}
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, **kwargs)
 
 
