@@ -76,7 +76,7 @@ def met_in_order(program, world):
 def test_the_loopback_engine_meets_every_wait_with_the_calls_own_signal(world):
     for variant in VARIANTS:
         for handshake in ("full", "lean"):
-            for signal, wait in (("memop", "memop"), ("copy", "spin")):
+            for signal, wait in (("memop", "memop"), ("copy", "spin"), ("kernel", "spin"), ("kernel", "memop")):
                 program, _ = call_cost.structure_program(world, 1024, variant, handshake, signal, wait)
                 assert met_in_order(program, world), (variant, handshake, signal, wait)
                 assert critical_crossings([program], 0, world) == (2 if handshake == "full" else 1)
@@ -89,7 +89,7 @@ def test_the_floors_have_the_crossings_they_are_named_for(world):
             programs = [lower(p) for p in call_cost.floor_plans(rank, world, crossings, 4096, 8192, 1024)]
             assert critical_crossings(programs[:1], rank, world) == crossings, name
             copies = [s for p in programs for q in (p.pre, *p.queues, p.post) for s in q if not isinstance(s, tuple)]
-            assert all(c.dst.rank == rank ^ 1 for c in copies)  # a peer copy to the pair partner
+            assert [c.dst.rank for c in copies] == [(rank + 1) % world] * len(programs)  # one peer copy a call
 
 
 def test_the_probe_summarises_its_counts():

@@ -159,37 +159,39 @@ def test_copy_signals_are_four_byte_copies_of_the_one_word(engine):
     ]
 
 
-def test_kernel_signals_use_the_signal_pad_channels_of_the_flag_words(engine, monkeypatch):
+@pytest.mark.parametrize("wait", ["memop", "spin"])
+def test_kernel_signals_are_one_put_kernel_per_group_of_flags(engine, wait):
+    """signal='kernel': consecutive signals (to any peers) are one launch of dmacoll's put kernel on the flag words;
+    the waits are whatever ``wait`` says."""
     calls = engine.drv.calls
-    engine.memory = SimpleNamespace(pads=SimpleNamespace(
-        put_signal=lambda dst, channel, timeout: calls.append(("put", dst, channel)),
-        wait_signal=lambda src, channel, timeout: calls.append(("spin", src, channel))))
-    monkeypatch.setattr(cuda_backend.torch.cuda, "stream", lambda queue: contextlib.nullcontext())
-    layout = Layout(input_sym=4096, output_sym=4096, staging=512)
-    plan = build_plan(all_gather_exchange(2, 512, in_place=True), 0, "b2b", "push", layout)
-    execute(plan, engine, {}, "reset", signal="kernel")
-    # channel = the flag's (sync, phase) row, as in flag_index; the waiting kernel re-arms the flag itself
-    assert calls == [("put", 1, READY), ("spin", 1, READY), ("copy", HEAPS[1] + 4096, HEAPS[0] + 4096, 512, 7),
-                     ("put", 1, DONE), ("spin", 1, DONE)]
-    assert flag_index(2, "reset", DONE, 1) == DONE * 2 + 1  # the pad's layout: channel * world + rank
-
-
-def test_kernel_signals_on_the_ipc_heap_are_dmacolls_kernels_on_the_flag_words(engine):
-    """Ranks sharing a GPU (the IPC heap) have no PyTorch signal pads: the same protocol runs on the flag words,
-    a put kernel into the peer's word and a spin kernel (which re-arms) on our own."""
-    calls = engine.drv.calls
-    engine.memory = SimpleNamespace(pads=None)
     engine._kernels = SimpleNamespace(
-        put=lambda stream, addr, value: calls.append(("put", addr, value, stream)),
+        put=lambda stream, words, value: calls.append(("put", tuple(words), value, stream)),
         spin=lambda stream, flags, indices, value, geq: calls.append(("spin", flags, tuple(indices), value, geq)))
     layout = Layout(input_sym=4096, output_sym=4096, staging=512)
     plan = build_plan(all_gather_exchange(2, 512, in_place=True), 0, "b2b", "push", layout)
-    execute(plan, engine, {}, "reset", signal="kernel")
-    assert calls == [("put", flag(1, "reset", READY, 0), 1, 7),
-                     ("spin", HEAPS[0], (flag_index(2, "reset", READY, 1),), 1, False),
-                     ("copy", HEAPS[1] + 4096, HEAPS[0] + 4096, 512, 7),
-                     ("put", flag(1, "reset", DONE, 0), 1, 7),
-                     ("spin", HEAPS[0], (flag_index(2, "reset", DONE, 1),), 1, False)]
+    execute(plan, engine, {}, "reset", signal="kernel", wait=wait)
+    copy = ("copy", HEAPS[1] + 4096, HEAPS[0] + 4096, 512, 7)
+    if wait == "spin":
+        waits = [[("spin", HEAPS[0], (flag_index(2, "reset", phase, 1),), 1, False)] for phase in (READY, DONE)]
+    else:
+        waits = [[("batch", (("wait", flag(0, "reset", phase, 1), 1, "eq"), ("write", flag(0, "reset", phase, 1), 0)),
+                   7)] for phase in (READY, DONE)]
+    assert calls == [("put", (flag(1, "reset", READY, 0),), 1, 7), *waits[0], copy,
+                     ("put", (flag(1, "reset", DONE, 0),), 1, 7), *waits[1]]
+
+
+def test_a_group_of_kernel_signals_to_every_peer_is_one_launch(monkeypatch):
+    drv = FakeDriver()
+    monkeypatch.setattr(cuda_backend, "_drv", drv)
+    heaps = [0x10_0000_0000 * (r + 1) for r in range(4)]
+    eng = cuda_backend.CudaEngine.for_commands(0, 4, heaps, SimpleNamespace(cuda_stream=7))
+    puts = []
+    eng._kernels = SimpleNamespace(put=lambda stream, words, value: puts.append(tuple(words)))
+    layout = Layout(input_sym=4096, output_sym=8192, staging=512)
+    execute(build_plan(all_gather_exchange(4, 512), 0, "b2b", "push", layout), eng, {}, "reset", signal="kernel")
+    ready = tuple(heaps[p] + 4 * flag_index(4, "reset", READY, 0) for p in (1, 2, 3))
+    done = tuple(heaps[p] + 4 * flag_index(4, "reset", DONE, 0) for p in (1, 2, 3))
+    assert puts == [ready, done]  # one launch for the three READY signals, one for the three DONE
 
 
 def test_constant_signals_refuse_sequence_numbers():

@@ -135,3 +135,24 @@ def test_a_failed_export_fails_every_rank_naming_the_rank(monkeypatch):
     with pytest.raises(BackendUnavailable, match=r"cuda backend: cuIpcGetMemHandle \(heap\) failed on rank\(s\) "
                                                   r"1: cuIpcGetMemHandle failed: CUDA_ERROR_INVALID_VALUE"):
         ipc.share_at(cuda_memory.CudaIpcApi(), None, 1, 2, drv.segment, "heap")
+
+
+def test_ranks_spread_over_the_gpus_the_switch_allows(monkeypatch):
+    from dmacoll.verify import launch
+
+    monkeypatch.setattr(launch_torch(), "device_count", lambda: 2)
+    monkeypatch.delenv("DMACOLL_GPUS", raising=False)
+    assert launch.gpus_for(4) == 2 and launch.nccl_usable(2) and not launch.nccl_usable(4)
+    monkeypatch.setenv("DMACOLL_GPUS", "1")
+    assert launch.gpus_for(2) == 1 and not launch.nccl_usable(2)  # two ranks on one GPU: no NCCL
+    monkeypatch.setenv("DMACOLL_GPUS", "8")
+    assert launch.gpus_for(2) == 2  # never more than are visible
+    monkeypatch.setenv("DMACOLL_GPUS", "zero")
+    with pytest.raises(ValueError, match="DMACOLL_GPUS='zero' must be a positive integer"):
+        launch.gpus_for(2)
+
+
+def launch_torch():
+    import torch
+
+    return torch.cuda

@@ -26,7 +26,7 @@ NAN = float("nan")
 
 # today's values (what the committed results were measured with): a rerun with the defaults measures the same
 DEFAULTS = {
-    "call_cost": dict(worlds=[2, 4, 8], bytes=1024, settings=list(call_cost.SETTINGS), signals=["memop", "copy"],
+    "call_cost": dict(worlds=[2, 4, 8], bytes=1024, settings=list(call_cost.SETTINGS), signals=["memop", "copy", "kernel"],
                       waits=["memop", "spin"], calls_per_graph=10, eager_calls=200, repeats=20),
     "copy_contention": dict(bytes=64 << 20, copies=[1, 4], repeats=7),
     "crossing": dict(placements=None, legs=100, repeats=5, bytes=4096, sends=list(crossing.SENDS),
@@ -43,7 +43,7 @@ DEFAULTS = {
 
 # values each probe must refuse (argparse: usage + exit 2), beside the ones every probe refuses
 BAD = {
-    "call_cost": [["--worlds", "0"], ["--bytes", "100"], ["--settings", "nvlink"], ["--signals", "kernel"],
+    "call_cost": [["--worlds", "0"], ["--bytes", "100"], ["--settings", "nvlink"], ["--signals", "smoke"],
                   ["--calls-per-graph", "0"]],
     "copy_contention": [["--bytes", "-64M"], ["--bytes", "lots"], ["--copies", "0"]],
     "crossing": [["--legs", "3"], ["--legs", "0"], ["--legs", str(crossing.MAX_LEGS + 2)], ["--bytes", "6"],
@@ -252,6 +252,13 @@ EARLIER = {
 }
 
 
+# runs measured before a default changed: the values they were measured with
+EARLIER_CONFIG = {
+    # code 565b89b: before signal='kernel' wrote dmacoll's flag words (then: PyTorch's signal pads)
+    "h100x1/probes/call_cost_before": {"signals": ["memop", "copy"]},
+}
+
+
 def probe_of(command: list[str]):
     """The probe a sidecar's command ran: tools/probe_<name>.py (before the CLI) or `dmacoll probe <name>`."""
     m = re.search(r"probe_(\w+)\.py$", command[0]) if command else None
@@ -298,8 +305,9 @@ def test_committed_results_have_the_declared_columns(run, name, table):
     assert header(run / "data.csv") == expected
     # and the defaults are what it was measured with, where its sidecar names an option
     config = json.loads((run / "data.json").read_text())["config"]
-    for key in set(config) & set(DEFAULTS[name]):
-        assert DEFAULTS[name][key] == config[key], key
+    defaults = {**DEFAULTS[name], **EARLIER_CONFIG.get(str(run.relative_to(RESULTS)), {})}
+    for key in set(config) & set(defaults):
+        assert defaults[key] == config[key], key
     if table == "sm_carveout":  # the side jobs' names carry their sizes
         sides = {line.split(",")[4] for line in (run / "data.csv").read_text().splitlines()[1:]}
         assert sides == set(sm_carveout.side_names(DEFAULTS[name]["copy_bytes"], DEFAULTS[name]["add_elements"]))

@@ -84,17 +84,14 @@ class Options:
         if self.signal in ("copy", "kernel") and self.sync == "epoch":
             raise InvalidArgument(f"signal={self.signal!r} sends a constant 1: it needs sync='reset'")
         if self.signal == "kernel" and not engine.kernel_signals:
-            raise InvalidArgument(f"signal='kernel' uses PyTorch's CUDA signal pads; on backend={engine.name!r} use "
-                                  "signal='memop' or 'copy'")
+            raise InvalidArgument(f"signal='kernel' launches dmacoll's CUDA flag kernels; on backend={engine.name!r} "
+                                  "use signal='memop' or 'copy'")
         if self.submit == "native" and not engine.native_submit:
             raise InvalidArgument(f"submit='native' issues CUDA driver calls: it needs backend='cuda', not "
                                   f"{engine.name!r}")
         if self.submit == "native" and self.signal == "kernel":
             raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy'")
         if self.wait in ("spin", "fold"):
-            if self.signal == "kernel":
-                raise InvalidArgument(f"wait={self.wait!r} polls dmacoll's flag words, and signal='kernel' sets "
-                                      "PyTorch's signal pads instead: use signal='memop' or 'copy'")
             if not engine.spin_waits:
                 raise InvalidArgument(f"wait={self.wait!r} runs CUDA kernels; on backend={engine.name!r} use "
                                       "wait='memop'")
@@ -207,12 +204,12 @@ class Communicator:
     one: pcpy/push with copy-engine flags; see ``_resolve``);
     ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers);
     ``signal``: how a flag reaches a peer, ``memop`` (cuStreamWriteValue32), ``copy``
-    (a 4-byte copy-engine copy queued behind the data) or ``kernel`` (one-thread flag
-    kernels; the only option that uses an SM, briefly); the last two need sync='reset';
+    (a 4-byte copy-engine copy queued behind the data) or ``kernel`` (one one-thread kernel
+    writes a group of flags; it uses an SM, briefly); the last two need sync='reset';
     ``wait``: how a rank waits for a flag, ``memop`` (cuStreamWaitValue32 on the stream), ``spin`` (a
     one-thread kernel polls the flag words and re-arms them: a sliver of one SM while it waits) or ``fold``
     (``spin``, and a pushed reduction's DONE waits done inside its sum kernel, each slot added as it arrives);
-    cuda only, not with signal='kernel' or submit='native' (see executor.py);
+    cuda only, not with submit='native' (see executor.py);
     ``prerecord``: eager calls replay a CUDA graph recorded on first use per (op, size,
     buffers, variant): one launch instead of a command per step (cuda; sync='reset');
     ``submit``: ``python`` (a driver call from Python per step) or ``native`` (the call's

@@ -19,12 +19,11 @@ How a flag travels (``signal``, reset mode only for the last two):
 * ``memop``: ``cuStreamWriteValue32`` / ``cuStreamWaitValue32``: no kernel at all;
 * ``copy``: a write to a peer is a 4-byte copy of a word that always reads 1,
   queued behind the data like any copy;
-* ``kernel``: a one-thread kernel sets the peer's word from 0 to 1, another spins
-  on the own word until it reads 1 and sets it back to 0 (one op per wait). It
-  uses a sliver of one SM while it spins and reacts faster than the stream
-  front-end polls a memop wait (``dmacoll breakdown`` measures both).
+* ``kernel``: one one-thread kernel writes the words of a group of consecutive signals (to any peers) behind a
+  system fence: one launch for all of them, where memops are a batch node of their own in a graph (measured
+  the more expensive node: ``dmacoll probe call_cost``). It uses a sliver of one SM for a moment.
 
-How a rank waits for a flag (``wait``; with ``signal='kernel'`` the flag kernels wait):
+How a rank waits for a flag (``wait``, whatever the signal):
 
 * ``memop``: ``cuStreamWaitValue32`` on the stream (then a write re-arms the word);
 * ``spin``: one thread of one block polls the words of a group of waits with acquire loads, no sleep, and
@@ -82,8 +81,7 @@ def flag_index(world: int, sync: str, phase: int, signaller: int) -> int:
 class MemOp(NamedTuple):
     """A flag operation: write ``value`` to ``rank``'s flag word ``index``, or (``wait``)
     block the queue until the own word is == value (>= with ``geq``). ``via`` says how
-    (see SIGNAL_MODES, WAIT_MODES); a ``kernel`` or ``spin`` wait of the reset mode also sets the word back
-    to 0."""
+    (see SIGNAL_MODES, WAIT_MODES); a ``spin`` wait of the reset mode also sets the word back to 0."""
 
     wait: bool
     rank: int
@@ -129,12 +127,9 @@ def lower(plan: Plan, sync: str = "reset", signal: str = "memop", wait: str = "m
         raise ValueError(f"unknown wait mode {wait!r}; choose one of {WAIT_MODES}")
     if signal != "memop" and sync != "reset":
         raise ValueError(f"signal={signal!r} sends a constant 1: it needs sync='reset'")
-    if signal == "kernel" and wait != "memop":
-        raise ValueError(f"wait={wait!r} polls dmacoll's flag words; signal='kernel' sets PyTorch's signal pads, "
-                         "which its own kernels await")
     value = 1 if sync == "reset" else 0  # epoch mode: a placeholder, see run()
     me, world = plan.rank, plan.world
-    wait_via = "kernel" if signal == "kernel" else ("memop" if wait == "memop" else "spin")
+    wait_via = "memop" if wait == "memop" else "spin"
 
     def fold(reduce: Reduce, ops: list[MemOp]) -> Optional[Folded]:
         """``reduce`` with its slots' DONE waits taken out of ``ops``, when they are all there."""
@@ -165,7 +160,7 @@ def lower(plan: Plan, sync: str = "reset", signal: str = "memop", wait: str = "m
             elif isinstance(c, Wait):
                 index = flag_index(world, sync, c.phase, c.peer)
                 ops.append(MemOp(True, me, index, value, geq=sync == "epoch", via=wait_via))
-                if sync == "reset" and wait_via == "memop":  # a waiting kernel consumes the flag itself
+                if sync == "reset" and wait_via == "memop":  # a spinning kernel re-arms the word itself
                     ops.append(MemOp(False, me, index, 0))
             else:  # pragma: no cover - plans only hold the four kinds
                 raise TypeError(f"not a command: {c!r}")

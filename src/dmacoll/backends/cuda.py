@@ -8,9 +8,8 @@
 * Signals: ``cuStreamWriteValue32`` to the peer's flag word (issued after a
   memory barrier, so the data written before it is visible first); waits:
   ``cuStreamWaitValue32`` on the own flag word. Neither launches a kernel.
-  ``signal="copy"`` sends a flag as a 4-byte copy; ``signal="kernel"`` uses
-  PyTorch's one-block signal-pad kernels (``put_signal`` / ``wait_signal``), or on
-  the IPC heap dmacoll's own (``dmacoll_put``, ``dmacoll_spin``) on the flag words.
+  ``signal="copy"`` sends a flag as a 4-byte copy; ``signal="kernel"`` writes a
+  group of consecutive flags with one one-thread kernel (``dmacoll_put``).
   ``wait="spin"`` polls the flag words with a one-thread kernel, ``wait="fold"``
   also folds a pushed reduction's DONE waits into its sum kernel (``cuda_kernels.py``,
   compiled by NVRTC on first use).
@@ -130,11 +129,6 @@ class CudaEngine(StreamEngine):
         torch.cuda.set_device(self.device)
         self.memory = cuda_memory.open_heap(group, self.rank, self.world, nbytes, self.device)
         self.heap, self.ptrs = self.memory.heap, self.memory.ptrs
-        self._pad_words = flag_words // self.world * self.world  # signal="kernel" flags: the signal pads
-        pad_bytes = getattr(self.memory.pads, "signal_pad_size", None)
-        if pad_bytes is not None and 4 * self._pad_words > pad_bytes:
-            raise BackendUnavailable(f"torch's signal pad ({pad_bytes} bytes) is smaller than the "
-                                     f"{4 * self._pad_words} bytes that signal='kernel' needs")
         self.flag_view = self.heap[: flag_words * 4].view(torch.int32)
         self.flag_view.zero_()
         self._one = one_index(self.world)
@@ -201,9 +195,6 @@ class CudaEngine(StreamEngine):
     def _addr(self, ref: Ref, bases: Mapping[str, int]) -> int:
         return (self.ptrs[ref.rank] if ref.space == "sym" else bases[ref.space]) + ref.offset
 
-    def pad_view(self, rank: int) -> torch.Tensor:
-        return self.memory.pads.get_signal_pad(rank, (self._pad_words,), torch.int32)
-
     def sym_offset(self, t: torch.Tensor) -> int | None:
         return sym_offset(self.heap, t)
 
@@ -266,7 +257,7 @@ class CudaEngine(StreamEngine):
     def _mixed_ops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
         """Flag operations that are not all stream memops, in order, a run of one kind at a time: memops go out
         batched; ``copy`` signals are 4-byte copies of the ONE word (queued behind the data on the same engine
-        path); ``kernel`` ones are PyTorch's one-block signal-pad kernels; ``spin`` waits one polling kernel."""
+        path); ``kernel`` signals one put kernel; ``spin`` waits one polling kernel (per ``MAX_WAITS`` words)."""
         for via, run in itertools.groupby(ops, key=lambda op: op.via):
             run = tuple(run)
             if via == "memop":
@@ -280,8 +271,7 @@ class CudaEngine(StreamEngine):
                                                     self.ptrs[self.rank] + 4 * self._one, 4, queue.cuda_stream),
                                  "cuMemcpyAsync (signal)")
             else:
-                for op in run:
-                    self._flag_kernel(queue, op)
+                self.kernels().put(queue.cuda_stream, [self.ptrs[op.rank] + 4 * op.index for op in run], run[0].value)
 
     def folded_reduce(self, queue: torch.cuda.Stream, step: Folded, bases: Mapping[str, object]) -> None:
         """One fold kernel (``cuda_kernels``): each slot added once its flag is met; where no fold kernel fits
@@ -314,22 +304,6 @@ class CudaEngine(StreamEngine):
             finally:
                 check_driver(_drv.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
         return self._kernels
-
-    def _flag_kernel(self, queue: torch.cuda.Stream, op: MemOp) -> None:
-        # Our flag index is channel * world + signalling rank, the signal pad's own layout:
-        # put_signal sets pad[dst][channel * world + me] 0 -> 1, wait_signal sets pad[me][channel * world + src] 1 -> 0.
-        if self.memory.pads is None:  # the IPC heap: the same protocol on the flag words, by dmacoll's kernels
-            if op.wait:
-                self.kernels().spin(queue.cuda_stream, self.ptrs[self.rank], [op.index], op.value, False)
-            else:
-                self.kernels().put(queue.cuda_stream, self.ptrs[op.rank] + 4 * op.index, op.value)
-            return
-        channel, rank = divmod(op.index, self.world)
-        with torch.cuda.stream(queue):
-            if op.wait:
-                self.memory.pads.wait_signal(rank, channel, 0)  # no device-side timeout (it would trap): the watchdog
-            else:
-                self.memory.pads.put_signal(op.rank, channel, 0)
 
     def _param(self, op: MemOp):
         """One entry of a cuStreamBatchMemOp array; ops in a batch run in array order."""
@@ -376,18 +350,9 @@ class CudaEngine(StreamEngine):
         return words
 
     def release_waits(self, value: int) -> None:
-        """Satisfy every wait of this rank (flag memops and flag kernels) from the release stream."""
+        """Satisfy every wait of this rank (flag memops and spin kernels) from the release stream."""
         with torch.cuda.stream(self.release_stream):
             self.flag_view.fill_(value)  # every flag wait of this rank: the stuck stream drains
-            if self.memory.pads is not None:
-                self.pad_view(self.rank).fill_(1)  # the same for waiting flag kernels (signal="kernel") ...
-                for peer in range(self.world):  # ... and signalling ones stuck on an unconsumed earlier signal
-                    self.pad_view(peer).view(-1, self.world)[:, self.rank].zero_()
-            else:  # the IPC heap: signalling kernels wait for our words in the peers' flags to read 0
-                for peer in range(self.world):
-                    for index in range(self.rank, self._pad_words, self.world):
-                        check_driver(_drv.cuMemsetD32Async(self.ptrs[peer] + 4 * index, 0, 1,
-                                                           self.release_stream.cuda_stream), "cuMemsetD32Async")
         self.release_stream.synchronize()
 
     def close(self) -> None:

@@ -3,8 +3,8 @@
 * ``dmacoll_spin``: one thread polls up to ``MAX_WAITS`` flag words in turn with ``ld.acquire.sys`` loads (no
   sleep), with ``cuStreamWaitValue32``'s tests (EQ, or GEQ as ``(int)(word - value) >= 0``), and re-arms each
   word to 0 in the reset mode (EQ). Launched as one block of one thread.
-* ``dmacoll_put``: ``signal='kernel'`` on the IPC heap (``cuda_memory``): sets a peer's flag word from 0 to
-  the value behind a system fence (PyTorch's ``put_signal`` on dmacoll's flag words); ``dmacoll_spin`` waits.
+* ``dmacoll_put``: ``signal='kernel'``: one thread writes up to ``MAX_WAITS`` flag words (any ranks') behind a
+  system fence, one launch for a group of consecutive signals.
 * ``dmacoll_fold_<dtype>``: a reduction's sum (``plan.Reduce``: ``count`` slots plus ``own`` into ``out``)
   that waits for slot k's flag before adding slot k. Thread 0 of each block polls, then the block's barrier
   orders the slot's loads after the acquire. Half types add in float32 and round once, integers wrap, slots
@@ -79,11 +79,14 @@ extern "C" __global__ void dmacoll_spin(unsigned* flags, int n, u64 lo, u64 hi, 
         if (!geq) *(volatile unsigned*)f = 0u;
     }
 }
-// signal='kernel' on the IPC heap: PyTorch's put_signal on a flag word (wait for the previous signal to be
-// consumed, then set it), behind a system fence so that what the stream wrote before is seen first
-extern "C" __global__ void dmacoll_put(unsigned* flag, unsigned value) {
+// signal='kernel': up to MAX_WAITS flag words, each in any rank's heap, set to value by one thread behind a
+// system fence (what the stream wrote before, the data copies included, is seen first)
+extern "C" __global__ void dmacoll_put(int n, unsigned value, unsigned* a0, unsigned* a1, unsigned* a2,
+                                       unsigned* a3, unsigned* a4, unsigned* a5, unsigned* a6, unsigned* a7) {
+    unsigned* words[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
     __threadfence_system();
-    while (atomicCAS_system(flag, 0u, value) != 0u) { }
+    for (int k = 0; k < n; ++k)
+        asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(words[k]), "r"(value) : "memory");
 }
 """
 
@@ -193,10 +196,14 @@ class Kernels:
                          (ctypes.c_void_p, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_uint,
                           ctypes.c_int), "cuLaunchKernel (dmacoll_spin)")
 
-    def put(self, stream: int, flag: int, value: int = 1) -> None:
-        """Set the word at ``flag`` (a peer's) from 0 to ``value`` on ``stream``, after what is queued there."""
-        self._launch(self.put_fn, 1, 1, stream, (flag, value), (ctypes.c_void_p, ctypes.c_uint),
-                     "cuLaunchKernel (dmacoll_put)")
+    def put(self, stream: int, words: Sequence[int], value: int) -> None:
+        """Set each flag word at ``words`` (addresses, any rank's) to ``value`` on ``stream``, after what is queued
+        there: one launch per ``MAX_WAITS`` words."""
+        for at in range(0, len(words), MAX_WAITS):
+            part = list(words[at: at + MAX_WAITS])
+            addresses = part + [0] * (MAX_WAITS - len(part))
+            self._launch(self.put_fn, 1, 1, stream, (len(part), value, *addresses),
+                         (ctypes.c_int, ctypes.c_uint, *(ctypes.c_void_p,) * MAX_WAITS), "cuLaunchKernel (dmacoll_put)")
 
     def fold(self, stream: int, dtype: str, slots: int, own: Optional[int], out: int, numel: int, count: int,
              flags: int, indices: Sequence[int], value: int, geq: bool) -> bool:

@@ -2,12 +2,11 @@
 
 Two providers, one heap layout and one flag protocol:
 
-* ``symmetric``: PyTorch's symmetric memory (CUDA VMM allocations exported to and mapped by every peer), with
-  its signal pads for ``signal='kernel'``. PyTorch refuses two ranks on one device.
+* ``symmetric``: PyTorch's symmetric memory (CUDA VMM allocations exported to and mapped by every peer). PyTorch
+  refuses two ranks on one device.
 * ``ipc``: one ``cuMemAlloc`` allocation per rank, exported by CUDA IPC (``cuIpcGetMemHandle``) and opened by
   every peer (``cuIpcOpenMemHandle``, peer access enabled lazily). It works where ranks share a device (several
   ranks on one GPU: correctness runs of the real CUDA path on any single GPU) and between GPUs too.
-  ``signal='kernel'`` then uses dmacoll's own flag kernels on the flag words, which have the pads' layout.
 
 ``$DMACOLL_PEER_MEMORY`` chooses: ``auto`` (default) takes ``ipc`` when two ranks of a host sit on one device,
 else ``symmetric``. Before anything is allocated every rank learns where every other one runs
@@ -183,8 +182,8 @@ class SymmetricHeap:
                 warnings.simplefilter("ignore", FutureWarning)
                 symm_mem.enable_symm_mem_for_group(group.group_name)
         self.heap = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
-        self.pads = symm_mem.rendezvous(self.heap, group)  # signal='kernel': PyTorch's pad kernels
-        self.ptrs = [int(p) for p in self.pads.buffer_ptrs]
+        self.handle = symm_mem.rendezvous(self.heap, group)
+        self.ptrs = [int(p) for p in self.handle.buffer_ptrs]
 
     def close(self) -> None:
         """PyTorch owns the mappings."""
@@ -194,7 +193,6 @@ class IpcHeap:
     """The ``ipc`` provider: a ``DeviceAllocation`` per rank, shared by CUDA IPC handles."""
 
     name = "ipc"
-    pads = None  # signal='kernel' runs dmacoll's flag kernels on the flag words
 
     def __init__(self, group, rank: int, world: int, nbytes: int, device: torch.device):
         self.api = CudaIpcApi()

@@ -20,7 +20,7 @@ class Engine(Protocol):
     name: ClassVar[str]             # the backend: cuda, hip or host
     graphs: ClassVar[bool]          # calls can be captured in (and prerecorded as) CUDA / HIP graphs
     native_submit: ClassVar[bool]   # submit='native': the C library issues a call's driver commands
-    kernel_signals: ClassVar[bool]  # signal='kernel': flags set and awaited by one-block kernels
+    kernel_signals: ClassVar[bool]  # signal='kernel': flags written by one-thread kernels
     spin_waits: ClassVar[bool]      # wait='spin' / 'fold': flags polled by a kernel, reductions that wait
 
     remote_memop_writes: bool       # flags may be stream-memop writes into peer memory (else copies carry them)

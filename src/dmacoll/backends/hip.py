@@ -61,7 +61,7 @@ class HipEngine(StreamEngine):
     name = "hip"
     graphs = True            # torch.cuda graphs are HIP graphs on ROCm (unverified on MI300X: see above)
     native_submit = False    # the native library issues CUDA driver calls
-    kernel_signals = False   # no torch symmetric-memory signal pads here
+    kernel_signals = False   # no flag kernels written for HIP (nothing to test them on)
     spin_waits = False       # no polling kernels written for HIP (nothing to test them on)
     remote_memop_writes = True  # hipStreamWriteValue32 into a peer's signal memory (unverified on hardware)
     memop_refusal = ""
@@ -182,8 +182,8 @@ class HipEngine(StreamEngine):
         for op in ops:
             addr = self.flag_addrs[op.rank][op.index]
             if op.via == "kernel":
-                raise InvalidArgument("signal='kernel' uses torch symmetric memory's signal pads, which the hip "
-                                      "backend does not use; use signal='memop' or 'copy'")
+                raise InvalidArgument("signal='kernel' launches dmacoll's CUDA flag kernels, not written for HIP; "
+                                      "use signal='memop' or 'copy'")
             if op.via == "spin":
                 raise InvalidArgument("wait='spin' runs a CUDA kernel; the hip backend waits with wait='memop'")
             if op.via == "copy":  # a 4-byte SDMA copy of the ONE word, queued behind the data

@@ -41,7 +41,7 @@ class HostEngine:
     name = "host"
     graphs = False          # no graphs on the CPU: prerecord=True runs calls as they come
     native_submit = False
-    kernel_signals = True   # emulated: a signal waits until the previous one was consumed
+    kernel_signals = True   # emulated: a kernel's write is a write
     spin_waits = True       # emulated: a polling wait that re-arms the word itself
     main_queue = "main"
     remote_memop_writes = True  # flags are plain stores
@@ -107,9 +107,6 @@ class HostEngine:
                 self._wait(self.rank, op.index, op.value, op.geq)
                 if op.via != "memop" and not op.geq:  # a waiting kernel consumes the flag (reset mode)
                     self.flags[self.rank][op.index] = 0
-            elif op.via == "kernel":  # the signalling kernel waits until the previous signal was consumed
-                self._wait(op.rank, op.index, 0, False)
-                self.flags[op.rank][op.index] = op.value
             elif op.via == "copy":  # the peer's word becomes a copy of our ONE word, as the copy engine would do it
                 word = slice(4 * op.index, 4 * op.index + 4)
                 self.heaps[op.rank][word].copy_(self.heaps[self.rank][4 * self._one: 4 * self._one + 4])
@@ -127,10 +124,6 @@ class HostEngine:
             pause = min(1e-3, pause * 2 + 1e-5)  # back off: many ranks share few cores
 
     def timeout_message(self, rank: int, index: int, value: int) -> str:
-        if rank != self.rank:
-            return (f"rank {self.rank}: {self.call_label} waited more than {self.timeout_s:g} s for rank {rank} to "
-                    f"consume its previous signal (flag {index}); rank {rank} died, hangs, or the ranks called "
-                    "collectives in a different order.")
         if index >= gate_index(self.world, 0):
             return (f"rank {self.rank}: a prelaunched collective waited more than {self.timeout_s:g} s for gate "
                     f"{index - gate_index(self.world, 0)}: nobody called Gate.release()")

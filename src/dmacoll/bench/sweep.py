@@ -93,7 +93,7 @@ def points(cfg: SweepConfig, op: str, world: int) -> list[Point]:
                     for h in cfg.handshakes for w in cfg.waits
                     if (p == "out" or spec.in_place) and not (pre and sub == "native")
                     and not ("kernel" in (sig, w) and sub == "native")  # native issues driver calls only
-                    and not (w != "memop" and (sig == "kernel" or sub == "native"))  # kernel: its own waits
+                    and not (w != "memop" and sub == "native")  # native: driver calls only
                     and not (w == "fold" and not spec.reduces)  # fold = spin where there is no sum
                     and not (h == "lean" and (d != "push" or pre or spec.reduces))]  # lean: push exchanges
         elif impl == "symm_mem_lc" and op != "all_gather":

@@ -12,8 +12,8 @@ An all-gather of ``--bytes`` per rank (push, symmetric buffers), per world, vari
   forked, and the flag crossings on the critical path (``executor.critical_crossings``).
 * ``shared``: ``world`` ranks as processes on GPU 0 (the cuda backend's IPC heap), the real protocol through
   ``Communicator``, graph-replayed, the slowest rank's time; beside it the floors of one handshake in the same run:
-  one peer copy, a peer copy and one flag crossing (the lean handshake's), and two (the full one's), each between
-  pairs of ranks. Processes sharing a GPU are time-sliced by the driver: these are not performance figures, only
+  one peer copy, a peer copy and one flag crossing with every peer (the lean handshake's), and two (the full
+  one's). Processes sharing a GPU are time-sliced by the driver: these are not performance figures, only
   how close a call comes to the floor of its handshake measured the same way.
 
 Usage: dmacoll probe call_cost [--worlds 2 4 8] [--bytes 1K] [--settings structure shared] [--out CSV]
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worlds", type=count, nargs="+", default=[2, 4, 8], help="ranks (default 2 4 8)")
     p.add_argument("--bytes", type=size_multiple_of(16), default=1024, help="bytes per rank (default 1K)")
     p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
-    p.add_argument("--signals", nargs="+", choices=("memop", "copy"), default=["memop", "copy"],
+    p.add_argument("--signals", nargs="+", choices=("memop", "copy", "kernel"), default=["memop", "copy", "kernel"],
                    help="flag signals in the structure setting (shared: memop; copy flags between processes cost a "
                         "context switch each)")
     p.add_argument("--waits", nargs="+", choices=("memop", "spin"), default=["memop", "spin"])
@@ -247,18 +247,22 @@ def time_copy_alone(args) -> list[dict]:
 
 # -- shared: world processes on GPU 0 ---------------------------------------------------------------------------
 def floor_plans(rank: int, world: int, crossings: int, in_off: int, out_off: int, nbytes: int):
-    """A peer copy to the pair partner (rank ^ 1) with 0, 1 (alternating DONE words, as the lean handshake) or 2
-    (READY then DONE) flag crossings: call k runs plan k % len(plans)."""
+    """One peer copy (to the next rank) with the flags of a handshake with every peer: none, one crossing (signal
+    every peer, wait for every peer; alternating DONE words, as the lean handshake) or two (READY, then DONE after
+    the copy): call k runs plan k % len(plans)."""
     from ...plan import DONE, DONE_ALT, READY, Copy, Plan, Ref, Signal, Wait
 
-    partner = rank ^ 1
-    copy = Copy(Ref("sym", rank, in_off), Ref("sym", partner, out_off + rank * nbytes), nbytes)
+    peers = [(rank + i) % world for i in range(1, world)]
+    copy = Copy(Ref("sym", rank, in_off), Ref("sym", peers[0], out_off + rank * nbytes), nbytes)
+
+    def handshake(phase):
+        return (*(Signal(p, phase) for p in peers), *(Wait(p, phase) for p in peers))
+
     if crossings == 0:
         return [Plan(rank, world, (), ((copy,),), ())]
     if crossings == 1:
-        return [Plan(rank, world, (), ((copy, Signal(partner, ph), Wait(partner, ph)),), ()) for ph in (DONE, DONE_ALT)]
-    return [Plan(rank, world, (), ((Signal(partner, READY), Wait(partner, READY), copy, Signal(partner, DONE),
-                                    Wait(partner, DONE)),), ())]
+        return [Plan(rank, world, (), ((copy, *handshake(ph)),), ()) for ph in (DONE, DONE_ALT)]
+    return [Plan(rank, world, (), ((*handshake(READY), copy, *handshake(DONE)),), ())]
 
 
 def _shared_rank(rank: int, world: int, cfg: dict) -> list[dict]:
