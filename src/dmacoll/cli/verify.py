@@ -93,8 +93,8 @@ def register(sub) -> None:
                         "for each slot themselves (cuda, host)")
     c.add_argument("--families", nargs="+", default=["all"],
                    help="option families run beyond the core grid, each on its own communicator: signal=copy, "
-                        "signal=kernel, wait=spin, wait=fold, submit=native, prerecord, multi-op (every op in one CUDA graph, or one after another); "
-                        "default: all that the backend runs; 'none': only the core grid, lean pipelines and defaults")
+                        "signal=kernel, wait=spin, wait=fold, submit=native, prerecord, multi-op (every op in one "
+                        "CUDA graph, or one after another); default: all that the backend runs; 'none': only the core grid, lean pipelines and defaults")
     c.add_argument("--reference", choices=("cpu", "nccl"), default="cpu",
                    help="also compare with torch.distributed (NCCL) on the same inputs (cuda backend)")
     c.add_argument("--submit", choices=("python", "native"), default="python",
