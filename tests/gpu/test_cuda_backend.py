@@ -106,7 +106,7 @@ def _timeout(rank: int, world: int, signal: str) -> dict:
 
     comm = Communicator(timeout_s=2.0, signal=signal)
     x = comm.empty(1024, dtype=torch.float32)
-    out = comm.empty(2048, dtype=torch.float32)
+    out = comm.empty(1024 * world, dtype=torch.float32)
     cpu = dist.new_group(backend="gloo")
     info: dict = {}
     if rank == 0:  # rank 1 never joins this call
