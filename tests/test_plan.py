@@ -40,6 +40,13 @@ def test_multi_splits_large_copies_over_its_queues():
     assert isinstance(plan.pre[-1], Wait) and isinstance(plan.post[0], Signal)
 
 
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_small_multi_gives_each_copy_a_queue_of_its_own(world):
+    plan = build_plan(all_gather_exchange(world, 1024), 0, "multi", "push", LAYOUTS["sym"], engines=2)
+    assert [len(q) for q in plan.queues] == [1] * world  # the peers' copies and our own, side by side
+    assert sum(isinstance(c, Signal) for c in plan.post) == world - 1  # still one handshake for all
+
+
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 @pytest.mark.parametrize("variant,direction,layout", list(itertools.product(VARIANTS, ("push", "pull"), LAYOUTS)))
 def test_every_signal_has_a_matching_wait(world, variant, direction, layout):

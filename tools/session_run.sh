@@ -19,7 +19,7 @@ for step in "$@"; do
           --deadline-s ${DEADLINE_S:-120} 2>&1 | tee "$r/family_${FAMILY// /_}_w${WORLD:-4}.log" | tail -30 ;;
     callcost) timeout ${CALLCOST_TIMEOUT_S:-300} python3 -m dmacoll probe call_cost --out "$r/call_cost/data.csv" \
         2>&1 | tee "$r/call_cost.log" | tail -70 ;;
-    tests) DMACOLL_RANK_TIMEOUT_S=${DMACOLL_RANK_TIMEOUT_S:-200} timeout ${TESTS_TIMEOUT_S:-400} python3 -m pytest -q \
+    tests) DMACOLL_RANK_TIMEOUT_S=${DMACOLL_RANK_TIMEOUT_S:-200} timeout ${TESTS_TIMEOUT_S:-400} python3 -m pytest -v --timeout ${TEST_TIMEOUT_S:-240} \
         --durations=15 -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$r/pytest_gpu.log" | tail -40 ;;
     *) echo "unknown step $step" ;;
   esac

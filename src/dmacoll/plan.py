@@ -249,7 +249,8 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
 
     Variants: ``pcpy`` one queue per peer, each signalling its peer; ``b2b`` every copy
     on one queue, signals batched; ``multi`` handshake once on the caller's queue, then
-    all copies (large ones split) spread over ``engines`` queues. ``handshake``: see ``Handshake``."""
+    all copies (large ones split) spread over ``engines`` queues, or each copy on a queue of its own when none
+    is large enough to split. ``handshake``: see ``Handshake``."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
     if direction not in DIRECTIONS:
@@ -307,9 +308,12 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
                    *(Signal(p, done) for p in talk), *self_copies)]
     else:  # multi: wait for every READY, fan the copies out, join, signal every DONE
         pre += [Wait(p, READY) for p in ready]
-        pieces = [piece for c in (*(peer_copies[p] for p in talk if p in peer_copies), *self_copies)
-                  for piece in split(c, engines)]
-        queues = [tuple(pieces[i::engines]) for i in range(max(1, engines))]
+        copies = [*(peer_copies[p] for p in talk if p in peer_copies), *self_copies]
+        pieces = [piece for c in copies for piece in split(c, engines)]
+        # no copy large enough to split: latency-bound, so each gets a queue (side by side on the copy engines;
+        # in a graph parallel copies cost little, serial ones a node each: dmacoll probe call_cost)
+        lanes = max(1, engines if len(pieces) > len(copies) else len(pieces))
+        queues = [tuple(pieces[i::lanes]) for i in range(lanes)]
         post += [Signal(p, done) for p in talk]
     post += [Wait(p, done) for p in talk]
     if stage_out:
