@@ -134,7 +134,8 @@ def test_every_notebook_page_shows_figures_readings_and_tables(name, tmp_path, m
 def test_readings_compute_their_numbers():
     table = pd.DataFrame({"op": "all_gather", "mode": "graph", "size": ["1 KB", "1 MB", "64 MB"],
                           "bytes": [1 << 10, 1 << 20, 64 << 20], "default_over_nccl": [2.0, 0.9, 0.7],
-                          "default_lo": [1.5, 0.8, 0.6], "default_hi": [2.5, 1.0, 0.8], "oracle_over_nccl": [1.2, 0.95, 0.6],
+                          "default_lo": [1.5, 0.8, 0.6], "default_hi": [2.5, 1.0, 0.8],
+                          "oracle_over_nccl": [1.2, 0.95, 0.6],
                           "oracle_lo": [1.0, 0.9, 0.5], "oracle_hi": [1.4, 1.0, 0.7],
                           "oracle_minus_peer_copy_us": [5.0, 6.0, 8.0]})
     text = readings.operator(table, "graph")

@@ -181,8 +181,9 @@ def _c3(coll: pd.DataFrame, complete: bool) -> dict:
 
     held, several_shapes = c3_rules.scored_rows(coll)
     rule = c3_rules.fit_and_evaluate(coll) if complete and several_shapes else None
+    n = len(held.groupby(c3_rules.KEYS, dropna=False))
     return {"coll": held, "rule": rule, "complete": complete,
-            "scenarios": len(held.groupby(c3_rules.KEYS, dropna=False))}
+            "scenarios": f"{n} held-out scenarios" if several_shapes else f"all {n} scenarios (one shape)"}
 
 
 def _clipped_note(rows: pd.DataFrame) -> str:
@@ -207,7 +208,7 @@ def _c3_mean(option_of: Callable[[pd.DataFrame], list[str]], complete_only: bool
         if not means:
             return None
         pick = max(means, key=means.get)
-        note = "; ".join(x for x in (f"{data['scenarios']} held-out scenarios", _clipped_note(
+        note = "; ".join(x for x in (data["scenarios"], _clipped_note(
             coll[coll["option"] == pick])) if x)
         return Measure(round(means[pick], 3), n=len(means), note=note)
     return value
@@ -291,7 +292,7 @@ def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None,
             value = c.worst(values) if values else None
             bounds = [b for v in got for b in (v.lo, v.hi) if not math.isnan(b)] + (values if len(values) > 1 else [])
             lo, hi = (min(bounds), max(bounds)) if bounds else (NAN, NAN)
-            notes = [v.note for v in got if v.note]
+            notes = [x for v in got if v.note for x in v.note.split("; ")]
             if value is not None and not bounds and noise.get(c.data):
                 width, source = noise[c.data]
                 lo, hi = round(value - width, 3), round(value + width, 3)
@@ -305,7 +306,7 @@ def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None,
                          "reproduced": value, "spread": _fmt(lo, hi), "runs": len(values),
                          "over runs": _fmt(min(values), max(values)) if len(values) > 1 else "",
                          "tolerance": " ".join(map(str, c.test)), "paper value": c.paper_value,
-                         "status": c.status(value, lo, hi), "note": "; ".join(dict.fromkeys(x for n in notes for x in n.split("; ")))})
+                         "status": c.status(value, lo, hi), "note": "; ".join(dict.fromkeys(notes))})
     return rows
 
 

@@ -198,7 +198,8 @@ def sources(machine: str) -> str:
 
 BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "breakdown": breakdown, "power": power,
-    "interference": interference, "c3": c3, "c3_runs": c3_runs, "ficco": ficco, "e2e": e2e, "native": native, "probes": probes,
+    "interference": interference, "c3": c3, "c3_runs": c3_runs, "ficco": ficco, "e2e": e2e, "native": native,
+    "probes": probes,
     "sources": sources,
 }
 

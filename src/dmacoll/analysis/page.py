@@ -74,7 +74,8 @@ def table_html(df: pd.DataFrame, empty: str = "nothing to show", cell_class=None
                 [cell_class(column, value)] if cell_class else [])
             cells.append(f'<td class="{" ".join(c for c in classes if c)}">{html.escape(text)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f'<div class="dmacoll-table"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
+    body = "".join(rows)
+    return f'<div class="dmacoll-table"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def table(df: pd.DataFrame, empty: str = "nothing to show") -> None:

@@ -145,9 +145,10 @@ def interference(summary: pd.DataFrame) -> str:
     overlap each option keeps, over sizes and ranks."""
     parts = []
     for compute, t in summary.groupby("compute"):
-        parts.append(f"Next to the {compute} kernel the fraction of the ideal overlap is " + ", ".join(
-            f"{option} {_range(list(g['fraction_min']) + list(g['fraction_max']))}" for option, g in t.groupby("option"))
-                     + " (over sizes and ranks; 1: perfect overlap, 0: none).")
+        ranges = [f"{option} {_range(list(g['fraction_min']) + list(g['fraction_max']))}"
+                  for option, g in t.groupby("option")]
+        parts.append(f"Next to the {compute} kernel the fraction of the ideal overlap is {', '.join(ranges)} (over "
+                     "sizes and ranks; 1: perfect overlap, 0: none).")
     return " ".join(parts)
 
 
