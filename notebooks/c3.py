@@ -43,8 +43,9 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from dmacoll.analysis import c3_rules as h  # noqa: E402
-from dmacoll.analysis import report  # noqa: E402
+from dmacoll.analysis import page, readings, report  # noqa: E402
 
+page.setup()
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
 raw = h.load(csvs)
@@ -62,7 +63,8 @@ def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
 skipped = raw[h.skipped(raw)]
 wrong = raw[~h.skipped(raw) & (raw["correct"].astype(str) != "True")]
 print(f"{len(raw)} rows, {len(coll)} (scenario, option) points; {len(skipped)} rows skipped, {len(wrong)} wrong")
-table(skipped.groupby(["option", "op", "skipped"]).size().reset_index(name="rows"), "skipped")
+page.table(table(skipped.groupby(["option", "op", "skipped"]).size().reset_index(name="rows"), "skipped"),
+           empty="No row was skipped: every strategy ran in every scenario.")
 
 # %% [markdown]
 # ## Fraction of ideal per strategy (mean over shapes, ops and ratios)
@@ -81,8 +83,9 @@ ax.set_xlabel("")
 ax.tick_params(axis="x", rotation=30)
 ax.legend(fontsize=8)
 ax.set_title("C3: share of the ideal overlap realized")
-report.save_figure(fig, out, "fraction_of_ideal")
-summary
+page.figure(fig, out, "fraction_of_ideal")
+page.reading(readings.c3_summary(summary, h.PAPER))
+page.table(summary)
 
 # %% [markdown]
 # ## Per shape and per T_comm / T_comp
@@ -94,7 +97,8 @@ table(per_shape.round(3).reset_index(), "fraction_per_shape")
 fig, ax = plt.subplots(figsize=(1.3 * len(per_shape.columns) + 3, 0.45 * len(per_shape) + 1.5))
 sns.heatmap(per_shape, annot=True, fmt=".2f", cmap="RdYlGn", vmin=-0.5, vmax=1, ax=ax)
 ax.set_title(f"fraction of ideal, mean over ops and ratios, {platform_label}")
-report.save_figure(fig, out, "fraction_per_shape")
+page.figure(fig, out, "fraction_per_shape")
+page.reading(readings.c3_per_shape(per_shape))
 
 ops = [o for o in ["all_gather", "all_to_all", "reduce_scatter", "all_reduce"] if o in set(coll["op"])]
 g = sns.catplot(data=coll, x="target_ratio", y="speedup_vs_nccl_serial", hue="option", col="op", kind="point",
@@ -102,7 +106,8 @@ g = sns.catplot(data=coll, x="target_ratio", y="speedup_vs_nccl_serial", hue="op
                 col_wrap=min(4, len(ops)))
 g.set_axis_labels("target T_comm / T_comp", "speedup over serial NCCL")
 g.figure.suptitle(f"C3 speedup over compute-then-NCCL, mean over shapes, {platform_label}", y=1.03)
-report.save_figure(g.figure, out, "speedup_per_ratio")
+page.figure(g, out, "speedup_per_ratio")
+page.reading(readings.c3_ratios(coll))
 
 # %% [markdown]
 # ## Picking a strategy at run time
@@ -125,7 +130,5 @@ if res is not None:
     scores = table(res["scores"].round(3), "heuristic_accuracy")
     best = pd.Series(res["best_counts"], name="scenarios where best").rename_axis("option").reset_index()
     table(best, "best_option_counts")
-    display_scores = scores
-else:
-    display_scores = pd.DataFrame()
-display_scores
+    page.reading(readings.rule_scores(res["scores"], fraction=True))
+    page.table(scores)

@@ -21,7 +21,8 @@
 # reduce-scatters in pieces under the neighbouring pieces' GEMMs).
 #
 # * **TTFT**: the whole batch's prefill (eager); **decode**: one step per token, replayed from a CUDA graph;
-#   slowest rank, median of repeats. Ratios > 1 favour dmacoll; every ratio compares two runs of one process.
+#   slowest rank, median of repeats. Ratios are dmacoll over NCCL, as on every page: a time ratio below 1 and a
+#   tokens/s ratio above 1 favour dmacoll; every ratio compares two runs of one process.
 # * **Where the time goes**: each phase again with the collectives replaced by no-ops (compute alone) and with
 #   only its collectives (communication alone); C3's fraction of the ideal overlap from the three times.
 # * **e2e tokens/s** is derived: batch x output_len / (TTFT + (output_len - 1) x step).
@@ -44,17 +45,34 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import e2e_tables, load, report, tables  # noqa: E402
+from dmacoll.analysis import e2e_tables, load, page, readings, report, tables  # noqa: E402
 
+page.setup()
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
 PAPER = {"latency": 1.5, "throughput": 1.9}  # DMA-Latte (MICRO 2026), MI300X vs vLLM: "up to"
+# the paper's numbers as ratios in this page's direction (dmacoll over the baseline): 1.5x lower latency is a
+# time ratio of 1 / 1.5; 1.9x higher throughput a tokens/s ratio of 1.9
+PAPER_LINE = {"time": 1 / PAPER["latency"], "tokens/s": PAPER["throughput"]}
 
 
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
     df.to_csv(out / f"{name}.csv", index=False)
     (out / f"{name}.md").write_text(report.markdown(df) + "\n")
     return df
+
+
+def ratio_bars(long: pd.DataFrame, hue: str, name: str, title: str) -> None:
+    """Bars of dmacoll-over-NCCL ratios (``value``), a row per ``ratio`` (its kind in the name: time or tokens/s),
+    each with 1 and the paper's line in that row's direction."""
+    g = sns.catplot(data=long, x="batch", y="value", hue=hue, col="model", row="ratio", kind="bar", height=2.6,
+                    aspect=1.4, errorbar=None, sharey=False)
+    for (row, _), ax in g.axes_dict.items():
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.axhline(PAPER_LINE["tokens/s" if "tokens/s" in row else "time"], color="tab:red", ls="--", lw=0.8)
+    g.figure.suptitle(f"{title}, {platform_label}; dashed: the DMA-Latte paper's up to 1.5x lower latency (time "
+                      "ratio 0.67) / 1.9x higher throughput (MI300X vs vLLM)", y=1.02, fontsize=9)
+    page.figure(g, out, name)
 
 
 frames = {"e2e": [], "vllm": []}
@@ -66,7 +84,8 @@ raw = pd.concat(frames["e2e"], ignore_index=True)
 ok = raw[raw["status"] == "ok"].copy()
 failed = raw[raw["status"] != "ok"]
 print(f"{len(raw)} rows, {len(ok)} ok, {len(failed)} failed")
-table(failed[["model", "impl", "schedule", "batch", "prompt_len", "status"]], "failed")
+page.table(table(failed[["model", "impl", "schedule", "batch", "prompt_len", "status"]], "failed"),
+           empty="No point failed.")
 KEYS = ["model", "parallel", "layers", "batch", "prompt_len"]
 ok["variant"] = ok["impl"] + " " + ok["schedule"]
 
@@ -75,9 +94,9 @@ ok["variant"] = ok["impl"] + " " + ok["schedule"]
 
 # %%
 summary = table(tables.e2e_ratios(raw).round(3), "latency_throughput")
-summary
-
-# %%
+overview = tables.e2e_overview(raw)
+page.reading(readings.e2e(overview))
+page.table(overview)
 for y, yscale, ylabel, title, name in (
         ("decode_ms", "linear", "decode step (ms)", "decode latency per step (CUDA graph)", "decode_latency"),
         ("ttft_ms", "log", "time to first token (ms)", "prefill (TTFT)", "ttft"),
@@ -87,7 +106,9 @@ for y, yscale, ylabel, title, name in (
     g.set(xscale="log", yscale=yscale)
     g.set_axis_labels("batch size", ylabel)
     g.figure.suptitle(f"{title}, {platform_label}", y=1.02)
-    report.save_figure(g.figure, out, name)
+    page.figure(g, out, name)
+shown = [c for c in summary.columns if not c.endswith(("_speedup", "_gain"))]
+page.table(summary[shown])
 
 # %% [markdown]
 # ## Against the paper's claim
@@ -97,59 +118,53 @@ for y, yscale, ylabel, title, name in (
 
 # %%
 claims = []
-if "decode_speedup" in summary:
-    for what, col, paper in (("latency (decode step)", "decode_speedup", PAPER["latency"]),
-                             ("latency (TTFT)", "ttft_speedup", PAPER["latency"]),
-                             ("throughput (e2e tokens/s)", "throughput_gain", PAPER["throughput"])):
-        best = summary.loc[summary[col].idxmax()]
-        claims.append({"metric": what, "dmalatte_paper_mi300x_vs_vllm": f"up to {paper}x",
+if "decode_dma_over_nccl" in summary:
+    for what, col, paper, best_of in (
+            ("latency (decode step)", "decode_dma_over_nccl", f"up to {PAPER['latency']}x lower", "idxmin"),
+            ("latency (TTFT)", "ttft_dma_over_nccl", f"up to {PAPER['latency']}x lower", "idxmin"),
+            ("throughput (e2e tokens/s)", "tokens_per_s_dma_over_nccl", f"up to {PAPER['throughput']}x", "idxmax")):
+        best = summary.loc[getattr(summary[col], best_of)()]
+        claims.append({"metric": what, "ratio": "dma time / NCCL time" if "latency" in what else
+                       "dma tokens/s / NCCL tokens/s", "dmalatte_paper_mi300x_vs_vllm": paper,
                        "measured_best": round(float(best[col]), 3),
                        "measured_median": round(float(summary[col].median()), 3),
                        "best_at": f"{best['model']} batch {best['batch']} prompt {best['prompt_len']}",
                        "baseline": "NCCL, same model code"})
 claims = table(pd.DataFrame(claims), "paper_claims")
-if "decode_speedup" in summary:
-    long = summary.melt(id_vars=KEYS, value_vars=["ttft_speedup", "decode_speedup", "throughput_gain"],
-                        var_name="ratio", value_name="dma_over_nccl")
-    g = sns.catplot(data=long, x="batch", y="dma_over_nccl", hue="ratio", col="model", kind="bar", height=3,
-                    aspect=1.2, errorbar=None)
-    for ax in g.axes.flat:
-        ax.axhline(1, color="grey", lw=0.8)
-        ax.axhline(PAPER["latency"], color="tab:red", ls="--", lw=0.8)
-        ax.axhline(PAPER["throughput"], color="tab:purple", ls=":", lw=0.8)
-    g.set_axis_labels("batch size", "NCCL time / dma time  (> 1: dma faster)")
-    g.figure.suptitle(f"dmacoll over NCCL (mean over prompt lengths), {platform_label}; dashed: DMA-Latte paper "
-                      "1.5x latency, dotted: 1.9x throughput (MI300X vs vLLM)", y=1.04, fontsize=9)
-    report.save_figure(g.figure, out, "speedup")
-claims
+if "decode_dma_over_nccl" in summary:
+    long = summary.melt(id_vars=KEYS, value_vars=["ttft_dma_over_nccl", "decode_dma_over_nccl",
+                                                  "tokens_per_s_dma_over_nccl"], var_name="ratio", value_name="value")
+    long["ratio"] = long["ratio"].map({"ttft_dma_over_nccl": "TTFT, time", "decode_dma_over_nccl": "decode, time",
+                                       "tokens_per_s_dma_over_nccl": "tokens/s"})
+    long["impl"] = "dma / NCCL"
+    ratio_bars(long, "impl", "speedup", "dmacoll over NCCL (mean over prompt lengths)")
+    page.reading(readings.e2e_paper(claims))
+page.table(claims, empty="No point has both implementations.")
 
 # %% [markdown]
 # ## Schedules side by side
 #
-# Every (implementation, schedule) over NCCL serial (`*_vs_nccl_serial`) and over NCCL under the same schedule
-# (`*_vs_nccl`: dma overlapped over NCCL overlapped), > 1: faster. The lines are the DMA-Latte paper's "up to"
-# numbers as above (MI300X against vLLM).
+# Every (implementation, schedule) over NCCL serial (`*_over_nccl_serial`) and over NCCL under the same schedule
+# (`*_over_nccl`: dma overlapped over NCCL overlapped); times below 1 and tokens/s above 1 favour the first. The
+# dashed line is the DMA-Latte paper's "up to" number as above (MI300X against vLLM).
 
 # %%
 sbs = table(e2e_tables.side_by_side(raw).round(3), "schedules")
 for base, name, title in (("nccl_serial", "schedules", "over NCCL serial"),
                           ("nccl", "dma_over_nccl_same_schedule", "dma over NCCL under the same schedule")):
     df = sbs if base == "nccl_serial" else sbs[sbs["impl"] == "dma"]
-    long = df.melt(id_vars=KEYS + ["impl", "schedule"], var_name="ratio", value_name="speedup",
-                   value_vars=[f"{p}_vs_{base}" for p in ("ttft", "decode", "throughput")]).dropna(subset=["speedup"])
+    long = df.melt(id_vars=KEYS + ["impl", "schedule"], var_name="ratio", value_name="value",
+                   value_vars=[f"{p}_vs_{base}" for p in ("ttft", "decode", "throughput")]).dropna(subset=["value"])
     if long.empty:
         continue
+    is_time = ~long["ratio"].str.startswith("throughput")
+    long.loc[is_time, "value"] = 1 / long.loc[is_time, "value"]  # side_by_side's time columns are speedups
+    long["ratio"] = [f"{r.split('_vs_')[0]}, {'time' if t else 'tokens/s'}" for r, t in zip(long["ratio"], is_time)]
     long["variant"] = long["impl"] + " " + long["schedule"]
-    g = sns.catplot(data=long, x="batch", y="speedup", hue="variant", col="model", row="ratio", kind="bar",
-                    height=2.6, aspect=1.4, errorbar=None, sharey=False)
-    for ax in g.axes.flat:
-        ax.axhline(1, color="grey", lw=0.8)
-        ax.axhline(PAPER["latency"], color="tab:red", ls="--", lw=0.8)
-        ax.axhline(PAPER["throughput"], color="tab:purple", ls=":", lw=0.8)
-    g.figure.suptitle(f"{title} (mean over prompt lengths), {platform_label}; dashed: DMA-Latte paper 1.5x "
-                      "latency, dotted: 1.9x throughput (MI300X vs vLLM)", y=1.02, fontsize=9)
-    report.save_figure(g.figure, out, name)
-sbs
+    ratio_bars(long, "variant", name, f"{title} (mean over prompt lengths)")
+page.reading(readings.e2e_schedules(sbs))
+shown = [c for c in sbs.columns if not c.endswith(("_vs_nccl_serial", "_vs_nccl"))]
+page.table(sbs[shown].dropna(axis=1, how="all"))
 
 # %% [markdown]
 # ## Where the time goes
@@ -173,10 +188,13 @@ if frac and sbs[frac].notna().any().any():
         ax.axhline(0.8, color="tab:green", ls="--", lw=0.8)
     g.figure.suptitle(f"fraction of the ideal overlap (mean over prompt lengths), {platform_label}; dashed: the "
                       "0.8 target", y=1.02, fontsize=9)
-    report.save_figure(g.figure, out, "fraction_of_ideal")
+    page.figure(g, out, "fraction_of_ideal")
 speed = table(e2e_tables.compute_speed(raw).round(3), "compute_speed")
 goals = table(e2e_tables.targets(raw), "targets")
-goals
+measured = goals[goals["points"] > 0]
+page.reading(readings.e2e_breakdown(goals))
+page.table(speed.dropna(axis=1, how="all"), empty="No compute-alone times in this run.")
+page.table(measured, empty="None of the targets can be evaluated on this run.")
 
 # %% [markdown]
 # ## Outputs: the same logits
@@ -195,17 +213,18 @@ cols = KEYS + ["impl", "schedule", "check_dtype", "check_max_abs_diff", "logits_
 cols = [c for c in cols if c in check]  # results from before the float32 check lack its columns
 check = table(check[cols].reset_index(drop=True), "logits_check")
 print(f"{int((check['logits_ok'].astype(str) == 'True').sum())} of {len(check)} points pass the logits check")
-check
+page.table(check.dropna(axis=1, how="all"))
 
 # %% [markdown]
 # ## vLLM with and without the dmacoll plugin
 #
 # vLLM's own benchmarks (`vllm bench latency` / `throughput`, dummy weights, synthetic tokenizer) with the plugin off
-# (`vllm`) and on (`dma`), per model, TP and EP, next to the built-in benchmark above. `speedup` > 1: faster with the
-# plugin; the plugin routes a collective only where the committed sweeps say dmacoll is faster (`dmacoll_routed`
-# names them; empty: everything stayed on vLLM's path, so the two differ by noise only). `allreduce_backends`: what
-# vLLM itself enabled per group (its log line). Present where vLLM runs were made (`vllm: {enabled: true}`, or
-# shipped under `results/<machine>/vllm/`).
+# (`vllm`) and on (`dma`), per model, TP and EP, next to the built-in benchmark above. `dma_over_vllm`: the plugin's
+# latency over vLLM's (below 1: faster with the plugin) and its tokens/s over vLLM's (above 1: faster); the plugin
+# routes a collective only where the committed sweeps say dmacoll is faster (`dmacoll_routed` names them; empty:
+# everything stayed on vLLM's path, so the two differ by noise only). `allreduce_backends`: what vLLM itself
+# enabled per group (its log line). Present where vLLM runs were made (`vllm: {enabled: true}`, or shipped under
+# `results/<machine>/vllm/`).
 
 # %%
 VKEYS = ["model", "tp", "ep", "batch", "input_len", "output_len"]
@@ -217,23 +236,22 @@ if frames["vllm"]:
     routed = notes[notes["plugin"] == "dma"].drop(columns=["plugin", "allreduce_backends"])
     backends = notes[notes["plugin"] == "vllm"].drop(columns=["plugin", "dmacoll_routed"])
 
-    def versus(metric: str, better: str) -> pd.DataFrame:
+    def versus(metric: str) -> pd.DataFrame:
         rows = v[v["metric"] == metric]
         pivot = rows.pivot_table(index=VKEYS, columns="plugin", values="value", aggfunc="median").reset_index()
         if {"dma", "vllm"} <= set(pivot.columns):
-            pivot["speedup"] = pivot["vllm"] / pivot["dma"] if better == "lower" else pivot["dma"] / pivot["vllm"]
+            pivot["dma_over_vllm"] = pivot["dma"] / pivot["vllm"]
         return pivot.merge(routed, on=VKEYS, how="left").merge(backends, on=VKEYS, how="left")
 
-    display_vllm = table(versus("latency_avg", "lower").round(3), "vllm_latency")
-    table(versus("output_tokens_per_s", "higher").round(3), "vllm_throughput")
+    display_vllm = table(versus("latency_avg").round(3), "vllm_latency")
+    table(versus("output_tokens_per_s").round(3), "vllm_throughput")
     lat = v[v["metric"] == "latency_avg"]
     if not lat.empty:
         g = sns.catplot(data=lat, x="batch", y="value", hue="plugin", col="model", row="tp", kind="bar", height=3,
                         aspect=1.2, errorbar=None)
         g.set_axis_labels("batch size", "request latency (ms)")
         g.figure.suptitle(f"vllm bench latency, plugin off (vllm) / on (dma), {platform_label}", y=1.03)
-        report.save_figure(g.figure, out, "vllm_latency")
+        page.figure(g, out, "vllm_latency")
+    page.table(display_vllm)
 else:
     print("no vLLM runs (enable them with vllm: {enabled: true} in the config)")
-    display_vllm = pd.DataFrame()
-display_vllm

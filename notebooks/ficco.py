@@ -37,8 +37,9 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from dmacoll.analysis import ficco_rules as fh  # noqa: E402
-from dmacoll.analysis import report  # noqa: E402
+from dmacoll.analysis import page, readings, report  # noqa: E402
 
+page.setup()
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
 raw = fh.load(csvs)
@@ -57,7 +58,8 @@ def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
 skipped = raw[fh.skipped(raw)]
 wrong = raw[~fh.skipped(raw) & (raw["correct"].astype(str) != "True")]
 print(f"{len(raw)} rows, {len(coll)} (scenario, schedule) points; {len(skipped)} rows skipped, {len(wrong)} wrong")
-table(skipped.groupby(["option", "pattern", "skipped"]).size().reset_index(name="rows"), "skipped")
+page.table(table(skipped.groupby(["option", "pattern", "skipped"]).size().reset_index(name="rows"), "skipped"),
+           empty="No row was skipped: every schedule ran in every scenario.")
 
 # %% [markdown]
 # ## Speedup over NCCL serial, per schedule and scenario
@@ -75,9 +77,10 @@ ax.set_xlabel("")
 ax.tick_params(axis="x", rotation=35)
 ax.legend(fontsize=7, ncol=2)
 ax.set_title(f"FiCCO schedules, {platform_label}")
-report.save_figure(fig, out, "speedup")
+page.figure(fig, out, "speedup")
 summary = table(fh.summary_table(coll), "speedup_summary")
-summary
+page.reading(readings.ficco(summary, PAPER_MAX_SPEEDUP))
+page.table(summary)
 
 # %% [markdown]
 # ## Where the time goes: decomposition and contention losses (decomposed schedules)
@@ -93,8 +96,9 @@ for ax in g.axes.flat:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.tick_params(axis="x", rotation=35)
 g.figure.suptitle(f"FiCCO loss breakdown (1 = no loss), {platform_label}", y=1.03)
-report.save_figure(g.figure, out, "losses")
-losses
+page.figure(g, out, "losses")
+page.reading(readings.ficco_losses(losses))
+page.table(losses)
 
 # %% [markdown]
 # ## Picking a schedule from static sizes
@@ -116,7 +120,5 @@ if res is not None:
     scores = table(res["scores"].round(3), "heuristic_accuracy")
     best = res["best"].value_counts().rename_axis("option").reset_index(name="scenarios where best")
     table(best, "best_schedule_counts")
-    display_scores = scores
-else:
-    display_scores = pd.DataFrame()
-display_scores
+    page.reading(readings.rule_scores(res["scores"], fraction=False))
+    page.table(scores)

@@ -34,16 +34,36 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import load, report  # noqa: E402
+from dmacoll.analysis import docs, figures, load, page, readings, report  # noqa: E402
 
+page.setup()
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
 df = load.read("operator", csvs)
 prov = load.provenance(csvs[0])
-print(f"{len(df)} points from {csvs}; git {prov['git_sha'][:10]}, torch {prov['software']['torch']}, "
+print(f"{len(df)} points from {len(csvs)} files; git {prov['git_sha'][:10]}, torch {prov['software']['torch']}, "
       f"NCCL {prov['software']['nccl']}, GPUs {prov['hardware']['gpus']}")
 print("failed points:", int((df['status'] != 'ok').sum()), " wrong outputs:",
       int(((df['status'] == 'ok') & ~df['ok']).sum()))
+table = report.ratio_table(df, sizes=sorted(df["bytes_per_rank"].unique()))
+table.to_csv(out / "ratios.csv", index=False)
+(out / "ratios.md").write_text(report.markdown(table) + "\n")
+
+# %% [markdown]
+# ## Headline: time per call, graph-replayed
+#
+# The index page shows this figure and table for each machine. Bands: the p10-p90 of the repeats; the table's
+# brackets: the same spread as a ratio (the configuration's p10 over NCCL's p90 up to its p90 over NCCL's p10).
+
+# %%
+page.figure(figures.headline(df, platform_label), out, "headline")
+headline = docs.headline_table(df)
+headline.to_csv(out / "headline.csv", index=False)
+page.table(headline)
+page.reading(readings.operator(table, "graph"))
+
+# %% [markdown]
+# ## Every baseline and configuration, graph-replayed and eager
 
 # %%
 # One line per baseline as measured, and three for dmacoll: its default (what Communicator() does), tuned
@@ -60,23 +80,28 @@ for name, b in report.picks(df).items():
 curves = pd.concat(lines, ignore_index=True)
 curves["MB per rank"] = curves["bytes_per_rank"] / (1 << 20)
 
-# %%
+
 def facet_plot(y: str, ylabel: str, name: str) -> None:
     g = sns.relplot(data=curves, x="MB per rank", y=y, hue="impl", col="op", row="mode", kind="line",
                     marker="o", height=3.2, aspect=1.4, facet_kws={"sharey": False})
     g.set(xscale="log", yscale="log")
     g.set_axis_labels("message size per rank (MB)", ylabel)
     g.figure.suptitle(f"{ylabel}, {platform_label}", y=1.02)
-    report.save_figure(g, out, name)
+    page.figure(g, out, name)
 
 
 facet_plot("time_us", "time per call (us)", "latency")
+page.reading(readings.operator(table, "eager"))
 facet_plot("busbw_GBps", "bus bandwidth (GB/s)", "busbw")
 
+# %% [markdown]
+# ## dmacoll over NCCL at every size, graph-replayed
+#
+# Time over NCCL's (below 1: dmacoll faster), with the p10-p90 spread; N: how many measured configurations a
+# pick was made from; the oracle's configuration and its cost beyond one raw peer copy.
+
 # %%
-table = report.ratio_table(df, sizes=sorted(df["bytes_per_rank"].unique()))
-table.to_csv(out / "ratios.csv", index=False)
-(out / "ratios.md").write_text(report.markdown(table) + "\n")
 targets = pd.DataFrame(report.targets(df))
 (out / "targets.md").write_text(report.markdown(targets) + "\n" if not targets.empty else "no targets\n")
-table[table["mode"] == "graph"]
+wide = docs.operator_columns(table)
+page.table(wide[wide["mode"] == "graph"].drop(columns="mode"))

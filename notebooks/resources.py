@@ -38,28 +38,27 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import load, report, tables  # noqa: E402
+from dmacoll.analysis import load, page, readings, report, tables  # noqa: E402
 from dmacoll.sizes import human  # noqa: E402
 
+page.setup()
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
 power, sm, inter = (load.read(kind, [p]) for kind, p in zip(("power", "sm_usage", "interference"), csvs))
-for p in csvs:
-    prov = load.provenance(p)
-    print(f"{p}: git {prov['git_sha'][:10]}, GPUs {prov['hardware']['gpus']}")
+report.print_provenance(csvs)
 
 
 def label(df: pd.DataFrame) -> pd.Series:
     return df["impl"] + df["variant"].fillna("").map(lambda v: f" {v}" if v else "")
 
 
+# %% [markdown]
+# ## Power and energy per call
+
 # %%
 summary = tables.power_summary(power)
 summary.to_csv(out / "power.csv", index=False)
 (out / "power.md").write_text(report.markdown(summary.drop(columns=["bytes_per_rank"])) + "\n")
-summary
-
-# %%
 fig, axes = plt.subplots(1, 2, figsize=(13, 4))
 sns.barplot(data=summary, x="size", y="avg_power_w", hue="impl", ax=axes[0], errorbar=None)
 axes[0].axhline(summary["idle_power_w"].median(), color="grey", ls="--", label="idle")
@@ -68,18 +67,33 @@ sns.barplot(data=summary, x="size", y="dynamic_energy_per_call_uj", hue="impl", 
 axes[1].set_yscale("log")
 axes[1].set_ylabel("energy per call above idle (uJ, log)")
 fig.suptitle(f"power and energy per collective (both ops), {platform_label}")
-report.save_figure(fig, out, "power")
+page.figure(fig, out, "power")
+page.reading(readings.power(summary))
+page.table(summary.drop(columns=["bytes_per_rank"]))
+
+# %% [markdown]
+# ## What runs on the SMs
 
 # %%
 sm["impl"] = label(sm)
 sm_table = sm[["op", "impl", "bytes_per_rank", "mode", "kernels_per_call", "kernel_us_per_call", "copies_per_call",
                "memsets_per_call", "kernel_names"]]
 (out / "sm_usage.md").write_text(report.markdown(sm_table) + "\n")
-sm_table
+counts = sm.melt(id_vars=["op", "impl", "mode"], value_vars=["kernels_per_call", "copies_per_call"], var_name="what",
+                 value_name="per call")
+g = sns.catplot(data=counts, x="impl", y="per call", hue="what", col="op", row="mode", kind="bar", height=2.8,
+                aspect=1.6, errorbar=None)
+g.figure.suptitle(f"kernels and copy-engine copies per call, {platform_label}", y=1.02)
+page.figure(g, out, "sm_usage")
+page.reading(readings.sm_usage(sm))
+page.table(sm_table.round(2))
+
+# %% [markdown]
+# ## Interference with a GEMM or a memory-bound kernel
 
 # %%
-# `dmacoll interference` is C3 at fixed sizes: its rows are C3's (older tables are read in that schema), and
-# `option` names the strategy: baseline (NCCL), dma (the tuned choice), dma pcpy (the plain one, older tables)
+# `dmacoll interference` is C3 at fixed collective sizes: its rows are C3's (older tables are read in that
+# schema), and `option` names the strategy: baseline (NCCL), dma (the tuned choice), dma pcpy (the plain one)
 inter["size"] = inter["bytes_per_rank"].map(lambda b: human(int(b)))
 cols = ["compute", "option", "size", "rank", "comp_slowdown", "comm_slowdown", "fraction_of_ideal"]
 (out / "interference.md").write_text(report.markdown(inter[cols].round(3)) + "\n")
@@ -89,5 +103,7 @@ long = inter[inter["rank"] == 0].melt(id_vars=["compute", "option", "size"],
 g = sns.catplot(data=long, x="size", y="slowdown", hue="option", col="compute", row="who", kind="bar", height=3,
                 aspect=1.5, errorbar=None)
 g.figure.suptitle(f"slowdown when running together (1 = none), rank 0, {platform_label}", y=1.02)
-report.save_figure(g.figure, out, "interference")
-inter[cols].round(3)
+page.figure(g, out, "interference")
+inter_summary = tables.interference_summary(inter)
+page.reading(readings.interference(inter_summary))
+page.table(inter_summary)

@@ -6,10 +6,11 @@ import pytest
 from dmacoll.analysis import docs
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = [ROOT / "README.md", ROOT / "docs/results.md"]
+DOCUMENTS = [ROOT / "README.md", ROOT / "docs/results.md", ROOT / "results/h200x2/c3/README.md",
+             ROOT / "results/h200x4/c3/README.md"]
 
 
-@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_generated_blocks_match_the_committed_results(path):
     assert docs.BLOCK.search(path.read_text()), f"{path} has no generated block"
     assert docs.stale(path) == [], f"run `dmacoll report docs`: {docs.stale(path)}"

@@ -105,6 +105,19 @@ def renders():
 RENDERS = renders()
 
 
+def c3_runs(platform):
+    """The C3 tables the claims rest on: the fresh run on a GPU machine; for a shipped set its full run and every
+    other C3 table beside it (repeats of some strategies on the same scenarios: the spread over runs). Probe tables
+    in that folder are not C3 tables (their header lacks C3's columns)."""
+    main = NOTEBOOK_INPUTS["c3"](platform)
+    if GPU:
+        return main
+    c3_columns = {"strategy", "option", "t_c3_us"}
+    others = [str(p) for p in sorted(Path(result(platform, "c3")).glob("*/data.csv"))
+              if str(p) not in main and c3_columns <= set(p.open().readline().strip().split(","))]
+    return main + others
+
+
 def cli_flags(section):
     """`dmacoll <tool>` flags from a config section (key -> --key, lists spread); absent keys: the CLI defaults."""
     flags = []

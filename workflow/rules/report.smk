@@ -35,7 +35,7 @@ rule claims:
     input:
         sweeps=lambda wc: operator_csvs(wc.platform),
         power=lambda wc: result(wc.platform, "power/power/data.csv"),
-        c3=lambda wc: NOTEBOOK_INPUTS["c3"](wc.platform) if (wc.platform, "c3") in RENDERS else [],
+        c3=lambda wc: c3_runs(wc.platform) if (wc.platform, "c3") in RENDERS else [],
     output:
         json=f"{REPORT}/{{platform}}/claims.json",
         md=f"{REPORT}/{{platform}}/claims.md",

@@ -23,6 +23,7 @@ metric) the picks realize, to set next to the single strategies' means.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -39,6 +40,14 @@ GFLOP_CUTS = (10.0, 100.0, 300.0, 1000.0, 3000.0)
 
 def shape_label(compute: str, m: int, n: int, k: int) -> str:
     return f"{compute}:{m}x{n}" + (f"x{k}" if compute == "gemm" else "")
+
+
+def runs(folder: Path) -> list[Path]:
+    """The `dmacoll c3` tables in a machine's c3 folder (``results/<machine>/c3``): the full run ``c3/`` first,
+    then the others (repeats of some strategies) by name; probe tables beside them are not C3's."""
+    tables = [p for p in sorted(Path(folder).glob("*/data.csv")) if {"strategy", "option", "t_c3_us"} <= set(
+        p.open().readline().strip().split(","))]
+    return sorted(tables, key=lambda p: (p.parent.name != "c3", p.parent.name))
 
 
 def load(paths: Sequence[str]) -> pd.DataFrame:
@@ -104,6 +113,31 @@ def held_out(feats: pd.DataFrame) -> np.ndarray:
     shapes = feats.index.droplevel(["op", "target_ratio"])
     test = set(sorted(set(shapes))[1::3])
     return np.array([s in test for s in shapes])
+
+
+def scored_rows(coll: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """The rows of the scenarios a rule is scored on (the held-out shapes), and whether there were shapes to hold
+    out (with a single shape: every row, False)."""
+    feats, _ = scenarios(coll)
+    mask = held_out(feats)
+    if mask.all() or not mask.any():
+        return coll, False
+    return coll[coll.set_index(KEYS).index.isin(feats.index[mask])], True
+
+
+def run_means(paths: Sequence[Path]) -> pd.DataFrame:
+    """Per C3 run (its folder's name) and option: scenarios, the mean fraction of ideal (clipped at 1, as every
+    claim and summary takes it), the mean unclipped, and the clipped mean over the held-out scenarios the claims
+    score. Options repeated in several runs show the run-to-run noise."""
+    rows = []
+    for path in paths:
+        coll = collapse(load([path]))
+        held, _ = scored_rows(coll)
+        for option, g in coll.groupby("option"):
+            rows.append({"run": Path(path).parent.name, "option": option, "scenarios": len(g),
+                         "mean": g["fraction_of_ideal"].mean(), "mean_unclipped": g["fraction_of_ideal_raw"].mean(),
+                         "held_out_mean": held[held["option"] == option]["fraction_of_ideal"].mean()})
+    return pd.DataFrame(rows).round(3)
 
 
 # -- rules -----------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Callable
 
 import pandas as pd
 
-from . import claims, load, report, tables
+from . import c3_rules, claims, load, report, tables
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout whose results/ the blocks read (a source install)
 BLOCK = re.compile(r"(<!-- generated: ([\w-]+) ([\w/]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
@@ -50,42 +50,68 @@ def _table(df: pd.DataFrame, paths: list[str]) -> str:
     return source_line(paths) + "\n\n" + report.markdown(df)
 
 
+def _spread(lo, hi) -> str:
+    return f"{lo}-{hi}" if lo != "" else "none recorded"
+
+
 def _with_n(t: pd.DataFrame) -> pd.DataFrame:
-    """Each configuration's ratio to NCCL with the N it was picked from, in one column."""
+    """Each configuration's ratio to NCCL with its spread (p10-p90 of the repeats) and the N it was picked from,
+    in one column; NCCL's time with its p10-p90."""
     t = t.copy()
+    t["NCCL us (p10-p90)"] = [f"{v} ({_spread(lo, hi)})" for v, lo, hi in zip(t["nccl_us"], t["nccl_p10_us"],
+                                                                                t["nccl_p90_us"])]
     # a default not measured as such (no dma_default row) is the table's pick from the same sweep: in-sample
-    t["default / NCCL"] = [v if measured or not isinstance(v, float) else f"{v} (derived)"
-                           for v, measured in zip(t["default_over_nccl"], t["default_measured"])]
+    t["default / NCCL (p10-p90)"] = [
+        v if not isinstance(v, float) else f"{v} ({_spread(lo, hi)})" + ("" if measured else " (derived)")
+        for v, lo, hi, measured in zip(t["default_over_nccl"], t["default_lo"], t["default_hi"], t["default_measured"])]
     for name in ("tuned", "oracle"):
-        t[f"{name} / NCCL (of N)"] = [f"{v} (of {n})" for v, n in zip(t[f"{name}_over_nccl"], t[f"{name}_n"])]
+        t[f"{name} / NCCL (p10-p90; of N)"] = [
+            f"{v} ({_spread(lo, hi)}; of {n})" if isinstance(v, float) else v
+            for v, lo, hi, n in zip(t[f"{name}_over_nccl"], t[f"{name}_lo"], t[f"{name}_hi"], t[f"{name}_n"])]
     return t
+
+
+HEADLINE_COLUMNS = ["op", "size", "NCCL us (p10-p90)", "default / NCCL (p10-p90)", "tuned / NCCL (p10-p90; of N)",
+                    "oracle / NCCL (p10-p90; of N)"]
+
+
+def headline_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The README's headline table of a machine's sweeps (the index page shows it too): graph mode, the headline
+    sizes, NCCL's time and each configuration's ratio to it, with spreads."""
+    t = _with_n(report.ratio_table(df, sizes=HEADLINE_SIZES))
+    return t[t["mode"] == "graph"][HEADLINE_COLUMNS].reset_index(drop=True)
 
 
 # -- the blocks ----------------------------------------------------------------------------------------------------
 def headline(machine: str) -> str:
     """The README's table: dmacoll's default, tuned and best-of-N configurations against NCCL, graph mode."""
-    paths = sweeps(machine)
-    t = _with_n(report.ratio_table(sweep_table(machine), sizes=HEADLINE_SIZES))
-    t = t[t["mode"] == "graph"].rename(columns={"nccl_us": "NCCL (us)"})
-    return _table(t[["op", "size", "NCCL (us)", "default / NCCL", "tuned / NCCL (of N)", "oracle / NCCL (of N)"]],
-                  paths)
+    return _table(headline_table(sweep_table(machine)), sweeps(machine))
+
+
+OPERATOR_COLUMNS = ["op", "mode", "size", "NCCL us (p10-p90)", "nccl_ce_us", "default / NCCL (p10-p90)",
+                    "tuned / NCCL (p10-p90; of N)", "oracle / NCCL (p10-p90; of N)", "oracle_config",
+                    "oracle_minus_peer_copy_us"]
+
+
+def operator_columns(ratios: pd.DataFrame) -> pd.DataFrame:
+    """A ``report.ratio_table`` as docs/results.md and the operator page show it (spreads and N in the cells)."""
+    return _with_n(ratios)[OPERATOR_COLUMNS]
 
 
 def operator(machine: str) -> str:
     paths = sweeps(machine)
     df = sweep_table(machine)
-    t = _with_n(report.ratio_table(df, sizes=report.TABLE_SIZES))
-    cols = ["op", "mode", "size", "nccl_us", "nccl_ce_us", "default / NCCL", "tuned / NCCL (of N)",
-            "oracle / NCCL (of N)", "oracle_config", "oracle_minus_peer_copy_us"]
-    return _table(t[cols], paths) + "\n\n" + report.failures_line(df)
+    return (_table(operator_columns(report.ratio_table(df, sizes=report.TABLE_SIZES)), paths) + "\n\n" +
+            report.failures_line(df))
 
 
 def claims_block(machine: str) -> str:
     paths = sweeps(machine)
-    c3 = [run(machine, "c3", "c3")] if (ROOT / run(machine, "c3", "c3")).exists() else []
+    c3 = [str(p.relative_to(ROOT)) for p in c3_rules.runs(ROOT / "results" / machine / "c3")]
     power = run(machine, "power", "power")
     rows = pd.DataFrame(claims.evaluate(_abs(paths), str(ROOT / power), _abs(c3)))
-    cols = ["id", "paper (MI300X)", "metric", "configuration", "n", "reproduced", "tolerance", "status", "note"]
+    cols = ["id", "paper (MI300X)", "metric", "configuration", "n", "reproduced", "spread", "over runs", "tolerance",
+            "status", "note"]
     return _table(rows[cols], paths + [power] + c3)
 
 
@@ -108,8 +134,6 @@ def interference(machine: str) -> str:
 
 
 def c3(machine: str) -> str:
-    from . import c3_rules
-
     paths = [run(machine, "c3", "c3")]
     coll = c3_rules.collapse(c3_rules.load(_abs(paths)))
     summary = c3_rules.summary_table(coll)
@@ -117,6 +141,13 @@ def c3(machine: str) -> str:
     res = c3_rules.fit_and_evaluate(coll)
     return "\n\n".join([_table(summary, paths), report.markdown(per_op.reset_index()),
                         "Learned strategy rule:", report.markdown(res["scores"].round(3))])
+
+
+def c3_runs(machine: str) -> str:
+    """Every C3 run of a machine, per option: the mean fraction of ideal clipped and not, and over the held-out
+    scenarios (the claims' spread over runs comes from the options measured in several)."""
+    paths = [str(p.relative_to(ROOT)) for p in c3_rules.runs(ROOT / "results" / machine / "c3")]
+    return _table(c3_rules.run_means(_abs(paths)), paths)
 
 
 def ficco(machine: str) -> str:
@@ -167,7 +198,8 @@ def sources(machine: str) -> str:
 
 BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "breakdown": breakdown, "power": power,
-    "interference": interference, "c3": c3, "ficco": ficco, "e2e": e2e, "native": native, "probes": probes,
+    "interference": interference, "c3": c3, "c3_runs": c3_runs, "ficco": ficco, "e2e": e2e, "native": native,
+    "probes": probes,
     "sources": sources,
 }
 

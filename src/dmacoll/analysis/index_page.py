@@ -1,4 +1,6 @@
-"""The report's front page: every rendered notebook and each platform's claims table, one HTML file.
+"""The report's front page, one HTML file: per machine its headline (the time-per-call figure with p10-p90 bands
+and the README's headline table, both made by the operator notebook), a coloured count of the claims by status and
+the claims table; then the list of every rendered notebook page.
 
     dmacoll report index --report-dir results/local/report --platform h200x2 "2x H200 (NVLink)" ...
 """
@@ -8,31 +10,70 @@ import html
 import json
 from pathlib import Path
 
+import pandas as pd
+
+from . import page
+from .claims import STATUSES
+
 NOTE = ("Everything here was measured on NVIDIA Hopper GPUs with the CUDA copy engines; the papers it reproduces "
         "(ConCCL, DMA-Latte, FiCCO) ran on AMD MI300X. Claims compare the papers' statements with these "
         "measurements; they are not the papers' numbers.")
+HEADLINE = "figures/operator/headline"  # the operator notebook's headline figure (.png) and table (.csv)
+CLAIM_COLUMNS = ["id", "claim", "paper (MI300X)", "metric", "configuration", "n", "reproduced", "spread", "runs",
+                 "over runs", "tolerance", "status", "note"]
+COLOURS = {"pass": "#d7f0d2", "within noise": "#fff1c2", "fail": "#f8d3d0", "not run": "#e6e6e6"}
+STYLE = ("body{font-family:sans-serif;max-width:78em;margin:2em auto;padding:0 1em}"
+         ".headline-figure{max-width:100%;height:auto}"
+         ".counts span{display:inline-block;padding:3px 10px;margin-right:6px;border-radius:3px;font-weight:bold}"
+         + "".join(f".status-{s.replace(' ', '-')}{{background:{c}}}" for s, c in COLOURS.items()))
 
 
-def _claims_table(path: Path) -> str:
+def _claims(path: Path) -> list[dict]:
     if not path.is_file():
-        return "<p>no claims for this platform</p>"
+        return []
     rows = json.loads(path.read_text())
-    rows = rows.get("claims", rows) if isinstance(rows, dict) else rows
-    cols = ["id", "claim", "paper (MI300X)", "metric", "configuration", "n", "reproduced", "runs", "spread",
-            "tolerance", "status", "note"]
-    head = "".join(f"<th>{c}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>"
-                   for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return rows.get("claims", rows) if isinstance(rows, dict) else rows
+
+
+def _status_class(status: str) -> str:
+    return "status-" + str(status).replace(" ", "-")
+
+
+def _counts(rows: list[dict]) -> str:
+    spans = [f'<span class="{_status_class(s)}">{sum(r.get("status") == s for r in rows)} {html.escape(s)}</span>'
+             for s in STATUSES]
+    return f'<p class="counts">Claims: {"".join(spans)}</p>'
+
+
+def _claims_table(rows: list[dict]) -> str:
+    if not rows:
+        return "<p>no claims for this platform</p>"
+    table = pd.DataFrame(rows).reindex(columns=CLAIM_COLUMNS)
+    return page.table_html(table, cell_class=lambda column, value: _status_class(value) if column == "status" else "")
+
+
+def _headline(report_dir: Path, name: str) -> str:
+    png, csv = report_dir / name / f"{HEADLINE}.png", report_dir / name / f"{HEADLINE}.csv"
+    if not png.is_file() or not csv.is_file():
+        return "<p>no headline: the operator page was not rendered for this machine</p>"
+    table = page.table_html(pd.read_csv(csv, keep_default_na=False)).replace(
+        'class="dmacoll-table"', 'class="dmacoll-table headline-table"', 1)
+    return (f'<img class="headline-figure" src="{name}/{HEADLINE}.png" alt="time per call against size, {name}">'
+            f"<p>dmacoll over NCCL, graph-replayed (below 1: dmacoll faster); brackets: the p10-p90 of the repeats "
+            f"as a ratio, and N, the measured configurations a pick was made from.</p>{table}")
 
 
 def render(report_dir: Path, platforms: list[tuple[str, str]]) -> str:
     parts = [f"<h1>dmacoll report</h1><p>{html.escape(NOTE)}</p>"]
     for name, label in platforms:
-        pages = sorted((report_dir / name / "notebooks").glob("*.html"))
-        links = "".join(f'<li><a href="{name}/notebooks/{p.name}">{html.escape(p.stem)}</a></li>' for p in pages)
-        parts.append(f"<h2>{html.escape(label)} ({html.escape(name)})</h2><ul>{links or '<li>nothing rendered</li>'}"
-                     f"</ul><h3>Claims</h3>{_claims_table(report_dir / name / 'claims.json')}")
-    style = "body{font-family:sans-serif;max-width:70em;margin:2em auto}td,th{border:1px solid #ccc;padding:3px}"
+        rows = _claims(report_dir / name / "claims.json")
+        parts.append(f'<section id="{html.escape(name)}"><h2>{html.escape(label)} ({html.escape(name)})</h2>'
+                     f"{_headline(report_dir, name)}{_counts(rows)}<h3>Claims</h3>{_claims_table(rows)}</section>")
+    pages = []
+    for name, label in platforms:
+        found = sorted((report_dir / name / "notebooks").glob("*.html"))
+        links = "".join(f'<li><a href="{name}/notebooks/{p.name}">{html.escape(p.stem)}</a></li>' for p in found)
+        pages.append(f"<h3>{html.escape(label)}</h3><ul>{links or '<li>nothing rendered</li>'}</ul>")
+    parts.append(f'<section id="pages"><h2>Every page</h2>{"".join(pages)}</section>')
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>dmacoll report</title>"
-            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
+            f"<style>{STYLE}</style>{page.STYLE}</head><body>{''.join(parts)}</body></html>\n")

@@ -37,9 +37,19 @@ def best(df: pd.DataFrame, impl: str) -> pd.DataFrame:
     """Fastest correct row of ``impl`` per (op, mode, size), with its configuration."""
     sub = df[(df["impl"] == impl) & df["ok"]]
     idx = sub.groupby(["op", "mode", "bytes_per_rank"])["time_us"].idxmin()
-    out = sub.loc[idx, ["op", "mode", "bytes_per_rank", "time_us", "busbw_GBps", "variant", "direction", "place",
-                        "signal", "wait", "prerecord", "submit", "handshake"]]
+    out = sub.loc[idx].reindex(columns=["op", "mode", "bytes_per_rank", "time_us", "time_us_p10", "time_us_p90",
+                                        "busbw_GBps", "variant", "direction", "place", "signal", "wait", "prerecord",
+                                        "submit", "handshake"])
     return out.set_index(["op", "mode", "bytes_per_rank"])
+
+
+def ratio_spread(row: pd.Series, base: pd.Series) -> tuple[float, float, float]:
+    """``row``'s time over ``base``'s (two rows of a sweep), with the interval their repeats allow: row's p10 over
+    base's p90 up to row's p90 over base's p10 (NaN where a sweep recorded no p10/p90)."""
+    def t(r: pd.Series, col: str) -> float:
+        return float(r.get(col, float("nan")))
+    return (t(row, "time_us") / t(base, "time_us"), t(row, "time_us_p10") / t(base, "time_us_p90"),
+            t(row, "time_us_p90") / t(base, "time_us_p10"))
 
 
 KEYS = ["op", "mode", "bytes_per_rank"]
@@ -122,18 +132,23 @@ def config_label(r) -> str:
 
 
 def ratio_table(df: pd.DataFrame, sizes=TABLE_SIZES) -> pd.DataFrame:
-    """Per (op, mode, size): NCCL's time, and each dmacoll configuration's time over it with the N it was picked
-    from; the oracle's configuration and what it costs beyond one raw peer copy (the protocol's fixed part)."""
+    """Per (op, mode, size): NCCL's time (and the p10-p90 of its repeats), and each dmacoll configuration's time
+    over it with the N it was picked from and its spread (``<pick>_lo``-``<pick>_hi``: ``ratio_spread``); the
+    oracle's configuration and what it costs beyond one raw peer copy (the protocol's fixed part)."""
     nccl, ce, floor, p = best(df, "nccl"), best(df, "nccl_ce"), best(df, "peer_copy"), picks(df)
     rows = []
     for key in sorted(k for k in p["oracle"].index if k[2] in sizes and k in nccl.index):
-        n = float(nccl.loc[key, "time_us"])
+        n = nccl.loc[key]
         row = {"op": key[0], "mode": key[1], "size": human(int(key[2])), "bytes": int(key[2]),
-               "nccl_us": round(n, 1),
+               "nccl_us": round(float(n["time_us"]), 1), "nccl_p10_us": round(float(n["time_us_p10"]), 1),
+               "nccl_p90_us": round(float(n["time_us_p90"]), 1),
                "nccl_ce_us": round(float(ce.loc[key, "time_us"]), 1) if key in ce.index else "not run"}
         for name in PICKS:
             got = p[name].loc[key] if key in p[name].index else None
-            row[f"{name}_over_nccl"] = round(float(got["time_us"]) / n, 2) if got is not None else "not measured"
+            ratio = ratio_spread(got, n) if got is not None else None
+            row[f"{name}_over_nccl"] = round(ratio[0], 2) if got is not None else "not measured"
+            row[f"{name}_lo"], row[f"{name}_hi"] = (round(ratio[1], 2), round(ratio[2], 2)) if got is not None \
+                else ("", "")
             row[f"{name}_n"] = int(got["n"]) if got is not None else 0
         row["default_measured"] = bool(p["default"].loc[key, "measured"]) if key in p["default"].index else False
         oracle = p["oracle"].loc[key]
@@ -144,14 +159,15 @@ def ratio_table(df: pd.DataFrame, sizes=TABLE_SIZES) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# DMA-Latte's plain baseline, and each feature as one change to it (PERFORMANCE.md style)
+# DMA-Latte's plain baseline, and each feature as one change to it (PERFORMANCE.md style), and one pair
 BASELINE = {"variant": "pcpy", "direction": "push", "place": "out", "signal": "memop", "wait": "memop",
             "prerecord": False, "submit": "python", "handshake": "full"}
 FEATURES = {"b2b": {"variant": "b2b"}, "multi": {"variant": "multi"}, "pull": {"direction": "pull"},
             "in_place": {"place": "in"}, "copy_signal": {"signal": "copy"}, "kernel_signal": {"signal": "kernel"},
             "spin_wait": {"wait": "spin"}, "fold_wait": {"wait": "fold"},
             "prerecord": {"prerecord": True}, "native_submit": {"submit": "native"},
-            "lean_handshake": {"handshake": "lean"}}
+            "lean_handshake": {"handshake": "lean"},
+            "b2b_prerecord": {"variant": "b2b", "prerecord": True}}  # two changes: DMA-Latte's b2b+PL
 
 
 def matching(df: pd.DataFrame, config: dict) -> pd.DataFrame:
@@ -216,15 +232,6 @@ def print_provenance(paths: list[str]) -> None:
         if results.csv_path(p).with_suffix(".json").exists():
             prov = results.provenance(p)
             print(f"{p}: git {str(prov.get('git_sha'))[:10]}, GPUs {prov.get('hardware', {}).get('gpus')}")
-
-
-def save_figure(fig, outdir: str | Path, name: str) -> None:
-    """A notebook figure as PNG (for the HTML pages) and PDF (for papers), then shown in the notebook."""
-    import matplotlib.pyplot as plt
-
-    for ext in ("png", "pdf"):
-        fig.savefig(Path(outdir) / f"{name}.{ext}", bbox_inches="tight")
-    plt.show()
 
 
 def markdown(df: pd.DataFrame) -> str:
