@@ -260,7 +260,7 @@ class Communicator:
         self.device = self.engine.device
         self._ops_group = ops.Group(self.world, self.rank, self.device)
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        self.tuning = tuning.find(self.world, name, tuning_table or os.environ.get("DMACOLL_TUNING"))
+        self.tuning = tuning.find(tuning.Platform(name, self.world), tuning_table or os.environ.get("DMACOLL_TUNING"))
         self._next = self.heap_start
         self._total = total
         self._epoch = 0
@@ -398,9 +398,7 @@ class Communicator:
     def _allowed(self, opts: Options, capturing: bool) -> dict:
         """Per option the table may choose, the values this call may take: the caller's where it fixed one, else
         what the engine runs here (``tuning.candidates``)."""
-        eng = self.engine
-        runs = tuning.candidates(not capturing, eng.remote_memop_writes, eng.spin_waits, eng.graphs,
-                                 eng.native_submit and self._native_ok is not False, opts.sync == "epoch")
+        runs = tuning.candidates_on(self.engine, not capturing, self._native_ok is not False, opts.sync == "epoch")
         return {name: values if getattr(opts, name) == "auto" else {getattr(opts, name)}
                 for name, values in runs.items()}
 
