@@ -47,6 +47,12 @@ def test_select_picks_the_fastest_combination_the_call_allows():
 def test_fallback_keeps_what_the_call_allows():
     assert tuning.fallback({}) == tuning.FALLBACK
     assert tuning.FALLBACK.signal == "copy"  # no stream-memop write into peer memory without a measurement
+    # eager calls prerecord where graphs are allowed; not under capture, on the emulator, or with sync='epoch'
+    assert tuning.fallback(tuning.candidates(eager=True)).prerecord is True
+    for runs in (tuning.candidates(eager=False), tuning.candidates(eager=True, graphs=False)):
+        assert tuning.fallback(runs) == tuning.FALLBACK._replace(prerecord=False)
+    assert tuning.fallback(tuning.candidates(eager=True, epoch=True)) == tuning.FALLBACK._replace(
+        prerecord=False, signal="memop")  # epoch flags carry sequence numbers: memop writes
     assert tuning.fallback({"signal": {"memop"}, "wait": {"spin"}}) == tuning.FALLBACK._replace(
         signal="memop", wait="spin")
 
