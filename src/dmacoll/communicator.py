@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops, tuning, validate
+from .calibration import lookup
 from .backends import engine_class, make_engine, resolve
 from .errors import DmaCollError, InvalidArgument
 from .executor import GATES, SIGNAL_MODES, SYNC_MODES, WAIT_MODES, Program, flag_words, lower, run
@@ -194,8 +195,9 @@ class Communicator:
     ``direction``: ``push`` (write into peers), ``pull`` (read from peers) or ``auto``.
     ``auto`` (the default of these and of ``signal``, ``wait``, ``prerecord``, ``submit``) takes the
     fastest safe combination measured for the call's (op, size, graph/eager, in place) from a tuning
-    table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on this platform; without
-    one: pcpy/push with copy-engine flags; see ``_resolve``);
+    table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on this platform, else one
+    calibrated for it: cached, or measured now on GPUs, $DMACOLL_CALIBRATE, see ``calibration.lookup``;
+    without one: pcpy/push with copy-engine flags, eager calls prerecorded; see ``_resolve``);
     ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers);
     ``signal``: how a flag reaches a peer, ``memop`` (cuStreamWriteValue32), ``copy``
     (a 4-byte copy-engine copy queued behind the data) or ``kernel`` (one-thread flag
@@ -259,8 +261,11 @@ class Communicator:
             raise
         self.device = self.engine.device
         self._ops_group = ops.Group(self.world, self.rank, self.device)
-        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        self.tuning = tuning.find(tuning.Platform(name, self.world), tuning_table or os.environ.get("DMACOLL_TUNING"))
+        try:
+            self.tuning = lookup.table_for(self, tuning_table)  # given, shipped, cached or calibrated now
+        except DmaCollError:
+            self.engine.close()
+            raise
         self._next = self.heap_start
         self._total = total
         self._epoch = 0
