@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from ..tuning import CHOSEN, Choice, Entry
 
@@ -149,7 +149,7 @@ class Strategy:
 
 
 def run(strategy: Strategy, measure: Callable[[list[Point]], Mapping[Point, float]], spent: Callable[[], float],
-        budget_s: float, timing: Timing, top: Optional[int] = None) -> Strategy:
+        budget_s: float, timing: Timing) -> Strategy:
     """Steps 1-3 within ``budget_s`` seconds: ``measure`` times points (microseconds per call, the same on every
     rank), ``spent`` says the seconds used so far (the clock, or a replay's cost model)."""
     first = strategy.first()
@@ -161,7 +161,7 @@ def run(strategy: Strategy, measure: Callable[[list[Point]], Mapping[Point, floa
         return sum(fixed_s + timing.calls_per_point(p.mode) * strategy.estimate(p.key, p.choice, p.size) * 1e-6
                    for p in points)
 
-    for k in range(strategy.top if top is None else top, 0, -1):
+    for k in range(strategy.top, 0, -1):
         points = strategy.refine(k)
         if spent() + cost(points) <= budget_s:
             strategy.record(measure(points))
