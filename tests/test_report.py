@@ -38,7 +38,7 @@ def test_picks_lead_with_what_communicator_does_by_default():
     df = report.load(CSVS)
     p = report.picks(df)
     key = ("all_gather", "graph", 4 << 10)
-    table = tuning.find(2, "NVIDIA H200")
+    table = tuning.find(tuning.Platform("NVIDIA H200", 2, "nvlink"))
     # what every 'auto' option resolves to in a captured call on a cuda engine (no prerecording, no native)
     choice = table.select("all_gather", 4 << 10, "graph", False, {"signal": {"memop", "copy"}, "prerecord": {False},
                                                                   "submit": {"python"}})

@@ -47,18 +47,42 @@ def test_select_picks_the_fastest_combination_the_call_allows():
 def test_fallback_keeps_what_the_call_allows():
     assert tuning.fallback({}) == tuning.FALLBACK
     assert tuning.FALLBACK.signal == "copy"  # no stream-memop write into peer memory without a measurement
+    # eager calls prerecord where graphs are allowed; not under capture, on the emulator, or with sync='epoch'
+    assert tuning.fallback(tuning.candidates(eager=True)).prerecord is True
+    for runs in (tuning.candidates(eager=False), tuning.candidates(eager=True, graphs=False)):
+        assert tuning.fallback(runs) == tuning.FALLBACK._replace(prerecord=False)
+    assert tuning.fallback(tuning.candidates(eager=True, epoch=True)) == tuning.FALLBACK._replace(
+        prerecord=False, signal="memop")  # epoch flags carry sequence numbers: memop writes
     assert tuning.fallback({"signal": {"memop"}, "wait": {"spin"}}) == tuning.FALLBACK._replace(
         signal="memop", wait="spin")
 
 
 def test_shipped_table_is_derived_from_the_committed_sweep():
-    shipped = tuning.find(2, "NVIDIA H200")
+    shipped = tuning.find(tuning.Platform("NVIDIA H200", 2, "nvlink"))
     assert shipped is not None and shipped.meta["source"] == [str(p.relative_to(ROOT)) for p in SWEEPS]
     prov = json.loads(SWEEPS[0].with_suffix(".json").read_text())
     assert shipped.meta["source_git_sha"] == prov["git_sha"]
     derived = derive([str(p.relative_to(ROOT)) for p in SWEEPS], prov)
     assert [e.__dict__ for e in derived.entries] == [e.__dict__ for e in shipped.entries]
-    assert tuning.find(8, "NVIDIA H200") is None and tuning.find(2, "cpu") is None
+    assert derived.meta == shipped.meta  # the platform fields (topology, driver) too
+    assert tuning.find(tuning.Platform("NVIDIA H200", 8, "nvlink")) is None
+    assert tuning.find(tuning.Platform("cpu", 2, "host")) is None
+
+
+def test_shipped_tables_match_their_platforms_only():
+    """Each shipped table is found for the platform it was measured on (whatever the driver or code), not for
+    another world, GPU or topology; where the topology is unknown (no NVML) the GPU and world decide."""
+    for path in tuning.shipped_tables():
+        table = tuning.TuningTable.load(path)
+        m = table.meta
+        assert m["topology"] == "nvlink" and m["driver"], path
+        own = tuning.Platform(m["gpu"], m["world"], "nvlink", "999.1", "0.0+other")
+        assert tuning.find(own) is not None and tuning.find(own).meta == m, path
+        assert tuning.find(own._replace(topology="unknown")).meta == m
+        for other in (own._replace(world=8), own._replace(gpu="NVIDIA H100 80GB HBM3"),
+                      own._replace(topology="pcie"), own._replace(topology="shared-device")):
+            assert tuning.find(other) is None, other
+        assert not table.matches(own, exact=True)  # a calibrated table needs every field equal
 
 
 def _ran(comm):

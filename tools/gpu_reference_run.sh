@@ -32,6 +32,9 @@
 #         fewsm    one-GPU probe: copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a
 #                  carved-out GEMM (`dmacoll probe few_sm_kernels`)
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
+#         calibrate  calibration where no table fits (issue 34): `dmacoll tune --quick` at worlds 2 and 4, then
+#                  tests/gpu/test_calibration_gpu.py (notice, progress, one table on every rank, cache, reuse);
+#                  worlds above the GPU count put several ranks on one GPU: only with DMACOLL_TEST_SHARED_DEVICE=1
 #         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll under each schedule (serial,
 #                  microbatch, seqpar), logits compared; E2E_ARGS: more `dmacoll e2e` options; on one GPU NCCL alone
 #                  (the schedules run their compute, micro-batch streams and graphs; no dmacoll below 2 ranks)
@@ -145,6 +148,15 @@ case "$part" in
     one=""; [ "$world" -lt 2 ] && one="--impls nccl"
     timeout ${E2E_TIMEOUT_S:-300} python3 -m dmacoll e2e $one ${E2E_ARGS:-} --out "$d/data.csv" > "$d/run.log" 2>&1
     tail -25 "$d/run.log" ;;
+  calibrate)
+    d=$(rundir calibration/quick)
+    for w in 2 4; do
+      [ $w -le $world ] || [ "${DMACOLL_TEST_SHARED_DEVICE:-0}" = 1 ] || continue
+      XDG_CACHE_HOME=$(mktemp -d) timeout 150 python3 -m dmacoll tune --quick --world $w \
+        --out "$d/table_w$w.json" > "$d/tune_w$w.log" 2>&1; tail -3 "$d/tune_w$w.log"
+    done
+    timeout 280 python3 -m pytest -q -s -m gpu tests/gpu/test_calibration_gpu.py 2>&1 \
+      | tee "$d/pytest_calibration.log" | tail -25 ;;
   smoke)
     d=$(rundir operator/smoke)
     timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$d/data.csv" 2>&1 | tee "$d/run.log" \

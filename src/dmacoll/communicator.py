@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops, tuning, validate
+from .calibration import lookup
 from .backends import engine_class, make_engine, resolve
 from .errors import BackendUnavailable, DmaCollError, InvalidArgument
 from .executor import GATES, SIGNAL_MODES, SYNC_MODES, WAIT_MODES, Program, flag_words, lower, run
@@ -200,8 +201,9 @@ class Communicator:
     ``direction``: ``push`` (write into peers), ``pull`` (read from peers) or ``auto``.
     ``auto`` (the default of these and of ``signal``, ``wait``, ``prerecord``, ``submit``) takes the
     fastest safe combination measured for the call's (op, size, graph/eager, in place) from a tuning
-    table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on this platform; without
-    one: pcpy/push with copy-engine flags; see ``_resolve``);
+    table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on this platform, else one
+    calibrated for it: cached, or measured now on GPUs, $DMACOLL_CALIBRATE, see ``calibration.lookup``;
+    without one: pcpy/push with copy-engine flags, eager calls prerecorded; see ``_resolve``);
     ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers);
     ``signal``: how a flag reaches a peer, ``memop`` (cuStreamWriteValue32), ``copy``
     (a 4-byte copy-engine copy queued behind the data) or ``kernel`` (one one-thread kernel
@@ -265,8 +267,11 @@ class Communicator:
             raise
         self.device = self.engine.device
         self._ops_group = ops.Group(self.world, self.rank, self.device)
-        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        self.tuning = tuning.find(self.world, name, tuning_table or os.environ.get("DMACOLL_TUNING"))
+        try:
+            self.tuning = lookup.table_for(self, tuning_table)  # given, shipped, cached or calibrated now
+        except DmaCollError:
+            self.engine.close()
+            raise
         self._next = self.heap_start
         self._total = total
         self._epoch = 0
@@ -403,9 +408,7 @@ class Communicator:
     def _allowed(self, opts: Options, capturing: bool) -> dict:
         """Per option the table may choose, the values this call may take: the caller's where it fixed one, else
         what the engine runs here (``tuning.candidates``)."""
-        eng = self.engine
-        runs = tuning.candidates(not capturing, eng.remote_memop_writes, eng.spin_waits, eng.graphs,
-                                 eng.native_submit and self._native_ok is not False, opts.sync == "epoch")
+        runs = tuning.candidates_on(self.engine, not capturing, self._native_ok is not False, opts.sync == "epoch")
         return {name: values if getattr(opts, name) == "auto" else {getattr(opts, name)}
                 for name, values in runs.items()}
 

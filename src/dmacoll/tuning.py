@@ -10,14 +10,22 @@ or above the message (the largest if the message is bigger than any), then the f
 ones. The handshake is never chosen: the lean one needs the caller's promise. Tables are JSON with the provenance
 of the sweep they come from; the package ships one per measured platform; tables from before the wait, prerecord
 and submit columns hold memop-wait, not prerecorded, Python-submitted entries.
+
+A table is for a ``Platform``: a shipped table stands for its hardware (GPU, world, topology), whatever the driver;
+a calibrated one (``dmacoll.calibration``) for exactly the platform it was measured on, driver and dmacoll code
+included. ``candidates`` says what 'auto' may choose on an engine, ``choices`` lists those combinations: the one
+place a new option value enters both the communicator and the calibration.
 """
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Collection, Mapping, NamedTuple, Optional
+
+from .plan import DIRECTIONS, VARIANTS
 
 DEFAULT_DIRECTORY = "tuning_tables"  # package data: src/dmacoll/tuning_tables/*.json
 CHOSEN = ("signal", "wait", "prerecord", "submit")  # besides variant and direction, what 'auto' may choose
@@ -33,8 +41,21 @@ class Choice(NamedTuple):
 
 
 # without a table (or an entry the call may use): one queue per peer, pushed, and flags as copy-engine copies,
-# which every driver takes (no stream-memop write into peer memory)
-FALLBACK = Choice("pcpy", "push", "copy", "memop", False, "python")
+# which every driver takes (no stream-memop write into peer memory); eager calls prerecorded where graphs are
+# allowed (95-98% of the eager winners of the committed sweeps prerecord; ``fallback`` drops it elsewhere)
+FALLBACK = Choice("pcpy", "push", "copy", "memop", True, "python")
+
+
+class Platform(NamedTuple):
+    """What a tuning table was measured on: the GPU's name, the ranks, how they are connected (``nvlink``,
+    ``pcie``, ``shared-device``: several ranks on one GPU, ``host``: the CPU emulator, ``unknown``), the driver
+    and dmacoll's code version."""
+
+    gpu: str
+    world: int
+    topology: str = "unknown"
+    driver: str = ""
+    dmacoll: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,14 +88,24 @@ class TuningTable:
 
     @classmethod
     def load(cls, path: str | Path) -> "TuningTable":
-        data = json.loads(Path(path).read_text())
+        return cls.from_json(Path(path).read_text())
+
+    @classmethod
+    def from_json(cls, text: str) -> "TuningTable":
+        data = json.loads(text)
         return cls({k: v for k, v in data.items() if k != "entries"}, [Entry(**e) for e in data["entries"]])
 
     def to_json(self) -> str:
         return json.dumps({**self.meta, "entries": [e.__dict__ for e in self.entries]}, indent=1) + "\n"
 
-    def matches(self, world: int, device_name: str) -> bool:
-        return self.meta.get("world") == world and self.meta.get("gpu", "") in device_name
+    def matches(self, platform: Platform, exact: bool = False) -> bool:
+        """Whether this table stands for ``platform``: the same world, a GPU whose name contains the table's, and
+        the same topology where both state one; ``exact`` (a calibrated table): every field equal."""
+        m = self.meta
+        if exact:
+            return all(m.get(name) == value for name, value in platform._asdict().items())
+        return (m.get("world") == platform.world and m.get("gpu", "") in platform.gpu
+                and platform.topology in (m.get("topology", platform.topology), "unknown"))
 
     def select(self, op: str, nbytes: int, mode: str, in_place: bool,
                allowed: Optional[Mapping[str, Collection]] = None) -> Optional[Choice]:
@@ -99,13 +130,13 @@ def shipped_tables() -> list[Path]:
     return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".json")) if folder.is_dir() else []
 
 
-def find(world: int, device_name: str, path: Optional[str] = None) -> Optional[TuningTable]:
+def find(platform: Platform, path: Optional[str] = None) -> Optional[TuningTable]:
     """The given table, else the first shipped one measured on this platform, else None."""
     if path:
         return TuningTable.load(path)
     for p in shipped_tables():
         table = TuningTable.load(p)
-        if table.matches(world, device_name):
+        if table.matches(platform):
             return table
     return None
 
@@ -120,6 +151,21 @@ def candidates(eager: bool, remote_memop_writes: bool = True, spin_waits: bool =
             "wait": {"memop", "spin", "fold"} if spin_waits else {"memop"},
             "prerecord": {False, True} if eager and graphs and not epoch else {False},
             "submit": {"python", "native"} if eager and native else {"python"}}
+
+
+def candidates_on(engine, eager: bool, native: bool = True, epoch: bool = False) -> dict[str, set]:
+    """``candidates`` on ``engine`` (its capabilities: class attributes and what its driver takes); ``native``:
+    whether the native library loads here."""
+    return candidates(eager, engine.remote_memop_writes, engine.spin_waits, engine.graphs,
+                      engine.native_submit and native, epoch)
+
+
+def choices(allowed: Mapping[str, Collection]) -> list[Choice]:
+    """Every combination 'auto' may choose among (``allowed``: what ``candidates`` gives, per option): each variant
+    and direction with each allowed value of the other options, less prerecorded native submission (a replayed
+    graph submits nothing)."""
+    values = [VARIANTS, DIRECTIONS, *(sorted(allowed[name], key=str) for name in CHOSEN)]
+    return [c for c in map(Choice._make, itertools.product(*values)) if not (c.prerecord and c.submit == "native")]
 
 
 def fallback(allowed: Mapping[str, Collection]) -> Choice:

@@ -115,6 +115,22 @@ def claims_block(machine: str) -> str:
     return _table(rows[cols], paths + [power] + c3)
 
 
+def calibration(machine: str) -> str:
+    """The calibration replayed on a machine's sweeps as if it had no table: the targets, then per mode and pick the
+    regrets (``calibration_replay``)."""
+    from . import calibration_replay
+
+    paths = sweeps(machine)[:2]
+    s, plan, seconds, regrets = calibration_replay.replay(_abs(paths))
+    candidates = sum(len(choices) for choices in s.space.values()) * len(s.sizes)
+    head = (f"{len(plan.measured)} points measured of the {candidates} the sweep holds for what 'auto' may choose; "
+            f"{s.fixed_s * 1e3:.1f} ms per point besides its calls (the sweep's own, from its run.log).")
+    targets = calibration_replay.targets(regrets, seconds).round(3)
+    targets["floor"] = targets["floor"].map(lambda v: "" if pd.isna(v) else v)  # the budget has none
+    return "\n\n".join([source_line(paths), head, report.markdown(targets),
+                        report.markdown(calibration_replay.summary(regrets).round(3))])
+
+
 def breakdown(machine: str) -> str:
     paths = [run(machine, "breakdown", "breakdown")]
     wide = tables.breakdown_wide(load.read("breakdown", _abs(paths))).round(2)
@@ -197,9 +213,9 @@ def sources(machine: str) -> str:
 
 
 BLOCKS: dict[str, Callable[[str], str]] = {
-    "headline": headline, "operator": operator, "claims": claims_block, "breakdown": breakdown, "power": power,
-    "interference": interference, "c3": c3, "c3_runs": c3_runs, "ficco": ficco, "e2e": e2e, "native": native,
-    "probes": probes,
+    "headline": headline, "operator": operator, "claims": claims_block, "calibration": calibration,
+    "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
+    "ficco": ficco, "e2e": e2e, "native": native, "probes": probes,
     "sources": sources,
 }
 

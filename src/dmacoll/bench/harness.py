@@ -5,9 +5,10 @@ use, e2e; breakdown its timing summary and writer).
   applications use their own), a gloo group for host-side agreement, the dmacoll communicator and buffer pools
   when a benchmark needs them; ``barrier``, ``gather``, ``agreed`` (a value, or the same error on every rank)
   and ``slowest`` (a collective step ends when its slowest rank does).
-* Timing, CUDA events only: ``time_calls`` (back-to-back calls issued from Python: eager, host cost included),
-  ``time_graph`` (a captured graph's replays) and ``time_parts`` (several streams released together after a GPU
-  sleep, so the host has queued every part before any starts: C3, FiCCO). ``summarize``: median, p10, p90.
+* Timing (``dmacoll.timing``: CUDA events on GPUs): ``time_calls`` (back-to-back calls issued from Python:
+  eager, host cost included), ``time_graph`` (a captured graph's replays) and ``time_parts`` (several streams
+  released together after a GPU sleep, so the host has queued every part before any starts: C3, FiCCO).
+  ``summarize``: median, p10, p90.
 * ``Bound``: one collective on this rank's buffers with seeded inputs (``verify.reference.draw``), and its
   ``check`` after timing: outputs poisoned, the collective run once more (a call or a replay), compared with
   the op spec's exact reference.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
+from ..timing import capture, elapsed_us, synchronize  # noqa: F401 - the harness's timing
 from ..verify.reference import draw, mismatch, poison
 from . import provenance
 
@@ -41,46 +42,9 @@ def summarize(samples_us: Sequence[float]) -> dict[str, float]:
     return {"time_us": statistics.median(s), "time_us_p10": pick(0.1), "time_us_p90": pick(0.9)}
 
 
-def elapsed_us(run: Callable[[], None], calls: int = 1) -> float:
-    """Per-call microseconds of ``run`` (``calls`` calls): CUDA events on a GPU, else the host clock."""
-    if not torch.cuda.is_available():
-        start = time.perf_counter()
-        run()
-        return (time.perf_counter() - start) * 1e6 / calls
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    run()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / calls
-
-
-def synchronize() -> None:
-    """Wait for this process's GPU work (nothing to wait for on the host emulator, which runs calls in place)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def on_stream(stream):
     """``torch.cuda.stream(stream)``, or nothing on the host (where a stream is None)."""
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-
-
-def capture(fn: Callable[[], None], calls: int = 1, stream=None, warmup: int = 1) -> torch.cuda.CUDAGraph:
-    """A graph of ``calls`` calls of ``fn``, captured on ``stream`` (default: a side stream; the priority of the
-    stream a kernel is captured on goes into its node), after ``warmup`` eager calls (NCCL wants one)."""
-    stream = stream or torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
-    torch.cuda.synchronize()
-    return graph
 
 
 def sleep_cycles_per_us() -> float:

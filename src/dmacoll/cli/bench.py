@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..sizes import seconds
 from .common import add_out, add_ranks, add_sizes, apply_timeout, gpu_world, parse_size, planned_world, run_on_gpus
 
 
@@ -33,7 +34,10 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 
 def cmd_tune(a: argparse.Namespace) -> int:
-    """Measure every dma variant (or read a sweep) and write the fastest per (op, size, mode, place)."""
+    """Measure every dma variant (or read a sweep) and write the fastest per (op, size, mode, place); --quick:
+    calibrate (what Communicator() does on a platform without a table) and cache the table."""
+    if a.quick:
+        return cmd_tune_quick(a)
     from ..analysis import load
     from ..analysis.tuning_table import derive
     from ..bench import provenance
@@ -51,6 +55,27 @@ def cmd_tune(a: argparse.Namespace) -> int:
     provenance.write_atomic(out, table.to_json())
     print(f"wrote {out}: {len(table.entries)} entries from {csvs} (world {table.meta['world']}, "
           f"{table.meta['gpu']}, code {str(table.meta['source_git_sha'])[:10]})")
+    return 0
+
+
+def cmd_tune_quick(a: argparse.Namespace) -> int:
+    from ..backends import resolve
+    from ..bench import provenance
+    from ..calibration.lookup import tune
+    from ..verify.launch import run_ranks
+
+    backend = resolve(a.backend)
+    world = (a.world or 2) if backend == "host" else gpu_world(a, "tune --quick")
+    if not world:
+        return 2
+    apply_timeout(a)
+    text, where = run_ranks(tune, world, backend, a.budget_s, device="cpu" if backend == "host" else "cuda",
+                            timeout_s=a.deadline_s)[0]
+    if text is None:
+        print("dmacoll tune --quick: the calibration failed (see above)", file=sys.stderr)
+        return 1
+    provenance.write_atomic(Path(a.out), text)
+    print(f"wrote {a.out}; cached in {where}")
     return 0
 
 
@@ -154,6 +179,13 @@ def register(sub) -> None:
     t.add_argument("--ops", nargs="+", choices=NAMES, default=["all_gather", "all_to_all"])
     add_sweep_options(t, VARIANTS, DIRECTIONS, SIGNAL_MODES)
     t.add_argument("--from-sweep", nargs="+", help="derive from existing sweep CSV(s) instead of measuring")
+    t.add_argument("--quick", action="store_true",
+                   help="calibrate instead of sweeping: what Communicator() does where no table fits (the options "
+                        "above do not apply), bounded by --budget-s; the table goes to the user's cache (and --out)")
+    t.add_argument("--backend", choices=("auto", "cuda", "hip", "host"), default="auto",
+                   help="--quick: the backend (host: the CPU emulator, mechanics only)")
+    t.add_argument("--budget-s", type=seconds, default=None,
+                   help="--quick: seconds the calibration may take ($DMACOLL_CALIBRATE_BUDGET_S, else 20)")
     t.add_argument("--out", default="results/local/tuning.json", help="the tuning table (JSON)")
     t.set_defaults(func=cmd_tune)
 

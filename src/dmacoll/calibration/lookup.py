@@ -1,0 +1,198 @@
+"""Which tuning table a new ``Communicator`` takes, decided once on rank 0 and shared with every rank (ranks that
+chose differently would plan different protocols and deadlock):
+
+1. the table given (``tuning_table=`` or $DMACOLL_TUNING), on every rank as given;
+2. else the shipped table of this platform (GPU, world, topology);
+3. else, where calibration is on, the table calibrated for exactly this platform (driver and dmacoll code
+   included) in the user's cache, or one calibrated now (a one-line notice, progress, then cached);
+4. else none: 'auto' takes ``tuning.fallback``.
+
+$DMACOLL_CALIBRATE: ``auto`` (the default: calibrate on GPUs, not on the host emulator, whose timings say nothing
+about a GPU), ``1`` (on every backend), ``0`` (never, and no calibrated table: shipped tables or the fallback),
+``force`` (calibrate now even where a shipped or cached table fits, and cache the result).
+$DMACOLL_CALIBRATE_BUDGET_S bounds its time (default 20 s); ``dmacoll tune --quick`` calibrates ahead of time.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from typing import Optional
+
+import torch.distributed as dist
+
+from .. import ops, tuning
+from ..errors import DmaCollError, InvalidArgument
+from . import cache, platform, strategy
+
+log = logging.getLogger("dmacoll")
+SETTINGS = ("auto", "0", "1", "force")
+DEFAULT_BUDGET_S = 20.0
+WAITS = {"memop"}  # spin / fold take an SM while they wait and can queue behind a GEMM: not chosen unmeasured
+OPS = ("all_gather", "all_to_all")  # what the shipped tables hold (all_to_all_v takes all_to_all's rows)
+GPU_MAX_BYTES = 256 << 20
+HOST_MAX_BYTES = 4 << 10  # the emulator only exercises the mechanics: small sizes, few calls
+HOST_TIMING = strategy.Timing(warmup=1, calls=2, repeats=3)
+PROGRESS_EVERY_S = 2.0
+_active = False  # a calibration is running in this process: its own communicator takes no table
+
+
+def setting() -> str:
+    value = os.environ.get("DMACOLL_CALIBRATE", "auto").strip().lower() or "auto"
+    if value not in SETTINGS:
+        raise InvalidArgument(f"DMACOLL_CALIBRATE={value!r} is not one of {SETTINGS}")
+    return value
+
+
+def budget_s() -> float:
+    text = os.environ.get("DMACOLL_CALIBRATE_BUDGET_S", str(DEFAULT_BUDGET_S))
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise InvalidArgument(f"DMACOLL_CALIBRATE_BUDGET_S must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def table_for(comm, path: Optional[str] = None) -> Optional[tuning.TuningTable]:
+    """The table ``comm`` takes (module docstring); collective unless a table is given."""
+    path = path or os.environ.get("DMACOLL_TUNING")
+    if path:
+        return tuning.TuningTable.load(path)
+    if _active:
+        return None
+    mode, budget = setting(), budget_s()  # a bad value fails on every rank alike, before any collective
+    facts = platform.gather(comm.group, comm.device)
+    calibrate = mode in ("1", "force") or (mode == "auto" and comm.backend != "host")
+    decision = None
+    if comm.rank == 0:
+        decision = _decide(platform.key(facts, comm.backend), mode, calibrate)
+    decision = _from_rank0(comm, decision)
+    if decision[0] != "calibrate":
+        return None if decision[1] is None else _table(decision[1])
+    return _calibrated(comm, facts, budget, mode)
+
+
+def tune(rank: int, world: int, backend: str, budget: Optional[float] = None) -> tuple[Optional[str], str]:
+    """One rank of ``dmacoll tune --quick``: calibrate now (DMACOLL_CALIBRATE=force in this rank's process) within
+    ``budget`` seconds; the table (JSON; None where the calibration failed) and where it is cached."""
+    from ..communicator import Communicator
+
+    os.environ["DMACOLL_CALIBRATE"] = "force"  # this platform may have a table: measure anyway
+    if budget:
+        os.environ["DMACOLL_CALIBRATE_BUDGET_S"] = str(budget)
+    comm = Communicator(backend=backend)
+    try:
+        table = comm.tuning
+        where = cache.path(tuning.Platform(**{k: table.meta[k] for k in tuning.Platform._fields})) if table else ""
+        return (table.to_json() if table else None), str(where)
+    finally:
+        comm.close()
+
+
+def _decide(key: tuning.Platform, mode: str, calibrate: bool) -> tuple[str, Optional[str]]:
+    """Rank 0's choice: ("table", its JSON), ("calibrate", None) or ("none", None)."""
+    shipped = tuning.find(key) if mode != "force" else None
+    if shipped is not None or not calibrate:
+        return ("table", shipped.to_json()) if shipped else ("none", None)
+    cached = cache.load(key._replace(dmacoll=platform.code_version())) if mode != "force" else None
+    return ("table", cached.to_json()) if cached else ("calibrate", None)
+
+
+def _calibrated(comm, facts: list, budget: float, mode: str) -> Optional[tuning.TuningTable]:
+    """Calibrate on every rank; rank 0 caches the table and shares it. A failure leaves the fallback."""
+    global _active
+    key = platform.key(facts, comm.backend, platform.code_version())
+    host = comm.backend == "host"
+    max_bytes = HOST_MAX_BYTES if host else _gpu_max_bytes(facts)
+    settings = HOST_TIMING if host else strategy.Timing()
+    if comm.rank == 0:
+        why = "DMACOLL_CALIBRATE=force" if mode == "force" else "no tuning table"
+        log.warning("dmacoll: %s for %d x %s (%s%s): measuring the 'auto' defaults once, within about %.0f s "
+                    "(cached in %s); DMACOLL_CALIBRATE=0 skips this, `dmacoll tune --quick` does it ahead of time", why,
+                    key.world, key.gpu, key.topology, f", driver {key.driver}" if key.driver else "", budget,
+                    cache.path(key))
+    _active = True
+    bench = None
+    try:
+        from .measure import Bench
+
+        bench = Bench(comm, max_bytes, settings, _progress() if comm.rank == 0 else None)
+        plan = strategy.Strategy(_space(comm, bench), strategy.grid(max_bytes))
+        strategy.run(plan, bench.measure, bench.spent, budget, settings)
+        table = None
+        if comm.rank == 0:
+            table = tuning.TuningTable(_meta(key, plan, bench, budget, max_bytes, settings, mode), plan.entries())
+            try:
+                where = f"cached in {cache.store(table, key)}"
+            except OSError as e:  # a read-only home: this process still uses the table
+                where = f"not cached ({e})"
+            log.warning("dmacoll: calibrated in %.1f s (%d points); %s", bench.spent(), len(plan.measured), where)
+        shared = _from_rank0(comm, table.to_json() if table else None)
+        return _table(shared)
+    except DmaCollError as e:
+        if comm.rank == 0:
+            log.warning("dmacoll: calibration failed, 'auto' takes the fallback: %s", e)
+        return None
+    finally:
+        _active = False
+        if bench is not None:
+            bench.close()
+
+
+def _space(comm, bench) -> dict:
+    """Per (op, place, mode) the choices to compare: ``tuning.choices`` of what the engine runs (memop waits)."""
+    native = bench.native()
+    modes = ("graph", "eager") if comm.engine.graphs else ("eager",)
+    space = {}
+    for op in OPS:
+        places = ("out", "in") if ops.get(op).in_place else ("out",)
+        for place in places:
+            for mode in modes:
+                allowed = tuning.candidates_on(comm.engine, mode == "eager", native)
+                space[(op, place, mode)] = tuning.choices({**allowed, "wait": allowed["wait"] & WAITS})
+    return space
+
+
+def _gpu_max_bytes(facts: list) -> int:
+    """The largest size: 256 MB, halved while the heap ((world + 1) x size per rank) would take more than a
+    quarter of the free memory of the GPU (shared by the ranks on it)."""
+    free = min(f.free_bytes for f in facts) // platform.ranks_per_device(facts)
+    size = GPU_MAX_BYTES
+    while size > strategy.MIN_BYTES and (len(facts) + 1) * size > free // 4:
+        size //= 2
+    return size
+
+
+def _meta(key: tuning.Platform, plan: strategy.Strategy, bench, budget: float, max_bytes: int,
+          settings: strategy.Timing, mode: str) -> dict:
+    """The provenance a shipped table carries (world, gpu, dtype, source, code, time) and the platform key."""
+    return {**key._asdict(), "dtype": "bfloat16", "source": "calibration",
+            "source_git_sha": os.environ.get("DMACOLL_GIT_SHA"),
+            "source_created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "calibration": {"points": len(plan.measured), "seconds": round(bench.spent(), 2), "budget_s": budget,
+                            "sizes": [plan.sizes[0], max_bytes], "anchors": plan.anchors,
+                            "timing": settings.__dict__, "setting": mode}}
+
+
+def _progress():
+    """Rank 0's progress lines: every 2 s, and at the end of the first batch (the anchors) if none came yet."""
+    last = [None]
+
+    def say(done: int, elapsed: float, batch_end: bool) -> None:
+        if (batch_end and last[0] is None) or elapsed - (last[0] or 0.0) >= PROGRESS_EVERY_S:
+            last[0] = elapsed
+            log.warning("dmacoll: calibrating: %d points measured, %.0f s", done, elapsed)
+    return say
+
+
+def _from_rank0(comm, value):
+    """Rank 0's ``value`` on every rank (collective)."""
+    out: list = [None] * comm.world
+    dist.all_gather_object(out, value if comm.rank == 0 else None, group=comm.group)
+    return out[0]
+
+
+def _table(text: str) -> tuning.TuningTable:
+    return tuning.TuningTable.from_json(text)

@@ -1,0 +1,111 @@
+"""Timing candidates for a calibration, through the path a user's call takes: ``Communicator.collective`` with
+every option fixed, on a communicator of its own (a heap for the largest size, closed afterwards) and a stream of
+its own. Eager points time back-to-back calls, graph points a captured graph's replays (``dmacoll.timing``: CUDA
+events on GPUs, the host clock on the emulator). Each rank takes the median of its samples; after each batch the
+ranks exchange them and every rank keeps the slowest rank's (a collective is done when every rank is), so every
+rank holds the same numbers and makes the same next request."""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import ops, timing
+from ..errors import DmaCollError
+from .strategy import Point, Timing
+
+
+class CalibrationFailed(DmaCollError):
+    """A candidate failed on some rank: every rank stops calibrating (and takes the fallback)."""
+
+
+class Bench:
+    """A communicator with buffers for every size up to ``max_bytes``, and the timing of points on it."""
+
+    def __init__(self, comm, max_bytes: int, settings: Timing,
+                 progress: Optional[Callable[[int, float, bool], None]] = None):
+        from ..communicator import Communicator  # the calibration runs inside Communicator(): import at use
+
+        self.group, self.world, self.rank, self.device = comm.group, comm.world, comm.rank, comm.device
+        self.settings, self.progress = settings, progress
+        self.comm = Communicator(self.group, backend=comm.backend, heap_bytes=(self.world + 1) * max_bytes + 4096,
+                                 staging_bytes=1 << 16, engines=comm.engines, timeout_s=comm.engine.timeout_s,
+                                 device=comm.device)
+        self.input = self.comm.empty(max_bytes, dtype=torch.uint8)
+        self.output = self.comm.empty(self.world * max_bytes, dtype=torch.uint8)
+        self.stream = torch.cuda.Stream(self.device) if timing.on_gpu(self.device) else None
+        self.started = time.monotonic()
+        self.spent_s = 0.0  # the slowest rank's seconds since the start, as of the last batch (agreed)
+        self.done = 0
+
+    def native(self) -> bool:
+        """Whether every rank can submit natively (built on first use; ranks must agree on the candidates)."""
+        return all(self._gather(self.comm.engine.native_submit and self.comm._native_available()))
+
+    def measure(self, points: list[Point]) -> dict[Point, float]:
+        """Microseconds per call of each point, the slowest rank's median (the same dict on every rank)."""
+        local, error = [], ""
+        with self._on_stream():
+            for p in points:
+                try:
+                    local.append(self._one(p) if not error else 0.0)
+                except Exception as e:  # noqa: BLE001 - said on every rank below
+                    error = error or f"{p.op} {p.place} {p.mode} {p.size} B {tuple(p.choice)}: {type(e).__name__}: {e}"
+                    local.append(0.0)
+                self.done += 1
+                if self.progress:
+                    self.progress(self.done, time.monotonic() - self.started, False)
+        per_rank = self._gather((local, error, time.monotonic() - self.started))
+        errors = [e for _, e, _ in per_rank if e]
+        if errors:
+            raise CalibrationFailed(f"calibration stopped: {errors[0]}")
+        self.spent_s = max(s for _, _, s in per_rank)
+        if self.progress:
+            self.progress(self.done, self.spent_s, True)
+        return {p: max(times[i] for times, _, _ in per_rank) for i, p in enumerate(points)}
+
+    def spent(self) -> float:
+        return self.spent_s
+
+    def close(self) -> None:
+        self.comm.close()
+
+    # -- one point ---------------------------------------------------------------------------------------------
+    def _one(self, p: Point) -> float:
+        spec, s = ops.get(p.op), self.settings
+        out, inp = self._buffers(spec, p)
+        options = p.choice._asdict()
+        call = lambda: self.comm.collective(p.op, out, inp, **options)  # noqa: E731
+        if p.mode == "graph":
+            graph = timing.capture(call, s.calls, self.stream, warmup=s.warmup)
+            run = graph.replay
+            run()  # the first replay uploads the graph
+        else:
+            run = lambda: [call() for _ in range(s.calls)]  # noqa: E731
+            for _ in range(s.warmup):
+                call()
+        timing.synchronize(self.device)
+        self._gather(None)  # every rank starts its samples together
+        return statistics.median(timing.elapsed_us(run, s.calls, self.device) for _ in range(s.repeats))
+
+    def _buffers(self, spec: ops.OpSpec, p: Point) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's output and input of ``p.size`` bytes per rank (bfloat16, as the sweeps), in place where
+        asked. Their contents do not matter: nothing is checked, only timed."""
+        size = 2
+        chunk = p.size // size // spec.chunks(self.world)[0]
+        n_in, n_out = spec.numels(chunk, self.world, self.rank)
+        out = self.output[: n_out * size].view(torch.bfloat16)
+        inp = self.input[: n_in * size].view(torch.bfloat16)
+        return spec.in_place_views(out, inp, self.rank) if p.place == "in" else (out, inp)
+
+    def _gather(self, value) -> list:
+        out: list = [None] * self.world
+        dist.all_gather_object(out, value, group=self.group)
+        return out
+
+    def _on_stream(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
