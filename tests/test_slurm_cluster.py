@@ -6,6 +6,7 @@ local run of the same config. Opt-in: DMACOLL_REQUIRE_SLURM=1 (make test-slurm s
 start then fails the test."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -18,7 +19,6 @@ import slurm_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = os.environ.get("DMACOLL_REQUIRE_SLURM") == "1"
-pytestmark = pytest.mark.skipif(not REQUIRED, reason="a real SLURM cluster: make test-slurm")
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 CONFIG = ["--configfile", "config/config.yaml", "config/host.yaml"]
 OUT = "results/local/host"  # config/host.yaml's outdir, inside each copy
@@ -46,16 +46,30 @@ def snakemake(cwd: Path, *args: str, env=None, timeout_s: float = 600) -> subpro
     return r
 
 
+def test_the_install_step_fails_loudly_where_it_cannot_install(tmp_path):
+    """Without SLURM's programs and without root, tools/slurm_install.sh says what to install and fails."""
+    (tmp_path / "id").write_text("#!/bin/sh\necho 1000\n")  # not root
+    (tmp_path / "id").chmod(0o755)
+    r = subprocess.run(["/bin/bash", str(ROOT / "tools/slurm_install.sh")], capture_output=True, text=True,
+                       env={"PATH": str(tmp_path)}, timeout=60)
+    assert r.returncode == 1 and "install Debian's slurmctld slurmd slurm-client munge as root" in r.stderr, r.stderr
+
+
 @pytest.fixture(scope="module")
 def cluster():
+    if not REQUIRED:
+        pytest.skip("a real SLURM cluster: make test-slurm")
     missing = slurm_cluster.missing_programs()
     if missing:
         pytest.fail(f"SLURM is not installed here ({' '.join(missing)} missing): make test-slurm installs it as root")
     c = slurm_cluster.OneNodeCluster(gpus=GPUS)
+    # a SIGTERM (a CI time limit) unwinds through the finally below, which stops the daemons
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         c.start()
         yield c
     finally:
+        signal.signal(signal.SIGTERM, previous)
         procs = dict(c.procs)
         c.stop()
         alive = [name for name, p in procs.items() if p.poll() is None]
