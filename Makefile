@@ -22,7 +22,7 @@ VLLM_CI   ?= vllm==0.32.0
 VLLM_TESTS = tests/test_vllm_plugin.py tests/test_vllm_model.py tests/test_vllm_check.py
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup artifact test test-gpu test-vllm dryrun clean snakemake-flags
+.PHONY: setup artifact test test-gpu test-vllm test-slurm dryrun clean snakemake-flags
 
 setup: $(STAMP)
 
@@ -58,6 +58,22 @@ test-vllm: $(VLLM_STAMP)
 	DMACOLL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		--junitxml=$(VLLM_VENV)/junit.xml $(VLLM_TESTS)
 	grep -q 'skipped="0"' $(VLLM_VENV)/junit.xml || { echo "test-vllm: a vLLM test was skipped"; exit 1; }
+
+# The workflow through a real one-node SLURM cluster of this machine (tests/test_slurm_cluster.py: config/host.yaml
+# via profiles/slurm, against a local run) and both cluster profiles against the executor plugin's own rules
+# (tests/test_slurm_profiles.py). Installs Debian's SLURM and munge where missing (root; elsewhere it fails) and the
+# plugin (the slurm extra). No test may skip there (the JUnit report is checked).
+SLURM_TESTS = tests/test_slurm_profiles.py tests/test_slurm_cluster.py
+SLURM_STAMP := $(VENV)/.slurm-installed
+
+$(SLURM_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[$(EXTRAS),slurm]'
+	touch $@
+
+test-slurm: $(SLURM_STAMP)
+	tools/slurm_install.sh
+	DMACOLL_REQUIRE_SLURM=1 $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(VENV)/slurm-junit.xml $(SLURM_TESTS)
+	grep -q 'skipped="0"' $(VENV)/slurm-junit.xml || { echo "test-slurm: a SLURM test was skipped"; exit 1; }
 
 # on a machine with 2 GPUs
 test-gpu: $(STAMP)

@@ -17,6 +17,7 @@ def dmacoll(*args):
     (["check", "--backend", "hip"], "hip"),
     (["e2e", "--dry-run", "--world", "16"], "cannot be split over 16 ranks"),
     (["report", "claims"], "needs --csv"),
+    (["sweep", "--backend", "host"], "--backend host needs --world"),
 ])
 def test_a_library_error_is_one_line_and_exit_code_2(args, says):
     done = dmacoll(*args)

@@ -63,6 +63,23 @@ def test_gpu_platform_configs_plan_every_experiment(platform_file, tmp_path):
     assert f"{tmp_path}/report/measured/notebooks/ficco.html" in r.stdout
 
 
+def test_host_platform_runs_the_sweep_on_cpu_ranks_and_renders_it(tmp_path):
+    """config/host.yaml: the GPU rule that the host emulator can run (the operator sweep) runs there as CPU ranks,
+    still asking for its GPUs; the report renders what the sweep measured; nothing else of the GPUs is planned."""
+    r = dry_run("-p", "--forceall", "--cores", "2", "--configfile", "config/config.yaml", "config/host.yaml",
+                config=(f"outdir={tmp_path}",))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rules = set(re.findall(r"^rule (\w+):", r.stdout, re.M))
+    assert rules == {"build", "host_check", "operator_sweep", "notebook", "claims", "index", "all"}, rules
+    assert " -m dmacoll sweep --backend host --world 2 --ops all_gather " in r.stdout
+    sweep = r.stdout.split("rule operator_sweep:")[1].split("Shell command")[0]
+    assert "gpu=2" in sweep and "mem_mb=1000," in sweep  # the GPUs asked for; a host rank's memory each
+    for name in ("operator", "speedup"):
+        assert f"{tmp_path}/report/measured/notebooks/{name}.html" in r.stdout
+    assert "notebooks/breakdown.html" not in r.stdout and "--power" not in r.stdout  # nothing without its inputs
+    assert "--impls nccl dma_default dma peer_copy " in r.stdout  # no copy-engine NCCL, no symmetric memory
+
+
 def test_probes_run_when_the_config_lists_them(tmp_path):
     r = dry_run("-p", "--configfile", "config/config.yaml", "config/h200x2.yaml",
                 config=(f"outdir={tmp_path}", "probes=[flag_latency]"))

@@ -30,8 +30,9 @@ rule amd_dmalatte_sweep:
         op=lambda wc: DMALATTE["runs"][wc.run]["op"],
         variant=lambda wc: DMALATTE["runs"][wc.run]["variant"],
         world=config["gpus"],
+    threads: GPU_RANKS
     resources:
-        gpu=config["gpus"],
+        **GPU_JOB,
     log:
         f"{OUT}/amd_dmalatte/{{run}}/run.log",
     conda:

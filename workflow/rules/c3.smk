@@ -7,8 +7,9 @@ rule c3:
         f"{OUT}/c3/c3/run.log",
     benchmark:
         "benchmarks/c3.tsv"
+    threads: GPU_RANKS
     resources:
-        gpu=config["gpus"],
+        **GPU_JOB,
     params:
         py=PY,
         args=cli_flags("c3"),

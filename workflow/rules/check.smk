@@ -6,6 +6,9 @@ rule host_check:
         "logs/host_check_w{world}.log",
     benchmark:
         "benchmarks/host_check_w{world}.tsv"
+    threads: lambda wc: int(wc.world)  # one process per rank
+    resources:
+        mem_mb=lambda wc: HOST_RANK_MB * (int(wc.world) + 1),
     params:
         py=PY,
     conda:

@@ -5,6 +5,7 @@ from pathlib import Path
 import subprocess
 import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
 # The rules' interpreter. Under `snakemake --sdm conda` Snakemake activates each rule's conda: environment
@@ -31,14 +32,47 @@ def detect_platform():
     return "none"
 
 
+def cluster_platform_stated():
+    """Under a cluster executor this file is parsed on the submitting host (a login node, often without GPUs) and
+    again in every job: detection there is a guess about other machines, so a cluster run states its platform.
+    Called when the run starts (the executor is known then, and nothing is submitted yet); not in a dry run."""
+    if not workflow.non_local_exec or workflow.remote_exec:  # a local run, or inside a cluster job
+        return
+    if config["platform"] == "auto":
+        raise WorkflowError(
+            f"dmacoll workflow: a cluster run must state its platform, not detect it on the submitting host (here: "
+            f"{PLATFORM}): add --configfile config/config.yaml config/h200x2.yaml (or h200x4, h200x8, mi300x), or "
+            "--config platform=cuda gpus=N (README: 'On a SLURM cluster')")
+    if config["platform"] == "none":
+        print("dmacoll workflow: WARNING: platform=none under a cluster executor: nothing is measured, the jobs only "
+              "render the shipped results (make artifact does that locally)", file=sys.stderr)
+
+
 PLATFORM = detect_platform()
 GPU = PLATFORM in ("cuda", "rocm")  # measure here (cuda backend on NVIDIA, hip backend on AMD)
+# platform 'host' (config/host.yaml): CPU ranks on the host emulator stand in for the GPUs, to test the workflow and
+# its cluster submission without any. Of the GPU rules only the operator sweep runs there; its times are not GPU
+# measurements. The GPU rules still ask for `gpu` GPUs, so a cluster allocates them as it would for a real run.
+EMULATED = PLATFORM == "host"
+EMULATED_NOTEBOOKS = ("operator", "speedup")  # what the emulator's sweeps alone render
+MEASURED = GPU or EMULATED  # render this machine's fresh results, not the shipped ones
+
+# What a job asks of a cluster (profiles/slurm*; locally only `threads` counts against --cores): a CPU per process it
+# starts, and memory. CPU-only rules take the profile's default (one CPU, 1 GB: a notebook render peaked at 430 MB
+# summed over papermill and its kernel). A host-emulator rank peaked near 300 MB (host_check at world 2: 760 MB
+# max_rss with its parent, benchmarks/host_check_w2.tsv). A rank on a GPU holds a CUDA context, torch and pinned
+# staging buffers, vLLM's workers more: 16 GB each is an allowance, not a measurement (benchmarks/<rule>.tsv of a
+# GPU run records max_rss).
+HOST_RANK_MB = 500
+GPU_RANK_MB = 16000
+GPU_RANKS = config["gpus"]  # a GPU rule starts one process per GPU
+GPU_JOB = dict(gpu=config["gpus"], mem_mb=(HOST_RANK_MB if EMULATED else GPU_RANK_MB) * config["gpus"])
 
 
 def platforms():
     """Result sets to render, name -> (directory, label): this machine's fresh results on a GPU
-    machine, every shipped reference (results/<name>) otherwise."""
-    if GPU:
+    machine (or the host emulator's), every shipped reference (results/<name>) otherwise."""
+    if MEASURED:
         return {"measured": (OUT, config["label"])}
     return {name: (ref["dir"], ref["label"]) for name, ref in config["references"].items()}
 
@@ -62,7 +96,7 @@ DMALATTE_ON = PLATFORM == "rocm" and bool(DMALATTE.get("checkout"))
 def operator_csvs(platform):
     """The sweeps, NCCL's copy-engine path where there is one (not on ROCm: RCCL has no such mode), and the
     AMD-DMA-Latte runs where configured."""
-    ce = [] if PLATFORM == "rocm" else [result(platform, "operator/nccl_ce/data.csv")]
+    ce = [] if PLATFORM in ("rocm", "host") else [result(platform, "operator/nccl_ce/data.csv")]
     amd = [f"{OUT}/amd_dmalatte/{run}/data.csv" for run in DMALATTE.get("runs", {})] if DMALATTE_ON else []
     return [result(platform, f"operator/sweep_{op}/data.csv") for op in config["operator"]["ops"]] + ce + amd
 
@@ -70,7 +104,7 @@ def operator_csvs(platform):
 def shipped_extra(platform, path):
     """A side experiment some shipped sets hold (a fresh run measures it inside the main sweep)."""
     f = result(platform, path)
-    return [f] if not GPU and Path(f).exists() else []
+    return [f] if not MEASURED and Path(f).exists() else []
 
 
 # what each notebook (notebooks/<name>.py) renders, passed as its `csvs` parameter
@@ -83,18 +117,19 @@ NOTEBOOK_INPUTS = {
     "ficco": lambda p: [result(p, "ficco/ficco/data.csv")],
     "e2e": lambda p: [result(p, "e2e/e2e/data.csv")]
     + ([f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else [])
-    + (sorted(str(f) for f in Path(result(p, "vllm")).glob("*/data.csv")) if not GPU else []),  # shipped vLLM runs
+    + (sorted(str(f) for f in Path(result(p, "vllm")).glob("*/data.csv")) if not MEASURED else []),  # shipped vLLM runs
 }
 
 
 def renders():
-    """(platform, notebook) pairs to render: all on a GPU machine (the rules make the inputs);
-    for a shipped set, the notebooks whose inputs it holds (not every set has every experiment)."""
+    """(platform, notebook) pairs to render: all on a GPU machine (the rules make the inputs), those of the
+    sweeps on the host emulator; for a shipped set, the notebooks whose inputs it holds (not every set has every
+    experiment)."""
     pairs = []
     for platform in PLATFORMS:
         for name, inputs in NOTEBOOK_INPUTS.items():
             missing = [f for f in inputs(platform) if not Path(f).exists()]
-            if GPU or not missing:
+            if GPU or (EMULATED and name in EMULATED_NOTEBOOKS) or not missing:
                 pairs.append((platform, name))
             else:
                 print(f"dmacoll workflow: {platform} has no {name} results ({missing[0]}): not rendered",
@@ -125,3 +160,7 @@ def cli_flags(section):
         values = value if isinstance(value, list) else [value]
         flags += [f"--{key.replace('_', '-')}", *map(str, values)]
     return " ".join(shlex.quote(f) for f in flags)
+
+
+onstart:
+    cluster_platform_stated()

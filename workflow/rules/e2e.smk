@@ -8,8 +8,9 @@ rule e2e:
         f"{OUT}/e2e/e2e/run.log",
     benchmark:
         "benchmarks/e2e.tsv"
+    threads: GPU_RANKS
     resources:
-        gpu=config["gpus"],
+        **GPU_JOB,
     params:
         py=PY,
         args=cli_flags("e2e"),
@@ -51,8 +52,9 @@ if VLLM_ON:
             f"{OUT}/vllm/bench/raw/{{run}}.log",
         benchmark:
             "benchmarks/vllm_{run}.tsv"
+        threads: GPU_RANKS
         resources:
-            gpu=config["gpus"],
+            **GPU_JOB,
         params:
             py=VLLM_PY,
             flags=lambda wc: vllm_runs.cli_flags(VLLM_RUNS[wc.run]),

@@ -7,8 +7,9 @@ rule ficco:
         f"{OUT}/ficco/ficco/run.log",
     benchmark:
         "benchmarks/ficco.tsv"
+    threads: GPU_RANKS
     resources:
-        gpu=config["gpus"],
+        **GPU_JOB,
     params:
         py=PY,
     conda:

@@ -15,8 +15,9 @@ rule operator_sweep:
         f"{OUT}/operator/sweep_{{op}}/run.log",
     benchmark:
         "benchmarks/operator_sweep_{op}.tsv"
+    threads: GPU_RANKS
     resources:
-        gpu=GPUS,
+        **GPU_JOB,
     params:
         py=PY,
         **{k: OP[k] for k in ("min_bytes", "max_bytes", "repeats", "calls")},
@@ -27,10 +28,12 @@ rule operator_sweep:
         prerecord=" ".join(OP["prerecord"]),
         submit=" ".join(OP["submit"]),
         handshakes=" ".join(OP["handshakes"]),
+        backend=f"--backend host --world {GPUS}" if EMULATED else "",  # CPU ranks, one per GPU asked for
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll sweep --ops {wildcards.op} --impls {params.impls} --modes {params.modes} "
+        "{params.py} -m dmacoll sweep {params.backend} --ops {wildcards.op} --impls {params.impls} "
+        "--modes {params.modes} "
         "--signals {params.signals} --waits {params.waits} --prerecord {params.prerecord} --submit {params.submit} "
         "--handshakes {params.handshakes} "
         "--min-bytes {params.min_bytes} --max-bytes {params.max_bytes} --repeats {params.repeats} --calls {params.calls} "
@@ -46,8 +49,9 @@ rule operator_sweep_nccl_ce:
         f"{OUT}/operator/nccl_ce/run.log",
     benchmark:
         "benchmarks/operator_sweep_nccl_ce.tsv"
+    threads: GPU_RANKS
     resources:
-        gpu=GPUS,
+        **GPU_JOB,
     params:
         py=PY,
         **{k: OP[k] for k in ("min_bytes", "max_bytes", "repeats", "calls")},
@@ -71,7 +75,7 @@ rule breakdown:
     benchmark:
         "benchmarks/breakdown.tsv"
     resources:
-        gpu=GPUS,
+        **GPU_JOB,
     params:
         py=PY,
         sizes=" ".join(config["breakdown"]["sizes"]),
@@ -93,8 +97,9 @@ rule power:
         interference=f"{OUT}/power/interference/run.log",
     benchmark:
         "benchmarks/power.tsv"
+    threads: GPU_RANKS
     resources:
-        gpu=GPUS,
+        **GPU_JOB,
     params:
         py=PY,
         sizes=" ".join(config["resources"]["power_sizes"]),

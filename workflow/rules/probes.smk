@@ -16,8 +16,9 @@ rule probe:
         f"{OUT}/probes/{{name}}/run.log",
     benchmark:
         "benchmarks/probe_{name}.tsv"
+    threads: GPU_RANKS
     resources:
-        gpu=config["gpus"],
+        **GPU_JOB,
     params:
         py=PY,
     conda:

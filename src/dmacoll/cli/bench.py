@@ -18,7 +18,11 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         print("dmacoll sweep: run nccl_ce in a sweep of its own: it switches torch's symmetric-memory backend to "
               "NCCL for the whole process", file=sys.stderr)
         return 2
-    world = gpu_world(a, "sweep")
+    host = getattr(a, "backend", "gpu") == "host"  # `dmacoll tune` measures on the GPUs
+    if host and a.world < 2:
+        print("dmacoll sweep: --backend host needs --world N (N >= 2 CPU ranks)", file=sys.stderr)
+        return 2
+    world = a.world if host else gpu_world(a, "sweep")
     if not world:
         return 2
     cfg = SweepConfig(ops=tuple(a.ops), impls=tuple(a.impls), variants=tuple(a.variants),
@@ -29,7 +33,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
                       max_bytes=a.max_bytes, modes=tuple(a.modes), dtype=a.dtype, calls=a.calls, repeats=a.repeats,
                       warmup=a.warmup, seed=a.seed, out=a.out)
     apply_timeout(a)
-    run_ranks(run_sweep, world, cfg, device="cuda", timeout_s=a.deadline_s)
+    run_ranks(run_sweep, world, cfg, device="cpu" if host else "cuda", timeout_s=a.deadline_s)
     return 0
 
 
@@ -170,6 +174,9 @@ def register(sub) -> None:
                                                                  "peer_copy"],
                    help="dma_default: a call with no options on Communicator() (what a user gets); dma: every "
                         "configuration of the options below")
+    s.add_argument("--backend", choices=("gpu", "host"), default="gpu",
+                   help="host: CPU ranks on the host emulator (gloo for nccl), to test the workflow without GPUs; "
+                        "its times are not GPU measurements")
     add_sweep_options(s, VARIANTS, DIRECTIONS, SIGNAL_MODES)
     add_out(s, "results/local/operator/sweep/data.csv")
     s.set_defaults(func=cmd_sweep)
