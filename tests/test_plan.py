@@ -25,7 +25,9 @@ def test_pcpy_has_one_queue_per_peer_and_b2b_one_queue():
     ex = all_gather_exchange(4, 1 << 10)
     pcpy = build_plan(ex, 1, "pcpy", "push", LAYOUTS["sym"])
     assert len(pcpy.queues) == 4  # the local copy + 3 peers
-    assert all(isinstance(q[0], Wait) and isinstance(q[-1], Signal) for q in pcpy.queues[1:])
+    # each peer's queue: its READY signalled and awaited, the copy, its DONE (no flag on the caller's queue first)
+    assert all([type(c) for c in q] == [Signal, Wait, Copy, Signal] for q in pcpy.queues[1:])
+    assert not pcpy.pre
     b2b = build_plan(ex, 1, "b2b", "push", LAYOUTS["sym"])
     assert len(b2b.queues) == 1
     copies = [c for c in b2b.queues[0] if isinstance(c, Copy)]
@@ -43,8 +45,10 @@ def test_multi_splits_large_copies_over_its_queues():
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_small_multi_gives_each_copy_a_queue_of_its_own(world):
     plan = build_plan(all_gather_exchange(world, 1024), 0, "multi", "push", LAYOUTS["sym"], engines=2)
-    assert [len(q) for q in plan.queues] == [1] * world  # the peers' copies and our own, side by side
-    assert sum(isinstance(c, Signal) for c in plan.post) == world - 1  # still one handshake for all
+    # a queue per copy, side by side: each peer's copy with its DONE behind it, and our own copy
+    assert [[type(c) for c in q] for q in plan.queues] == [[Copy, Signal]] * (world - 1) + [[Copy]]
+    assert [q[0].dst.rank for q in plan.queues[:-1]] == [q[1].peer for q in plan.queues[:-1]]
+    assert sum(isinstance(c, Wait) for c in plan.pre) == world - 1  # READY still awaited once for all
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])

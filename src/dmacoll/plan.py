@@ -247,10 +247,10 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
                layout: Layout = Layout(), engines: int = 2, handshake: Handshake = FULL) -> Plan:
     """The commands ``rank`` issues for exchange ``ex``.
 
-    Variants: ``pcpy`` one queue per peer, each signalling its peer; ``b2b`` every copy
-    on one queue, signals batched; ``multi`` handshake once on the caller's queue, then
-    all copies (large ones split) spread over ``engines`` queues, or each copy on a queue of its own when none
-    is large enough to split. ``handshake``: see ``Handshake``."""
+    Variants: ``pcpy`` one queue per peer, each with its peer's whole handshake; ``b2b`` every copy
+    on one queue, signals batched; ``multi`` READY once for all on the caller's queue, then all copies (large
+    ones split) spread over ``engines`` queues and DONE after them, or, when no copy is large enough to split,
+    each copy on a queue of its own with its peer's DONE behind it. ``handshake``: see ``Handshake``."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
     if direction not in DIRECTIONS:
@@ -296,25 +296,29 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
 
     # READY goes to the peer that will act on it: push -> senders, pull -> readers.
     ready = [p for p in talk if p not in handshake.ready_implied]
-    pre += [Signal(p, READY) for p in ready]
-    if variant == "pcpy":
+    if variant == "pcpy":  # each peer's READY, wait, copy and DONE on a queue of its own, side by side
         queues = [tuple(self_copies)]
         for p in talk:
             c = peer_copies.get(p)
-            queues.append((*((Wait(p, READY),) if p in ready else ()), *((c,) if c else ()), Signal(p, done)))
+            queues.append((*((Signal(p, READY), Wait(p, READY)) if p in ready else ()), *((c,) if c else ()),
+                           Signal(p, done)))
     elif variant == "b2b":  # one queue, peer copies back to back, signals batched after them; the
         # local copy runs while the peers' DONE signals travel
+        pre += [Signal(p, READY) for p in ready]
         queues = [(*(Wait(p, READY) for p in ready), *(peer_copies[p] for p in talk if p in peer_copies),
                    *(Signal(p, done) for p in talk), *self_copies)]
-    else:  # multi: wait for every READY, fan the copies out, join, signal every DONE
-        pre += [Wait(p, READY) for p in ready]
+    else:  # multi: wait for every READY, fan the copies out, join, wait for every DONE
+        pre += [*(Signal(p, READY) for p in ready), *(Wait(p, READY) for p in ready)]
         copies = [*(peer_copies[p] for p in talk if p in peer_copies), *self_copies]
         pieces = [piece for c in copies for piece in split(c, engines)]
-        # no copy large enough to split: latency-bound, so each gets a queue (side by side on the copy engines;
-        # in a graph parallel copies cost little, serial ones a node each: dmacoll probe call_cost)
-        lanes = max(1, engines if len(pieces) > len(copies) else len(pieces))
-        queues = [tuple(pieces[i::lanes]) for i in range(lanes)]
-        post += [Signal(p, done) for p in talk]
+        if len(pieces) > len(copies):  # bandwidth-bound: pieces over `engines` queues, every DONE after the join
+            queues = [tuple(pieces[i::engines]) for i in range(max(1, engines))]
+            post += [Signal(p, done) for p in talk]
+        else:  # latency-bound: a queue per copy, side by side on the copy engines, each DONE behind its copy
+            # (in a graph parallel nodes cost little, serial ones a node each: dmacoll probe call_cost)
+            queues = [*((peer_copies[p], Signal(p, done)) for p in talk if p in peer_copies),
+                      *((c,) for c in self_copies)]
+            post += [Signal(p, done) for p in talk if p not in peer_copies]
     post += [Wait(p, done) for p in talk]
     if stage_out:
         # push into private output: received chunks land in staging, move them out
