@@ -34,7 +34,7 @@
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
 #         calibrate  calibration where no table fits (issue 34): `dmacoll tune --quick` at worlds 2 and 4, then
 #                  tests/gpu/test_calibration_gpu.py (notice, progress, one table on every rank, cache, reuse);
-#                  worlds above the GPU count put several ranks on one GPU: only with DMACOLL_TEST_SHARED_DEVICE=1
+#                  worlds above the GPU count put several ranks on one GPU (the IPC heap: mechanics, not performance)
 #         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll under each schedule (serial,
 #                  microbatch, seqpar), logits compared; E2E_ARGS: more `dmacoll e2e` options; on one GPU NCCL alone
 #                  (the schedules run their compute, micro-batch streams and graphs; no dmacoll below 2 ranks)
@@ -151,7 +151,6 @@ case "$part" in
   calibrate)
     d=$(rundir calibration/quick)
     for w in 2 4; do
-      [ $w -le $world ] || [ "${DMACOLL_TEST_SHARED_DEVICE:-0}" = 1 ] || continue
       XDG_CACHE_HOME=$(mktemp -d) timeout 150 python3 -m dmacoll tune --quick --world $w \
         --out "$d/table_w$w.json" > "$d/tune_w$w.log" 2>&1; tail -3 "$d/tune_w$w.log"
     done

@@ -1,8 +1,9 @@
 """Calibration end to end on GPUs (issue 34, item 5): a Communicator() on a platform without a table measures,
 caches and reuses a table, every rank takes the same one, and it drives the calls. Mechanics, not performance.
 
-Worlds larger than the visible GPUs put several ranks on one GPU (issue 33): set DMACOLL_TEST_SHARED_DEVICE=1 where
-the cuda backend supports that. Run with ``-s`` to see the notice, progress and the table's points and seconds.
+Worlds larger than the visible GPUs put several ranks on one GPU (the IPC heap: their timings are not performance
+figures, only the mechanics are checked). Run with ``-s`` to see the notice, progress and the table's points and
+seconds.
 """
 from __future__ import annotations
 
@@ -75,8 +76,6 @@ def _calibrate(rank: int, world: int, cache_dir: str) -> dict:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_calibration_end_to_end(world, tmp_path):
-    if world > torch.cuda.device_count() and os.environ.get("DMACOLL_TEST_SHARED_DEVICE") != "1":
-        pytest.skip(f"{world} ranks on {torch.cuda.device_count()} GPU(s) need DMACOLL_TEST_SHARED_DEVICE=1")
     ranks = run_ranks(_calibrate, world, str(tmp_path), device="cuda", timeout_s=300)
     first = ranks[0]
     meta = json.loads(first["table"])
