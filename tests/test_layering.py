@@ -5,7 +5,8 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-RUNTIME = ("communicator", "ops", "plan", "executor", "validate", "tuning", "errors", "sizes", "backends")
+RUNTIME = ("communicator", "ops", "plan", "executor", "validate", "tuning", "errors", "sizes", "backends",
+           "consistency")
 ABOVE = ("analysis", "bench", "cli", "verify", "e2e", "integrations")
 
 
