@@ -6,7 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import add_out, add_ranks, add_sizes, apply_timeout, gpu_world, parse_size, planned_world, run_on_gpus
+from ..errors import InvalidArgument
+
+from .common import (add_out, add_ranks, add_sizes, apply_timeout, existing_file, gpu_world, parse_size, planned_world,
+                     run_on_gpus)
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
@@ -17,9 +20,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         print("dmacoll sweep: run nccl_ce in a sweep of its own: it switches torch's symmetric-memory backend to "
               "NCCL for the whole process", file=sys.stderr)
         return 2
-    world = gpu_world(a, "sweep")
-    if not world:
-        return 2
+    world = gpu_world(a)
     cfg = SweepConfig(ops=tuple(a.ops), impls=tuple(a.impls), variants=tuple(a.variants),
                       directions=tuple(a.directions), places=tuple(a.places), signals=tuple(a.signals),
                       waits=tuple(a.waits),
@@ -40,6 +41,10 @@ def cmd_tune(a: argparse.Namespace) -> int:
 
     out = Path(a.out)
     csvs = a.from_sweep
+    for csv in csvs or ():
+        if not Path(csv).with_suffix(".json").is_file():
+            raise InvalidArgument(f"--from-sweep {csv}: its provenance sidecar {Path(csv).with_suffix('.json')} "
+                                  "is missing (every sweep CSV is written with one beside it)")
     if not csvs:
         sweep_csv = str(out.with_suffix(".sweep.csv"))
         a.impls, a.out = ["dma"], sweep_csv
@@ -59,14 +64,14 @@ def cmd_power(a: argparse.Namespace) -> int:
 
     cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, seconds=a.seconds, idle_seconds=a.idle_seconds,
                repeats=a.repeats, dtype=a.dtype)
-    return run_on_gpus(a, "power", run_power, POWER_COLUMNS, cfg)
+    return run_on_gpus(a, run_power, POWER_COLUMNS, cfg)
 
 
 def cmd_sm_usage(a: argparse.Namespace) -> int:
     from ..bench.smusage import SM_COLUMNS, run_sm_usage
 
     cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, calls=a.calls, modes=a.modes)
-    return run_on_gpus(a, "sm-usage", run_sm_usage, SM_COLUMNS, cfg)
+    return run_on_gpus(a, run_sm_usage, SM_COLUMNS, cfg)
 
 
 def cmd_breakdown(a: argparse.Namespace) -> int:
@@ -101,7 +106,7 @@ def cmd_c3(a: argparse.Namespace) -> int:
         return 0
     from ..bench.c3 import C3_COLUMNS, run_c3
 
-    return run_on_gpus(a, a.cmd, run_c3, C3_COLUMNS, cfg)
+    return run_on_gpus(a, run_c3, C3_COLUMNS, cfg)
 
 
 def cmd_ficco(a: argparse.Namespace) -> int:
@@ -110,9 +115,7 @@ def cmd_ficco(a: argparse.Namespace) -> int:
 
     cfg = dict(models=a.models, tokens=a.tokens, patterns=a.patterns, impls=a.impls, factors=a.factors,
                repeats=a.repeats, hold_us=a.hold_us)
-    world = planned_world(a, "ficco")
-    if not world:
-        return 2
+    world = planned_world(a)
     est = estimate_seconds(cfg, world)
     print(f"dmacoll ficco: world {world}, {est['scenarios']} scenarios ({', '.join(est['labels'])}) x schedules "
           f"{', '.join(est['schedules'])}; estimated {est['seconds'] / 60:.1f} min (GEMMs at {PEAK_TFLOPS:g} "
@@ -121,7 +124,7 @@ def cmd_ficco(a: argparse.Namespace) -> int:
         return 0
     from ..bench.ficco import FICCO_COLUMNS, run_ficco
 
-    return run_on_gpus(a, "ficco", run_ficco, FICCO_COLUMNS, cfg)
+    return run_on_gpus(a, run_ficco, FICCO_COLUMNS, cfg)
 
 
 def cmd_amd_dmalatte(a: argparse.Namespace) -> int:
@@ -153,7 +156,8 @@ def register(sub) -> None:
     add_ranks(t, deadline_s=3600.0)
     t.add_argument("--ops", nargs="+", choices=NAMES, default=["all_gather", "all_to_all"])
     add_sweep_options(t, VARIANTS, DIRECTIONS, SIGNAL_MODES)
-    t.add_argument("--from-sweep", nargs="+", help="derive from existing sweep CSV(s) instead of measuring")
+    t.add_argument("--from-sweep", nargs="+", type=existing_file,
+                   help="derive from existing sweep CSV(s) instead of measuring")
     t.add_argument("--out", default="results/local/tuning.json", help="the tuning table (JSON)")
     t.set_defaults(func=cmd_tune)
 
@@ -193,7 +197,7 @@ def register(sub) -> None:
     add_ficco_parser(sub)
 
     d = sub.add_parser("amd-dmalatte", help="the authors' sdma_collective output as the sweep's tidy CSV")
-    d.add_argument("stdout", help="sdma_collective's console output")
+    d.add_argument("stdout", type=existing_file, help="sdma_collective's console output")
     d.add_argument("out", help="CSV to write")
     d.add_argument("--world", type=int, required=True)
     d.add_argument("--op", choices=("ag", "aa", "all_gather", "all_to_all"), default=None)
