@@ -42,8 +42,8 @@ def device(group: dist.ProcessGroup) -> torch.device:
 
 
 def agree(group: dist.ProcessGroup, what: str, signature: Optional[dict], error: Optional[str]) -> None:
-    """Return if every rank of ``group`` has the same ``signature`` and ``error`` (None: this rank accepted the
-    call; the same error everywhere is the caller's to raise); else raise InvalidArgument on every rank."""
+    """Return if every rank of ``group`` has the same ``signature`` (``error`` None: this rank accepted the call), or
+    every rank has an error (each raises its own); else raise InvalidArgument on every rank."""
     mine = (signature, error)
     digest = int.from_bytes(hashlib.blake2b(repr(mine).encode(), digest_size=8).digest(), "little", signed=True)
     on = device(group)
@@ -54,6 +54,8 @@ def agree(group: dist.ProcessGroup, what: str, signature: Optional[dict], error:
         return
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine, group=group)
+    if all(error is not None for _, error in everyone):
+        return  # every rank rejected the call: each raises its own reason
     raise InvalidArgument(describe(what, everyone))
 
 
