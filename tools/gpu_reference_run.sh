@@ -26,6 +26,8 @@
 #         fewsm    one-GPU probe: copy / bf16-add kernels written for few SMs vs the driver's and torch's, next to a
 #                  carved-out GEMM (`dmacoll probe few_sm_kernels`)
 #         ficco    finer-grain overlap scenarios (pieces d = 1, 2, 4 x world), exact checks
+#         checkcost  what the cross-rank check of each call (Communicator check_calls, DMACOLL_CHECK_CALLS=1) adds
+#                  to an eager call, every op at 1 KB and 1 MB (`dmacoll check-cost`)
 #         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll under each schedule (serial,
 #                  microbatch, seqpar), logits compared; E2E_ARGS: more `dmacoll e2e` options; on one GPU NCCL alone
 #                  (the schedules run their compute, micro-batch streams and graphs; no dmacoll below 2 ranks)
@@ -128,6 +130,9 @@ case "$part" in
     one=""; [ "$world" -lt 2 ] && one="--impls nccl"
     timeout ${E2E_TIMEOUT_S:-300} python3 -m dmacoll e2e $one ${E2E_ARGS:-} --out "$d/data.csv" > "$d/run.log" 2>&1
     tail -25 "$d/run.log" ;;
+  checkcost)
+    d=$(rundir check_calls/check_cost)
+    timeout 240 python3 -m dmacoll check-cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -3 ;;
   smoke)
     d=$(rundir operator/smoke)
     timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$d/data.csv" 2>&1 | tee "$d/run.log" \

@@ -232,8 +232,9 @@ class Communicator:
     sizes, send_counts, in place, buffers, protocol options, the call's number) and raise ``InvalidArgument`` on
     every rank, naming the ranks that differ, when not (``dmacoll.consistency``). One small collective of the
     process group per call (two for ``result``), so off by default; None: on under $DMACOLL_CHECK_CALLS=1 or
-    TORCH_DISTRIBUTED_DEBUG=DETAIL. Without it each rank still checks its own call (sizes against its own
-    tensors, overlaps, integer counts) but not that its peers made the same one.
+    TORCH_DISTRIBUTED_DEBUG=DETAIL; the attribute ``check_calls`` may be changed between calls, on every rank
+    alike. Without it each rank still checks its own call (sizes against its own tensors, overlaps, integer
+    counts) but not that its peers made the same one.
     After ``close()`` every use raises ``InvalidArgument``.
     """
 
@@ -287,7 +288,7 @@ class Communicator:
         self.error: Optional[DmaCollError] = None  # set by a failed call; every later call raises it
         self._gate: Optional[Gate] = None  # the open or pending prelaunch gate
         self._gates_used = 0
-        self._check_calls = consistency.enabled(check_calls)
+        self.check_calls = consistency.enabled(check_calls)  # every rank alike (see the class docstring)
         self.closed = False
 
     # -- memory ----------------------------------------------------------------
@@ -359,7 +360,7 @@ class Communicator:
         """``prepare()``: this rank's part of a call before any collective work. With the cross-rank check on,
         every rank then learns whether all the others accepted the same call (``signature`` of what ``prepare``
         returned), and if not, every rank raises."""
-        if not self._check_calls:
+        if not self.check_calls:
             return prepare()
         try:
             value = prepare()

@@ -7,9 +7,9 @@ under ``DMACOLL_CHECK_CALLS=1``, under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (PyTor
 its own collectives), or with ``Communicator(check_calls=True)``.
 
 Per call each rank hashes its signature (what every rank must agree on, or the error that made it reject the call)
-and the ranks all-gather the hashes: one small collective of the process group, on its CPU (gloo) backend where it
-has one. Only when the hashes differ do they all-gather the signatures themselves, to say which ranks differ in
-what; every rank then raises the same ``InvalidArgument``.
+and the ranks all-reduce the largest hash and the smallest: one all-reduce of 16 bytes in the process group, on its
+CPU (gloo) backend where it has one. Only when the hashes differ do they all-gather the signatures themselves, to
+say which ranks differ in what; every rank then raises the same ``InvalidArgument``.
 """
 from __future__ import annotations
 
@@ -45,14 +45,13 @@ def agree(group: dist.ProcessGroup, what: str, signature: Optional[dict], error:
     """Return if every rank of ``group`` has the same ``signature`` (``error`` None: this rank accepted the call), or
     every rank has an error (each raises its own); else raise InvalidArgument on every rank."""
     mine = (signature, error)
-    digest = int.from_bytes(hashlib.blake2b(repr(mine).encode(), digest_size=8).digest(), "little", signed=True)
-    on = device(group)
-    world = dist.get_world_size(group)
-    digests = [torch.empty(1, dtype=torch.int64, device=on) for _ in range(world)]
-    dist.all_gather(digests, torch.tensor([digest], dtype=torch.int64, device=on), group=group)
-    if all(int(d) == digest for d in digests):
+    digest = int.from_bytes(hashlib.blake2b(repr(mine).encode(), digest_size=7).digest(), "little")  # -digest fits
+    # the largest digest and minus the smallest: both are this rank's own only if every rank has the same
+    extremes = torch.tensor([digest, -digest], dtype=torch.int64, device=device(group))
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
+    if extremes.tolist() == [digest, -digest]:
         return
-    everyone: list = [None] * world
+    everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
     if all(error is not None for _, error in everyone):
         return  # every rank rejected the call: each raises its own reason

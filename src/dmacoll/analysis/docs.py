@@ -151,6 +151,11 @@ def probes(machine: str) -> str:
     return "\n\n".join(parts)
 
 
+def check_cost(machine: str) -> str:
+    paths = [run(machine, "check_calls", "check_cost")]
+    return _table(tables.check_cost(load.read("check_cost", _abs(paths))), paths)
+
+
 def sources(machine: str) -> str:
     """Every committed run of a machine: its code, when it ran, and its GPUs."""
     rows = []
@@ -168,7 +173,7 @@ def sources(machine: str) -> str:
 BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "breakdown": breakdown, "power": power,
     "interference": interference, "c3": c3, "ficco": ficco, "e2e": e2e, "native": native, "probes": probes,
-    "sources": sources,
+    "check_cost": check_cost, "sources": sources,
 }
 
 

@@ -1,5 +1,6 @@
 """The measurements: `dmacoll sweep`, `tune`, `power`, `sm-usage`, `breakdown`, `c3`, `interference` (C3 at fixed
-sizes), `ficco`, and `amd-dmalatte` (the authors' benchmark output as a sweep table)."""
+sizes), `ficco`, `check-cost` (the cross-rank check of each call), and `amd-dmalatte` (the authors' benchmark
+output as a sweep table)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ from pathlib import Path
 from ..errors import InvalidArgument
 
 from .common import (add_out, add_ranks, add_sizes, apply_timeout, existing_file, gpu_world, parse_size, planned_world,
-                     run_on_gpus)
+                     positive, run_on_gpus)
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
@@ -127,6 +128,26 @@ def cmd_ficco(a: argparse.Namespace) -> int:
     return run_on_gpus(a, run_ficco, FICCO_COLUMNS, cfg)
 
 
+def cmd_check_cost(a: argparse.Namespace) -> int:
+    """The cost of the cross-rank check of each call: on every GPU, or on the host emulator without one."""
+    import torch
+
+    from ..bench import harness
+    from ..bench.check_cost import CHECK_COST_COLUMNS, run_check_cost
+    from ..verify.launch import run_ranks
+
+    cfg = dict(ops=a.ops, sizes=a.sizes, calls=a.calls, repeats=a.repeats, dtype=a.dtype, seed=a.seed)
+    if torch.cuda.device_count():
+        return run_on_gpus(a, run_check_cost, CHECK_COST_COLUMNS, cfg)
+    from .. import validate
+
+    world = a.world or 2
+    validate.check_world(world)
+    apply_timeout(a)
+    harness.write(a.out, run_ranks(run_check_cost, world, cfg, timeout_s=a.deadline_s)[0], CHECK_COST_COLUMNS, cfg)
+    return 0
+
+
 def cmd_amd_dmalatte(a: argparse.Namespace) -> int:
     from ..bench.amd_dmalatte import OPS, convert
 
@@ -195,6 +216,18 @@ def register(sub) -> None:
                   "C3 at fixed collective sizes: how a large GEMM / memory-bound add and an all-gather slow each "
                   "other down (NCCL vs dma)")
     add_ficco_parser(sub)
+
+    k = sub.add_parser("check-cost", help="what the cross-rank check of each call (check_calls) adds to an eager "
+                                          "call (GPUs; without one, the host emulator)")
+    add_ranks(k)
+    k.add_argument("--ops", nargs="+", choices=NAMES, default=list(NAMES))
+    add_sizes(k, ("1K", "1M"))
+    k.add_argument("--calls", type=positive, default=20, help="calls per timed batch")
+    k.add_argument("--repeats", type=positive, default=15)
+    k.add_argument("--dtype", default="bfloat16")
+    k.add_argument("--seed", type=int, default=0)
+    add_out(k, "results/local/check_calls/check_cost/data.csv")
+    k.set_defaults(func=cmd_check_cost)
 
     d = sub.add_parser("amd-dmalatte", help="the authors' sdma_collective output as the sweep's tidy CSV")
     d.add_argument("stdout", type=existing_file, help="sdma_collective's console output")
