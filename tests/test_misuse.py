@@ -252,3 +252,26 @@ def test_the_check_is_off_by_default_and_on_under_either_switch(monkeypatch):
     assert consistency.enabled()
     monkeypatch.setenv("DMACOLL_CHECK_CALLS", "0")
     assert not consistency.enabled()
+
+
+def _check_everything(rank, world, seed):
+    from dmacoll import consistency
+    from dmacoll.plan import VARIANTS
+    from dmacoll.verify.check import check_rank
+
+    args = dict(backend="host", timeout_s=60, variants=VARIANTS, directions=("push", "pull"),
+                dtypes=["float32", "int8"], counts=[1, 17], ops=("all_gather", "all_to_all", "all_to_all_v",
+                                                                 "reduce_scatter", "all_reduce"),
+                seed=seed, syncs=("reset", "epoch"), reference="cpu", signal="memop")
+    return consistency.enabled(), check_rank(rank, world, args)
+
+
+@pytest.mark.parametrize("switch", ["DMACOLL_CHECK_CALLS=1", "TORCH_DISTRIBUTED_DEBUG=DETAIL"])
+def test_the_check_finds_nothing_wrong_in_every_case_of_dmacoll_check(monkeypatch, seed, switch):
+    """No false alarm: in place (the ranks' input offsets differ), symmetric and private, lean pipelines, owned
+    outputs, every option 'auto'."""
+    name, value = switch.split("=")
+    monkeypatch.setenv(name, value)
+    for on, rows in run_ranks(_check_everything, 3, seed):
+        assert on and rows and all(r["ok"] for r in rows), f"seed {seed}: {[r for r in rows if not r['ok']][:3]}"
+        assert {r["buffers"] for r in rows} == {"sym", "private", "alternating", "owned"}
