@@ -23,18 +23,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="command")
     for family in (verify, bench, e2e, probe, analysis):
         family.register(sub)
-    for command in sub.choices.values():  # an unknown option is reported with its command's usage
-        command.set_defaults(command_parser=command)
     return p
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub-)command's own parser that ``args`` went through: the deepest, whose usage fits an error."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            return _command_parser(action.choices[getattr(args, action.dest)], args)
+    return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from ..errors import DmaCollError
 
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    args, unknown = build_parser().parse_known_args(argv)
-    if unknown:
-        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said with the command's usage, not the top level's
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args) or 0)
     except DmaCollError as e:
