@@ -50,3 +50,17 @@ def _bound_checks(rank, world):
 def test_the_harness_check_fails_an_unwritten_output_and_passes_a_right_one():
     for nothing, ok in run_ranks(_bound_checks, 2, timeout_s=300):
         assert nothing is False and ok is True
+
+
+def test_check_cost_times_every_op_with_the_check_off_and_on(tmp_path):
+    from dmacoll.analysis import load, tables
+    from dmacoll.cli import main
+
+    out = tmp_path / "check_cost" / "data.csv"
+    assert main(["check-cost", "--world", "3", "--sizes", "1K", "4K", "--calls", "2", "--repeats", "2",
+                 "--out", str(out)]) == 0
+    df = load.read("check_cost", [out])
+    assert len(df) == len(ops.NAMES) * 2 * 2 and df["ok"].all() and set(df["world"]) == {3}
+    summary = tables.check_cost(df)
+    assert len(summary) == len(ops.NAMES) * 2 and summary["correct"].all()
+    assert (summary["added_us"] == (summary["on_us"] - summary["off_us"]).round(1)).all()

@@ -1,8 +1,11 @@
 """Every `dmacoll` command turns the library's own errors into one line on stderr and exit code 2."""
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from dmacoll import ops
 from dmacoll.cli import build_parser
@@ -12,20 +15,86 @@ def dmacoll(*args):
     return subprocess.run([sys.executable, "-m", "dmacoll", *args], capture_output=True, text=True, timeout=300)
 
 
+def error_lines(done):
+    return [line for line in done.stderr.splitlines() if line.strip() and "Warning" not in line
+            and not line.startswith("  ")]
+
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="says what happens without a GPU")
+
+
 @pytest.mark.parametrize("args, says", [
     (["check", "--backend", "host", "--world", "1"], "at least 2 ranks"),
     (["check", "--backend", "hip"], "hip"),
     (["e2e", "--dry-run", "--world", "16"], "cannot be split over 16 ranks"),
     (["report", "claims"], "needs --csv"),
     (["sweep", "--backend", "host"], "--backend host needs --world"),
+    (["check", "--backend", "host", "--world", "1000"], "--world 1000: the host emulator runs one process per rank, "
+                                                        "and this command starts at most 32"),
+    pytest.param(["check", "--backend", "cuda", "--world", "2"], "backend 'cuda' needs an NVIDIA GPU", marks=NO_GPU),
+    pytest.param(["sweep", "--world", "2"], "needs a GPU", marks=NO_GPU),
+    pytest.param(["tune", "--world", "2"], "needs a GPU", marks=NO_GPU),  # not "dmacoll sweep: ..."
+    pytest.param(["power"], "needs a GPU", marks=NO_GPU),
 ])
 def test_a_library_error_is_one_line_and_exit_code_2(args, says):
     done = dmacoll(*args)
     assert done.returncode == 2, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip() and "Warning" not in line
-             and not line.startswith("  ")]
+    lines = error_lines(done)
     assert len(lines) == 1 and says in lines[0] and lines[0].startswith(f"dmacoll {args[0]}: "), done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["check", "--counts", "-5"], "argument --counts: must be positive: '-5'"),
+    (["check", "--world", "0"], "argument --world: must be positive: '0'"),
+    (["sweep", "--bogus"], "unrecognized arguments: --bogus"),
+    (["tune", "--from-sweep", "missing.csv"], "argument --from-sweep: no such file: 'missing.csv'"),
+    (["report", "table", "--csv", "missing"], "argument --csv: no such file: 'missing'"),
+    (["report", "claims", "--csv", "missing"], "argument --csv: no such file: 'missing'"),
+    (["report", "index", "--report-dir", "nowhere", "--platform", "a", "b"],
+     "argument --report-dir: no such folder: 'nowhere'"),
+    (["rules", "c3", "missing.csv"], "argument csv: no such file: 'missing.csv'"),
+])
+def test_a_bad_option_prints_its_commands_usage_and_one_line(args, says, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "dmacoll", *args], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = error_lines(done)
+    assert lines[0].startswith(f"usage: dmacoll {args[0]} "), done.stderr  # the command's usage, not the top level
+    assert lines[-1] == f"dmacoll {args[0]}: error: {says}", done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_tune_names_the_missing_sidecar_of_a_sweep_it_was_given(tmp_path):
+    (tmp_path / "sweep.csv").write_text("op\n")
+    done = subprocess.run([sys.executable, "-m", "dmacoll", "tune", "--from-sweep", "sweep.csv"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 2 and error_lines(done) == [
+        "dmacoll tune: --from-sweep sweep.csv: its provenance sidecar sweep.json is missing (every sweep CSV is "
+        "written with one beside it)"], done.stderr
+
+
+def test_version():
+    from dmacoll import __version__
+
+    done = dmacoll("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"dmacoll {__version__}"
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert f'\nversion = "{__version__}"\n' in pyproject  # one version, said in two places
+
+
+def test_the_deadline_counts_from_the_first_rank_s_start():
+    from dmacoll import DmaCollTimeoutError
+    from dmacoll.verify.launch import RankFailed, run_ranks
+
+    t0 = time.monotonic()
+    with pytest.raises(DmaCollTimeoutError, match="did not start within the deadline") as raised:
+        run_ranks(_sleep, 4, 60, timeout_s=0.001)  # spawning alone takes longer than that
+    assert isinstance(raised.value, RankFailed) and time.monotonic() - t0 < 5
+
+
+def _sleep(rank, world, seconds):
+    time.sleep(seconds)
 
 
 def test_every_collective_is_selectable_wherever_ops_are_chosen():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 RUNTIME = ("communicator", "ops", "plan", "executor", "validate", "tuning", "errors", "sizes", "backends", "timing",
-           "calibration")
+           "calibration", "consistency")
 ABOVE = ("analysis", "bench", "cli", "verify", "e2e", "integrations")
 
 

@@ -35,6 +35,8 @@
 #         calibrate  calibration where no table fits (issue 34): `dmacoll tune --quick` at worlds 2 and 4, then
 #                  tests/gpu/test_calibration_gpu.py (notice, progress, one table on every rank, cache, reuse);
 #                  worlds above the GPU count put several ranks on one GPU (the IPC heap: mechanics, not performance)
+#         checkcost  what the cross-rank check of each call (Communicator check_calls, DMACOLL_CHECK_CALLS=1) adds
+#                  to an eager call, every op at 1 KB and 1 MB (`dmacoll check-cost`)
 #         e2e      the built-in Llama/Mixtral TP (EP) inference benchmark, NCCL vs dmacoll under each schedule (serial,
 #                  microbatch, seqpar), logits compared; E2E_ARGS: more `dmacoll e2e` options; on one GPU NCCL alone
 #                  (the schedules run their compute, micro-batch streams and graphs; no dmacoll below 2 ranks)
@@ -156,6 +158,9 @@ case "$part" in
     done
     timeout 280 python3 -m pytest -q -s -m gpu tests/gpu/test_calibration_gpu.py 2>&1 \
       | tee "$d/pytest_calibration.log" | tail -25 ;;
+  checkcost)
+    d=$(rundir check_calls/check_cost)
+    timeout 240 python3 -m dmacoll check-cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -3 ;;
   smoke)
     d=$(rundir operator/smoke)
     timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$d/data.csv" 2>&1 | tee "$d/run.log" \

@@ -26,7 +26,7 @@ from typing import Iterator, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from . import ops, tuning, validate
+from . import consistency, ops, tuning, validate
 from .calibration import lookup
 from .backends import engine_class, make_engine, resolve
 from .errors import BackendUnavailable, DmaCollError, InvalidArgument
@@ -160,7 +160,8 @@ class ResultBuffers:
     """The two alternating regions of the symmetric heap that ``Communicator.result`` returns outputs in, grown
     (at least doubled, both together) when a call needs more; a grown pair replaces the old one, whose bytes the
     heap does not take back (so up to 4x the largest output in all; ``reserve`` first to hold exactly 2x).
-    ``take`` hands out the region the previous call did not use."""
+    ``take`` hands out the region the previous call did not use; ``taken`` says the call ran (a rejected call
+    leaves the alternation where it was, the same on every rank)."""
 
     def __init__(self, allocate):
         self.allocate = allocate  # bytes -> a uint8 tensor of the symmetric heap (collective)
@@ -180,8 +181,10 @@ class ResultBuffers:
                                   "allocates collectively, which a CUDA graph capture cannot; make one call of "
                                   "the largest size (or reserve_results) before capturing")
         self.reserve(nbytes, grow=2)
-        region, self.next = self.regions[self.next], 1 - self.next
-        return region[:nbytes]
+        return self.regions[self.next][:nbytes]
+
+    def taken(self) -> None:
+        self.next = 1 - self.next
 
 
 def _result_shape(input: torch.Tensor, numel: int) -> tuple[int, ...]:
@@ -232,6 +235,15 @@ class Communicator:
     outputs (two alternating buffers) and documents their lifetime.
     Each may be overridden per call. Calls enqueue work on the current stream and
     never block the host; they can be captured in a CUDA graph (sync='reset').
+
+    ``check_calls``: before each call, check across the ranks that every rank makes the same call (op, dtype,
+    sizes, send_counts, in place, buffers, protocol options, the call's number) and raise ``InvalidArgument`` on
+    every rank, naming the ranks that differ, when not (``dmacoll.consistency``). One small collective of the
+    process group per call (two for ``result``), so off by default; None: on under $DMACOLL_CHECK_CALLS=1 or
+    TORCH_DISTRIBUTED_DEBUG=DETAIL; the attribute ``check_calls`` may be changed between calls, on every rank
+    alike. Without it each rank still checks its own call (sizes against its own tensors, overlaps, integer
+    counts) but not that its peers made the same one.
+    After ``close()`` every use raises ``InvalidArgument``.
     """
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *, backend: str = "auto",
@@ -239,7 +251,7 @@ class Communicator:
                  direction: str = "auto", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
                  engines: int = 2, signal: str = "auto", prerecord: object = "auto", submit: str = "auto",
                  handshake: str = "full", wait: str = "auto", tuning_table: Optional[str] = None,
-                 device: Optional[torch.device] = None):
+                 device: Optional[torch.device] = None, check_calls: Optional[bool] = None):
         if not dist.is_initialized():
             raise InvalidArgument("torch.distributed is not initialised; call dist.init_process_group first")
         self.group = group if group is not None else dist.group.WORLD
@@ -287,12 +299,15 @@ class Communicator:
         self.error: Optional[DmaCollError] = None  # set by a failed call; every later call raises it
         self._gate: Optional[Gate] = None  # the open or pending prelaunch gate
         self._gates_used = 0
+        self.check_calls = consistency.enabled(check_calls)  # every rank alike (see the class docstring)
+        self.closed = False
 
     # -- memory ----------------------------------------------------------------
     def empty(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A tensor in the symmetric heap; peers read and write it directly.
 
         Collective: every rank must allocate the same sizes in the same order."""
+        self._check_open("empty")
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
         nbytes = _align(max(1, int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()))
         validate.check_capacity("Communicator.empty", self._next + nbytes, self._total,
@@ -311,23 +326,62 @@ class Communicator:
     def collective(self, op: str, output: torch.Tensor, input: Optional[torch.Tensor] = None, *args,
                    **options) -> torch.Tensor:
         """Run collective ``op`` (a name in ``dmacoll.ops``); the named methods call this."""
-        spec = ops.get(op)
-        request = spec.bind(self._ops_group, output, input, *args)
-        self._check_usable(op)
         capturing = self.engine.is_capturing()
-        opts = self._resolve(spec, request, self._options_for(options), capturing)
-        if opts.sync == "epoch" and capturing:
-            raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
-                                  "then deadlock; capture with sync='reset'")
+        spec, request, opts = self._agreed(op, lambda: self._checked(op, output, input, args, options, capturing),
+                                           lambda checked: self._signature(*checked))
         prerecord = opts.prerecord and self.engine.graphs and not capturing
-        if prerecord and opts.sync != "reset":
-            raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
         if opts.submit == "native":
             self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
         if opts.wait != "memop":
             self.engine.load_kernels()
         self._submit(spec, request, opts, self._plan(spec, request, opts, capturing, prerecord), prerecord)
         return output
+
+    def _checked(self, op: str, output: torch.Tensor, input: Optional[torch.Tensor], args: tuple, options: dict,
+                 capturing: bool) -> tuple[ops.OpSpec, ops.Request, Options]:
+        """This rank's checks of a call (InvalidArgument before any device work): its tensors, its options."""
+        spec = ops.get(op)
+        self._check_open(op)
+        request = spec.bind(self._ops_group, output, input, *args)
+        validate.check_overlap(spec.name, request.output, request.input, request.in_place, spec.in_place)
+        self._check_usable(spec.name)
+        opts = self._resolve(spec, request, self._options_for(options), capturing)
+        if opts.sync == "epoch" and capturing:
+            raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
+                                  "then deadlock; capture with sync='reset'")
+        if opts.prerecord and self.engine.graphs and not capturing and opts.sync != "reset":
+            raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
+        return spec, request, opts
+
+    def _signature(self, spec: ops.OpSpec, request: ops.Request, opts: Options) -> dict:
+        """What every rank must agree on for a call to meet (the cross-rank check, ``consistency``)."""
+        def buffer(t: torch.Tensor) -> str:
+            offset = self.engine.sym_offset(t)
+            return "private" if offset is None else f"symmetric at {offset}"
+        if request.in_place:  # one buffer, the rank's part of it where the op's form puts it: the larger one counts
+            buffers = ("in place", buffer(min(request.input, request.output, key=lambda t: t.data_ptr())))
+        else:
+            buffers = (buffer(request.input), buffer(request.output))
+        return {"call": self._calls + 1, "op": spec.name, "dtype": ops.dtype_name(request.input.dtype),
+                "sizes (bytes)": request.key, "buffers (input, output)": buffers, "direction": opts.direction,
+                "sync": opts.sync, "signal": opts.signal, "handshake": opts.handshake}
+
+    def _agreed(self, op: str, prepare, signature):
+        """``prepare()``: this rank's part of a call before any collective work. With the cross-rank check on,
+        every rank then learns whether all the others accepted the same call (``signature`` of what ``prepare``
+        returned), and if not, every rank raises."""
+        if not self.check_calls:
+            return prepare()
+        try:
+            value = prepare()
+            mine, error = signature(value), None
+        except Exception as e:  # noqa: BLE001 - said to the peers, then raised here as it was
+            mine, error = None, e
+        consistency.agree(self.group, f"{op} call #{self._calls + 1}", mine,
+                          None if error is None else f"{type(error).__name__}: {error}")
+        if error is not None:
+            raise error
+        return value
 
     def result(self, op: str, input: torch.Tensor, *args, **options) -> torch.Tensor:
         """Run collective ``op`` into an output the communicator owns, and return that output.
@@ -341,21 +395,31 @@ class Communicator:
         x world, reduce-scatter: / world), all-to-all-v flat (this rank's column of ``send_counts``). The
         buffers grow collectively (every rank calls with sizes that agree, as for any collective): the first
         call of a new largest size must not be inside a CUDA graph capture."""
-        spec = ops.get(op)
-        if not isinstance(input, torch.Tensor):
-            raise InvalidArgument(f"{op}: result(op, input, ...) needs an input tensor, got {type(input).__name__}")
-        self._check_usable(op)
-        numel, reserve = spec.result_numel(self.world, self.rank, input, *args)
-        size = input.element_size()
+        # growing the buffers allocates collectively: the ranks agree on the size first (with the check on)
+        numel, reserve = self._agreed(op, lambda: self._result_sizes(op, input, args),
+                                      lambda sizes: {"op": op, "result bytes": sizes[1] * input.element_size()})
+        spec, size = ops.get(op), input.element_size()
         region = self._results.take(reserve * size, self.engine.is_capturing())
         output = region[: numel * size].view(input.dtype).view(_result_shape(input, numel))
         if not spec.reduces:
             options.setdefault("handshake", "lean")
-        return self.collective(op, output, input, *args, **options)
+        self.collective(op, output, input, *args, **options)
+        self._results.taken()  # only a call that ran moves on to the other buffer: the ranks alternate alike
+        return output
+
+    def _result_sizes(self, op: str, input: torch.Tensor, args: tuple) -> tuple[int, int]:
+        """(elements of this rank's output, elements every rank reserves) of a ``result`` call, checked."""
+        spec = ops.get(op)
+        self._check_open(op)
+        if not isinstance(input, torch.Tensor):
+            raise InvalidArgument(f"{op}: result(op, input, ...) needs an input tensor, got {type(input).__name__}")
+        self._check_usable(op)
+        return spec.result_numel(self.world, self.rank, input, *args)
 
     def reserve_results(self, nbytes: int) -> None:
         """Hold ``result``'s two output buffers at ``nbytes`` each or more from now on (collective, like
         ``empty``): outputs up to that size then never grow them."""
+        self._check_open("reserve_results")
         self._results.reserve(int(nbytes))
 
     def _options_for(self, changes: dict) -> Options:
@@ -370,6 +434,10 @@ class Communicator:
         if opts is None:
             opts = self._option_sets[key] = self.options.override(changes, self.engine).on(self.engine)
         return opts
+
+    def _check_open(self, what: str) -> None:
+        if self.closed:
+            raise InvalidArgument(f"{what}: this communicator is closed; create a new Communicator")
 
     def _check_usable(self, op: str) -> None:
         if self.error is not None:
@@ -519,6 +587,7 @@ class Communicator:
         CUDA_MODULE_LOADING=EAGER; a warning says so once per process. reduce_scatter and
         all_reduce launch a sum kernel themselves: call them once (same dtype) before gating; the
         same for a first wait='spin' or 'fold' call (it loads dmacoll's kernels)."""
+        self._check_open("prelaunch")
         if self._gate is not None:
             raise InvalidArgument("a prelaunch gate is already open or pending; call gate.wait() first")
         _warn_lazy_loading(self.backend)
@@ -533,7 +602,10 @@ class Communicator:
             gate.closed = True
 
     def close(self) -> None:
-        self.engine.close()
+        """Free the communicator's memory and queues; a second close does nothing, any other use raises."""
+        if not self.closed:
+            self.closed = True
+            self.engine.close()
 
     def __enter__(self) -> "Communicator":
         return self

@@ -198,6 +198,11 @@ def probes(machine: str) -> str:
     return "\n\n".join(parts)
 
 
+def check_cost(machine: str) -> str:
+    paths = [run(machine, "check_calls", "check_cost")]
+    return _table(tables.check_cost(load.read("check_cost", _abs(paths))), paths)
+
+
 def sources(machine: str) -> str:
     """Every committed run of a machine: its code, when it ran, and its GPUs."""
     rows = []
@@ -215,7 +220,7 @@ def sources(machine: str) -> str:
 BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "calibration": calibration,
     "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
-    "ficco": ficco, "e2e": e2e, "native": native, "probes": probes,
+    "ficco": ficco, "e2e": e2e, "native": native, "probes": probes, "check_cost": check_cost,
     "sources": sources,
 }
 

@@ -97,6 +97,7 @@ KINDS: dict[str, tuple[list[str] | None, Callable[[pd.DataFrame], pd.DataFrame]]
     "e2e": (["nan", ""], _e2e),
     "vllm": (["nan", ""], _as_written),
     "probe": (["nan", ""], _as_written),  # `dmacoll probe` tables
+    "check_cost": (["nan", ""], _as_written),  # `dmacoll check-cost`
 }
 
 

@@ -249,8 +249,10 @@ def source_line(paths: list[str], root: Path = Path(".")) -> str:
     hw, sw = prov.get("hardware", {}), prov.get("software", {})
     gpus = hw.get("gpus", [])
     machine = f"{len(gpus)}x {', '.join(sorted(set(gpus)))}" if gpus else "no GPU recorded"
+    where = ("Measured on NVIDIA Hopper, not the papers' MI300X." if gpus else
+             f"Measured on the host emulator ({hw.get('cpu_count')} CPUs), no GPU.")
     return (f"Source: {', '.join(f'`{p}`' for p in paths)} (code {str(prov.get('git_sha'))[:10]}, {machine}, "
-            f"torch {sw.get('torch')}, NCCL {sw.get('nccl')}). Measured on NVIDIA Hopper, not the papers' MI300X.")
+            f"torch {sw.get('torch')}, NCCL {sw.get('nccl')}). {where}")
 
 
 def failures_line(df: pd.DataFrame) -> str:

@@ -164,3 +164,15 @@ def few_sm_best(kernels: pd.DataFrame) -> pd.DataFrame:
                      "best_custom_us": round(float(best), 1), "n": len(df),
                      "speedup": round(float(ref.iloc[0]) / float(best), 2)})
     return pd.DataFrame(rows)
+
+
+def check_cost(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per op and size: an eager call's median time with the cross-rank check off and on (slowest rank), what
+    the check adds, and whether every output was right."""
+    table = rows.pivot_table(index=["op", "bytes_per_rank", "world", "device"], columns="check_calls",
+                             values="time_us", aggfunc="first")
+    right = rows.groupby(["op", "bytes_per_rank", "world", "device"])["ok"].all()
+    off, on = table[False].round(1), table[True].round(1)
+    out = pd.DataFrame({"off_us": off, "on_us": on, "added_us": (on - off).round(1), "correct": right}).reset_index()
+    out.insert(1, "size", [human(int(b)) for b in out.pop("bytes_per_rank")])
+    return out

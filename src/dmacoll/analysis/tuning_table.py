@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+from ..errors import InvalidArgument
 from ..tuning import Entry, Platform, TuningTable
 from . import report
 
@@ -25,7 +26,7 @@ def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
     df = report.load(sweep_csvs)
     dma = df[(df["impl"] == "dma") & df["ok"] & (df["handshake"] == "full")]
     if dma.empty:
-        raise ValueError(f"{sweep_csvs}: no correct dma rows to tune from")
+        raise InvalidArgument(f"{sweep_csvs}: no correct dma rows to tune from (a sweep with --impls dma)")
     keys = ["op", "mode", "place", "signal", "wait", "prerecord", "submit", "bytes_per_rank"]
     idx = dma.groupby(keys)["time_us"].idxmin()
     entries = [Entry(r.op, r.mode, r.place, int(r.bytes_per_rank), r.variant, r.direction, float(r.time_us),

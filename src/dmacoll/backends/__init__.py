@@ -10,7 +10,7 @@ BACKENDS = ("cuda", "hip", "host")
 
 
 def resolve(name: str) -> str:
-    """Map ``auto`` to the backend this machine runs; reject unknown names, and ``hip`` where it
+    """Map ``auto`` to the backend this machine runs; reject unknown names, and ``cuda`` or ``hip`` where it
     cannot run (before anything is allocated, with the reason)."""
     if name == "auto":
         if torch.cuda.is_available():
@@ -18,6 +18,10 @@ def resolve(name: str) -> str:
         return "host"
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of {('auto',) + BACKENDS}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailable("backend 'cuda' needs an NVIDIA GPU and a CUDA build of torch, and this machine "
+                                 "has none (torch.cuda.is_available() is False); backend 'host' runs the same "
+                                 "plans on the CPU")
     if name == "hip":
         from . import hip, hip_api
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import InvalidArgument
+from .common import existing_dir, existing_file
 
 
 # the files with generated blocks; the results READMEs are lab notes: only their blocks are checked, not their prose
@@ -117,21 +118,22 @@ def register(sub) -> None:
     r.add_argument("what", choices=("table", "claims", "docs", "index", "check", "vllm-routes"))
     r.add_argument("files", nargs="*", help="docs: the documents (default: README.md docs/results.md)")
     r.add_argument("--check", action="store_true", help="docs, vllm-routes: only say what is stale (exit 1 if any)")
-    r.add_argument("--csv", nargs="+", help="operator sweep CSV(s)")
+    r.add_argument("--csv", nargs="+", type=existing_file, help="operator sweep CSV(s)")
     r.add_argument("--out", help="table: write the Markdown here; claims: the JSON (Markdown beside it); index: "
                                  "the HTML page (default REPORT_DIR/index.html)")
-    r.add_argument("--power", help="claims: the power CSV of `dmacoll power` (its claims are 'not run' without)")
-    r.add_argument("--c3", nargs="+", default=[],
+    r.add_argument("--power", type=existing_file,
+                   help="claims: the power CSV of `dmacoll power` (its claims are 'not run' without)")
+    r.add_argument("--c3", nargs="+", type=existing_file, default=[],
                    help="claims: `dmacoll c3` tables, one per run (its claims are 'not run' without; several runs: "
                         "the worst decides, the spread is reported)")
-    r.add_argument("--report-dir", help="index, check: the folder of rendered platforms")
+    r.add_argument("--report-dir", type=existing_dir, help="index, check: the folder of rendered platforms")
     r.add_argument("--platform", nargs=2, action="append", metavar=("NAME", "LABEL"),
                    help="index: a rendered platform (repeat)")
     r.set_defaults(func=cmd_report)
 
     u = sub.add_parser("rules", help="learn and score the rule that picks a C3 strategy or a FiCCO schedule")
     u.add_argument("experiment", choices=("c3", "ficco"))
-    u.add_argument("csv", nargs="+", help="tables of `dmacoll c3` / `dmacoll ficco`")
+    u.add_argument("csv", nargs="+", type=existing_file, help="tables of `dmacoll c3` / `dmacoll ficco`")
     u.add_argument("--depth", type=int, default=2)
     u.add_argument("--min-leaf", type=int, default=None, help="default: 3 (c3), 2 (ficco)")
     u.add_argument("--min-gain", type=float, default=0.005)

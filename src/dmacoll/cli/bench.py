@@ -1,13 +1,16 @@
 """The measurements: `dmacoll sweep`, `tune`, `power`, `sm-usage`, `breakdown`, `c3`, `interference` (C3 at fixed
-sizes), `ficco`, and `amd-dmalatte` (the authors' benchmark output as a sweep table)."""
+sizes), `ficco`, `check-cost` (the cross-rank check of each call), and `amd-dmalatte` (the authors' benchmark
+output as a sweep table)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
+from ..errors import InvalidArgument
 from ..sizes import seconds
-from .common import add_out, add_ranks, add_sizes, apply_timeout, gpu_world, parse_size, planned_world, run_on_gpus
+from .common import (add_out, add_ranks, add_sizes, apply_timeout, existing_file, gpu_world, parse_size, planned_world,
+                     positive, run_on_gpus)
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
@@ -19,12 +22,9 @@ def cmd_sweep(a: argparse.Namespace) -> int:
               "NCCL for the whole process", file=sys.stderr)
         return 2
     host = getattr(a, "backend", "gpu") == "host"  # `dmacoll tune` measures on the GPUs
-    if host and a.world < 2:
-        print("dmacoll sweep: --backend host needs --world N (N >= 2 CPU ranks)", file=sys.stderr)
-        return 2
-    world = a.world if host else gpu_world(a, "sweep")
-    if not world:
-        return 2
+    if host and (a.world or 0) < 2:
+        raise InvalidArgument("--backend host needs --world N (N >= 2 CPU ranks)")
+    world = a.world if host else gpu_world(a)
     cfg = SweepConfig(ops=tuple(a.ops), impls=tuple(a.impls), variants=tuple(a.variants),
                       directions=tuple(a.directions), places=tuple(a.places), signals=tuple(a.signals),
                       waits=tuple(a.waits),
@@ -48,6 +48,10 @@ def cmd_tune(a: argparse.Namespace) -> int:
 
     out = Path(a.out)
     csvs = a.from_sweep
+    for csv in csvs or ():
+        if not Path(csv).with_suffix(".json").is_file():
+            raise InvalidArgument(f"--from-sweep {csv}: its provenance sidecar {Path(csv).with_suffix('.json')} "
+                                  "is missing (every sweep CSV is written with one beside it)")
     if not csvs:
         sweep_csv = str(out.with_suffix(".sweep.csv"))
         a.impls, a.out = ["dma"], sweep_csv
@@ -69,9 +73,7 @@ def cmd_tune_quick(a: argparse.Namespace) -> int:
     from ..verify.launch import run_ranks
 
     backend = resolve(a.backend)
-    world = (a.world or 2) if backend == "host" else gpu_world(a, "tune --quick")
-    if not world:
-        return 2
+    world = (a.world or 2) if backend == "host" else gpu_world(a)
     apply_timeout(a)
     text, where = run_ranks(tune, world, backend, a.budget_s, device="cpu" if backend == "host" else "cuda",
                             timeout_s=a.deadline_s)[0]
@@ -88,14 +90,14 @@ def cmd_power(a: argparse.Namespace) -> int:
 
     cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, seconds=a.seconds, idle_seconds=a.idle_seconds,
                repeats=a.repeats, dtype=a.dtype)
-    return run_on_gpus(a, "power", run_power, POWER_COLUMNS, cfg)
+    return run_on_gpus(a, run_power, POWER_COLUMNS, cfg)
 
 
 def cmd_sm_usage(a: argparse.Namespace) -> int:
     from ..bench.smusage import SM_COLUMNS, run_sm_usage
 
     cfg = dict(ops=a.ops, impls=a.impls, sizes=a.sizes, calls=a.calls, modes=a.modes)
-    return run_on_gpus(a, "sm-usage", run_sm_usage, SM_COLUMNS, cfg)
+    return run_on_gpus(a, run_sm_usage, SM_COLUMNS, cfg)
 
 
 def cmd_breakdown(a: argparse.Namespace) -> int:
@@ -130,7 +132,7 @@ def cmd_c3(a: argparse.Namespace) -> int:
         return 0
     from ..bench.c3 import C3_COLUMNS, run_c3
 
-    return run_on_gpus(a, a.cmd, run_c3, C3_COLUMNS, cfg)
+    return run_on_gpus(a, run_c3, C3_COLUMNS, cfg)
 
 
 def cmd_ficco(a: argparse.Namespace) -> int:
@@ -139,9 +141,7 @@ def cmd_ficco(a: argparse.Namespace) -> int:
 
     cfg = dict(models=a.models, tokens=a.tokens, patterns=a.patterns, impls=a.impls, factors=a.factors,
                repeats=a.repeats, hold_us=a.hold_us)
-    world = planned_world(a, "ficco")
-    if not world:
-        return 2
+    world = planned_world(a)
     est = estimate_seconds(cfg, world)
     print(f"dmacoll ficco: world {world}, {est['scenarios']} scenarios ({', '.join(est['labels'])}) x schedules "
           f"{', '.join(est['schedules'])}; estimated {est['seconds'] / 60:.1f} min (GEMMs at {PEAK_TFLOPS:g} "
@@ -150,7 +150,27 @@ def cmd_ficco(a: argparse.Namespace) -> int:
         return 0
     from ..bench.ficco import FICCO_COLUMNS, run_ficco
 
-    return run_on_gpus(a, "ficco", run_ficco, FICCO_COLUMNS, cfg)
+    return run_on_gpus(a, run_ficco, FICCO_COLUMNS, cfg)
+
+
+def cmd_check_cost(a: argparse.Namespace) -> int:
+    """The cost of the cross-rank check of each call: on every GPU, or on the host emulator without one."""
+    import torch
+
+    from ..bench import harness
+    from ..bench.check_cost import CHECK_COST_COLUMNS, run_check_cost
+    from ..verify.launch import run_ranks
+
+    cfg = dict(ops=a.ops, sizes=a.sizes, calls=a.calls, repeats=a.repeats, dtype=a.dtype, seed=a.seed)
+    if torch.cuda.device_count():
+        return run_on_gpus(a, run_check_cost, CHECK_COST_COLUMNS, cfg)
+    from .. import validate
+
+    world = a.world or 2
+    validate.check_world(world)
+    apply_timeout(a)
+    harness.write(a.out, run_ranks(run_check_cost, world, cfg, timeout_s=a.deadline_s)[0], CHECK_COST_COLUMNS, cfg)
+    return 0
 
 
 def cmd_amd_dmalatte(a: argparse.Namespace) -> int:
@@ -185,7 +205,8 @@ def register(sub) -> None:
     add_ranks(t, deadline_s=3600.0)
     t.add_argument("--ops", nargs="+", choices=NAMES, default=["all_gather", "all_to_all"])
     add_sweep_options(t, VARIANTS, DIRECTIONS, SIGNAL_MODES)
-    t.add_argument("--from-sweep", nargs="+", help="derive from existing sweep CSV(s) instead of measuring")
+    t.add_argument("--from-sweep", nargs="+", type=existing_file,
+                   help="derive from existing sweep CSV(s) instead of measuring")
     t.add_argument("--quick", action="store_true",
                    help="calibrate instead of sweeping: what Communicator() does where no table fits (the options "
                         "above do not apply), bounded by --budget-s; the table goes to the user's cache (and --out)")
@@ -231,8 +252,20 @@ def register(sub) -> None:
                   "other down (NCCL vs dma)")
     add_ficco_parser(sub)
 
+    k = sub.add_parser("check-cost", help="what the cross-rank check of each call (check_calls) adds to an eager "
+                                          "call (GPUs; without one, the host emulator)")
+    add_ranks(k)
+    k.add_argument("--ops", nargs="+", choices=NAMES, default=list(NAMES))
+    add_sizes(k, ("1K", "1M"))
+    k.add_argument("--calls", type=positive, default=20, help="calls per timed batch")
+    k.add_argument("--repeats", type=positive, default=15)
+    k.add_argument("--dtype", default="bfloat16")
+    k.add_argument("--seed", type=int, default=0)
+    add_out(k, "results/local/check_calls/check_cost/data.csv")
+    k.set_defaults(func=cmd_check_cost)
+
     d = sub.add_parser("amd-dmalatte", help="the authors' sdma_collective output as the sweep's tidy CSV")
-    d.add_argument("stdout", help="sdma_collective's console output")
+    d.add_argument("stdout", type=existing_file, help="sdma_collective's console output")
     d.add_argument("out", help="CSV to write")
     d.add_argument("--world", type=int, required=True)
     d.add_argument("--op", choices=("ag", "aa", "all_gather", "all_to_all"), default=None)

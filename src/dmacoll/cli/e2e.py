@@ -27,16 +27,14 @@ def cmd_e2e(a: argparse.Namespace) -> int:
             (d / "config.json").write_text(json.dumps(e2e.hf_config(e2e.spec(name, a.layers)), indent=1) + "\n")
             print(f"wrote {d / 'config.json'}")
         return 0
-    world = planned_world(a, "e2e", least=1)
-    if not world:
-        return 2
+    world = planned_world(a, least=1)
     check_plan(cfg, world)
     print(e2e.plan_text(cfg, world), flush=True)  # InvalidArgument if a model does not split over the ranks
     if a.dry_run:
         return 0
     from ..e2e.bench import E2E_COLUMNS, run_e2e
 
-    return run_on_gpus(a, "e2e", run_e2e, E2E_COLUMNS, cfg, least=1)
+    return run_on_gpus(a, run_e2e, E2E_COLUMNS, cfg, least=1)
 
 
 def check_plan(cfg: dict, world: int) -> None:

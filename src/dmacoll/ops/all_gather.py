@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import validate
 from ..errors import InvalidArgument
 from ..plan import all_gather_exchange
 from .spec import Group, OpSpec, Request, byte_view, exchange_plans, nbytes
@@ -42,14 +43,10 @@ class AllGather(OpSpec):
         import torch.distributed as dist
 
         out, inp = byte_view(output), byte_view(input)
-        if out.device.type == "cpu" and _overlaps(out, inp):  # NCCL gathers in place; gloo is not promised to
+        # NCCL gathers in place; gloo is not promised to
+        if out.device.type == "cpu" and validate.overlap_bytes(out, inp):
             inp = inp.clone()
         dist.all_gather_into_tensor(out, inp, group=group)
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + nbytes(b) and b0 < a0 + nbytes(a)
 
 
 ALL_GATHER = AllGather()

@@ -9,11 +9,13 @@ import faulthandler
 import multiprocessing as mp
 import os
 import pickle
+import queue
 import tempfile
+import time
 import traceback
 from typing import Any, Callable
 
-from ..errors import DmaCollError
+from ..errors import DmaCollError, DmaCollTimeoutError
 
 # Never let anything started from here use NVLink multicast (shared hosts; see README).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -96,6 +98,10 @@ class RankFailed(RuntimeError):
     """A rank crashed, died or ran past its deadline: every rank's traceback is in the message."""
 
 
+class RanksTimedOut(RankFailed, DmaCollTimeoutError):
+    """The ranks did not all finish (or start) within the deadline: a library timeout, said in one line."""
+
+
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu",
               timeout_s: float | None = None) -> list:
     """Start ``world`` processes running ``fn(rank, world, *args)``; return the results by rank.
@@ -103,7 +109,8 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu
     ``fn`` must be importable (a module-level function). A ``DmaCollError`` raised on a rank is raised here as
     itself (the lowest rank's, its message prefixed with the rank); any other failure, and a rank that dies or
     runs past ``timeout_s`` (default $DMACOLL_RANK_TIMEOUT_S, else 900), raises RankFailed with every rank's
-    traceback; a rank that is still running then has printed its threads' stacks to stderr."""
+    traceback; a rank that is still running then has printed its threads' stacks to stderr. The deadline counts
+    from the first process's start (starting many ranks takes seconds each): past it, RanksTimedOut."""
     if timeout_s is None:
         timeout_s = float(os.environ.get("DMACOLL_RANK_TIMEOUT_S", "900"))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
@@ -113,18 +120,21 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu
     set_safe_env()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
+    deadline = time.monotonic() + timeout_s
     with tempfile.TemporaryDirectory(prefix="dmacoll-rdv-") as tmp:
         init_method = f"file://{os.path.join(tmp, 'store')}"
-        procs = [ctx.Process(target=_child, args=(fn, r, world, init_method, device, args, results, timeout_s),
-                             daemon=False)
-                 for r in range(world)]
-        for p in procs:
-            p.start()
+        procs = []
+        for r in range(world):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for p in procs:
+                    p.kill()
+                raise RanksTimedOut(f"the {world} ranks did not start within the deadline of {timeout_s:g} s "
+                                    f"(--deadline-s, $DMACOLL_RANK_TIMEOUT_S): {r} were started")
+            procs.append(ctx.Process(target=_child, args=(fn, r, world, init_method, device, args, results, left),
+                                     daemon=False))
+            procs[-1].start()
         out: dict[int, tuple] = {}
-        import queue
-        import time
-
-        deadline = time.monotonic() + timeout_s
         while len(out) < world:
             try:
                 rank, status, value = results.get(timeout=1.0)
@@ -134,8 +144,12 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu
                 if dead or time.monotonic() > deadline:
                     for p in procs:
                         p.kill()
-                    why = f"ranks {dead} died" if dead else f"timed out after {timeout_s:g} s"
-                    raise RankFailed(f"{why}; results so far: {out}")
+                    if dead:
+                        raise RankFailed(f"ranks {dead} died; results so far: {out}")
+                    late = sorted(set(range(world)) - set(out))
+                    raise RanksTimedOut(f"ranks {late} of {world} did not finish within the deadline of "
+                                        f"{timeout_s:g} s (--deadline-s, $DMACOLL_RANK_TIMEOUT_S); a rank that was "
+                                        "running 5 s before it has printed its threads' stacks above")
         for p in procs:
             p.join(timeout=30)
     library = sorted((r, v) for r, (s, v) in out.items() if s == "dmacoll")
