@@ -32,7 +32,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dmacoll.analysis import dmalatte_reference, load, page, readings, report, tables  # noqa: E402
+from dmacoll_lab.analysis import dmalatte_reference, load, page, readings, report, tables  # noqa: E402
 from dmacoll.sizes import human  # noqa: E402
 
 page.setup()

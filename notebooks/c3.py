@@ -12,7 +12,7 @@
 # # C3: computation next to communication, per strategy
 #
 # A bf16 GEMM (or a memory-bound add) and a collective launched together on separate streams
-# (`dmacoll c3`, method in `src/dmacoll/bench/c3.py`). The collective's size and call count are chosen per
+# (`dmacoll c3`, method in `src/dmacoll_lab/bench/c3.py`). The collective's size and call count are chosen per
 # shape so that T_comm / T_comp is near 0.25, 1 or 4; every strategy moves the same bytes.
 #
 # * **baseline**: NCCL, both streams at default priority; **priority**: NCCL on the highest-priority stream,
@@ -42,8 +42,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import c3_rules as h  # noqa: E402
-from dmacoll.analysis import page, readings, report  # noqa: E402
+from dmacoll_lab.analysis import c3_rules as h  # noqa: E402
+from dmacoll_lab.analysis import page, readings, report  # noqa: E402
 
 page.setup()
 out = Path(outdir)
@@ -112,7 +112,7 @@ page.reading(readings.c3_ratios(coll))
 # %% [markdown]
 # ## Picking a strategy at run time
 #
-# A depth-2 decision table learned on some shapes, tested on held-out ones (`dmacoll.analysis.c3_rules`
+# A depth-2 decision table learned on some shapes, tested on held-out ones (`dmacoll_lab.analysis.c3_rules`
 # states the features, the loss and the split). Accuracy: the pick is the best strategy; within 5%: its
 # T_c3 is within 5% of the best's; mean fraction of ideal: what the picks realize, to compare with the
 # single strategies' means above.

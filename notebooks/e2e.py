@@ -11,11 +11,11 @@
 # %% [markdown]
 # # End-to-end LLM inference: dmacoll vs NCCL collectives
 #
-# `dmacoll e2e` (method in `src/dmacoll/e2e/bench.py`, parallel layout in `src/dmacoll/e2e/config.py`) runs the
+# `dmacoll e2e` (method in `src/dmacoll_lab/e2e/bench.py`, parallel layout in `src/dmacoll_lab/e2e/config.py`) runs the
 # first layers of Llama-3.1-8B, Llama-3.1-70B (tensor parallel: all-reduce after attention and MLP) and
 # Mixtral-8x7B (attention tensor parallel, experts expert-parallel: all-to-all dispatch / combine) with random
 # weights, with NCCL and with dmacoll's copy-engine collectives, on the same weights and inputs, under each
-# schedule (`src/dmacoll/e2e/schedule.py`): **serial** (every collective waited for before the next GEMM),
+# schedule (`src/dmacoll_lab/e2e/schedule.py`): **serial** (every collective waited for before the next GEMM),
 # **microbatch** (two micro-batches interleaved, one's collectives on a stream of their own while the other
 # computes; prefill and graph-captured decode) and **seqpar** (prefill only: sequence parallel, all-gathers and
 # reduce-scatters in pieces under the neighbouring pieces' GEMMs).
@@ -45,7 +45,7 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import e2e_tables, load, page, readings, report, tables  # noqa: E402
+from dmacoll_lab.analysis import e2e_tables, load, page, readings, report, tables  # noqa: E402
 
 page.setup()
 out = Path(outdir)

@@ -11,7 +11,7 @@
 # %% [markdown]
 # # FiCCO: finer-grain compute-communication overlap
 #
-# A collective and the GEMM that depends on it (`dmacoll ficco`, method in `src/dmacoll/bench/ficco.py`):
+# A collective and the GEMM that depends on it (`dmacoll ficco`, method in `src/dmacoll_lab/bench/ficco.py`):
 # all-gather -> GEMM, GEMM -> reduce-scatter, all-to-all -> GEMM (MoE dispatch), for Llama-3-8B / 70B and
 # Mixtral-8x7B layer shapes. **serial**: collective and GEMM one after the other; **d=k**: k row pieces, the
 # collective of piece i on a communication stream, GEMM piece i after its event. Communication on NCCL or dma
@@ -36,8 +36,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import ficco_rules as fh  # noqa: E402
-from dmacoll.analysis import page, readings, report  # noqa: E402
+from dmacoll_lab.analysis import ficco_rules as fh  # noqa: E402
+from dmacoll_lab.analysis import page, readings, report  # noqa: E402
 
 page.setup()
 out = Path(outdir)
@@ -103,7 +103,7 @@ page.table(losses)
 # %% [markdown]
 # ## Picking a schedule from static sizes
 #
-# A depth-2 decision table (`dmacoll.analysis.ficco_rules`: features, loss and split) learned on all models but
+# A depth-2 decision table (`dmacoll_lab.analysis.ficco_rules`: features, loss and split) learned on all models but
 # one and tested on the held-out model. Accuracy: the pick is the best schedule (within 0.1%); within 5%: its
 # time is within 5% of the best's.
 

@@ -12,7 +12,7 @@
 # # Operator level: copy-engine (dma) collectives vs NCCL
 #
 # Latency and bus bandwidth per message size, graph-replayed and eager, from the sweep CSVs given as parameters
-# (`csvs`). dmacoll appears three times (`dmacoll.analysis.report` defines them): `dma default` is what
+# (`csvs`). dmacoll appears three times (`dmacoll_lab.analysis.report` defines them): `dma default` is what
 # `Communicator()` does with no options, `dma tuned` is `variant='auto'` with the options a caller may set without
 # promises, `dma oracle` the best of every measured configuration at each size (its N and configuration are in the
 # table). `peer_copy` is one raw copy-engine copy of what a rank sends one peer: at 2 ranks the whole collective's
@@ -34,7 +34,7 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import docs, figures, load, page, readings, report  # noqa: E402
+from dmacoll_lab.analysis import docs, figures, load, page, readings, report  # noqa: E402
 
 page.setup()
 out = Path(outdir)

@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import load, page, readings, report, tables  # noqa: E402
+from dmacoll_lab.analysis import load, page, readings, report, tables  # noqa: E402
 from dmacoll.sizes import human  # noqa: E402
 
 page.setup()

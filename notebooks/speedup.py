@@ -32,7 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from dmacoll.analysis import dmalatte_reference, load, page, readings, report  # noqa: E402
+from dmacoll_lab.analysis import dmalatte_reference, load, page, readings, report  # noqa: E402
 
 page.setup()
 out = Path(outdir)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dmacoll.bench import amd_dmalatte
-from dmacoll.bench.amd_dmalatte import FormatError
-from dmacoll.bench.sweep import COLUMNS
+from dmacoll_lab.bench import amd_dmalatte
+from dmacoll_lab.bench.amd_dmalatte import FormatError
+from dmacoll_lab.bench.sweep import COLUMNS
 
 DATA = Path(__file__).parent / "data" / "amd_dmalatte"
 
@@ -75,7 +75,7 @@ def test_text_without_banner_needs_the_op():
 
 
 def test_command_line_converts_one_run(tmp_path, capsys):
-    from dmacoll.cli import main
+    from dmacoll_lab.cli import main
 
     assert main(["amd-dmalatte", str(DATA / "ag_pcpy_8gpu.txt"), str(tmp_path / "run.csv"), "--world", "8",
                  "--op", "ag", "--variant", "pcpy"]) == 0

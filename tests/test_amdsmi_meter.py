@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from dmacoll.bench import power
+from dmacoll_lab.bench import power
 from dmacoll.errors import BackendUnavailable
 
 

@@ -4,8 +4,8 @@ timing against the op spec's reference."""
 import pandas as pd
 
 from dmacoll import ops
-from dmacoll.bench.sweep import COLUMNS, SweepConfig, run_sweep
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.bench.sweep import COLUMNS, SweepConfig, run_sweep
+from dmacoll_lab.verify.launch import run_ranks
 
 
 def test_host_sweep_runs_and_checks_every_collective(tmp_path):
@@ -35,7 +35,7 @@ def test_host_sweep_runs_and_checks_every_collective(tmp_path):
 
 def _bound_checks(rank, world):
     """A call that writes nothing, and one that writes the right bytes, through the harness's check."""
-    from dmacoll.bench import harness
+    from dmacoll_lab.bench import harness
 
     rk = harness.Rank(rank, world, pool_bytes=4096)
     spec = ops.get("all_reduce")
@@ -53,8 +53,8 @@ def test_the_harness_check_fails_an_unwritten_output_and_passes_a_right_one():
 
 
 def test_check_cost_times_every_op_with_the_check_off_and_on(tmp_path):
-    from dmacoll.analysis import load, tables
-    from dmacoll.cli import main
+    from dmacoll_lab.analysis import load, tables
+    from dmacoll_lab.cli import main
 
     out = tmp_path / "check_cost" / "data.csv"
     assert main(["check-cost", "--world", "3", "--sizes", "1K", "4K", "--calls", "2", "--repeats", "2",

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from dmacoll.bench.breakdown import CALL, HOST_WAIT, phases, trace_events
+from dmacoll_lab.bench.breakdown import CALL, HOST_WAIT, phases, trace_events
 
 
 def _trace(transfers, nbytes, dst=1):

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dmacoll.analysis import c3_rules as h
-from dmacoll import cli
-from dmacoll.bench import c3_grid as g
-from dmacoll.bench.green import all_but_few, round_sms, sms_for_fraction
+from dmacoll_lab.analysis import c3_rules as h
+from dmacoll_lab import cli
+from dmacoll_lab.bench import c3_grid as g
+from dmacoll_lab.bench.green import all_but_few, round_sms, sms_for_fraction
 from dmacoll.errors import BackendUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +85,7 @@ def test_each_option_names_where_its_compute_runs():
 def test_carveout_routes_matmuls_through_cublaslt_and_restores_the_settings(monkeypatch):
     import torch
 
-    from dmacoll.bench.green import SmCarveout
+    from dmacoll_lab.bench.green import SmCarveout
 
     state = {"library": "cublas", "carveout": None}
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library",
@@ -116,7 +116,7 @@ def test_collective_buffers_and_exact_references():
     import torch
     from types import SimpleNamespace
 
-    from dmacoll.bench import c3, harness
+    from dmacoll_lab.bench import c3, harness
 
     world, big, nbytes = 2, 8192, 1024
     u8 = lambda n: torch.zeros(n, dtype=torch.uint8)  # noqa: E731
@@ -160,7 +160,7 @@ def _row(shape, op, target, strategy, frac, t_c3, rank=0, t_comp=1000.0, split="
 
 
 def test_rows_fill_exactly_the_csv_columns(tmp_path):
-    from dmacoll.bench import provenance
+    from dmacoll_lab.bench import provenance
 
     ok = _row("gemm:512x4096x4096", "all_gather", 1.0, "partition", 0.75, 1500.0, split="96/132")
     skip = _row("gemm:512x4096x4096", "reduce_scatter", 1.0, "dma", None, 0, skipped="Communicator has no x")
@@ -302,7 +302,7 @@ def test_rule_runs_the_cli_with_its_config(tmp_path):
                         f"outdir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rule c3:" in r.stdout
-    line = next(x for x in r.stdout.splitlines() if "-m dmacoll c3" in x)
+    line = next(x for x in r.stdout.splitlines() if "-m dmacoll_lab c3" in x)
     argv = shlex.split(line.split("2>&1")[0])
     argv = argv[argv.index("c3"):]
     assert argv[argv.index("--out") + 1] == f"{tmp_path}/c3/c3/data.csv"
@@ -332,7 +332,7 @@ def _fake_wrap(fn):
 def _fake_rank(strategies, carveout_ok=True):
     from types import SimpleNamespace
 
-    from dmacoll.bench import c3
+    from dmacoll_lab.bench import c3
 
     rk = c3.Rank.__new__(c3.Rank)
     rk.cfg = {**g.DEFAULTS, "strategies": strategies, "sm_fractions": [0.75], "repeats": 3}
@@ -353,7 +353,7 @@ def _fake_rank(strategies, carveout_ok=True):
 
 def _fake_point_gpu(monkeypatch) -> list:
     """measure_point's GPU work faked; returns the list that collects each timed launch's (name, fn, stream)."""
-    from dmacoll.bench import c3
+    from dmacoll_lab.bench import c3
 
     launched = []
 
@@ -368,7 +368,7 @@ def _fake_point_gpu(monkeypatch) -> list:
 
 
 def test_every_option_runs_its_compute_where_its_setting_says(monkeypatch):
-    from dmacoll.bench import c3
+    from dmacoll_lab.bench import c3
 
     launched = _fake_point_gpu(monkeypatch)
     rk = _fake_rank(list(g.STRATEGIES))
@@ -392,7 +392,7 @@ def test_every_option_runs_its_compute_where_its_setting_says(monkeypatch):
 
 
 def test_options_whose_carveout_is_unavailable_are_recorded_as_skipped(monkeypatch):
-    from dmacoll.bench import c3
+    from dmacoll_lab.bench import c3
 
     _fake_point_gpu(monkeypatch)
     rk = _fake_rank(["dma", "dma_carveout", "carveout"], carveout_ok=False)
@@ -409,7 +409,7 @@ def test_each_shape_times_its_compute_once_per_setting(monkeypatch):
 
     import torch
 
-    from dmacoll.bench import c3
+    from dmacoll_lab.bench import c3
 
     monkeypatch.setattr(c3, "compute_op", lambda shape, device: (lambda: None))
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())

@@ -13,7 +13,7 @@ import torch
 
 from dmacoll import tuning
 from dmacoll.calibration import cache, platform, strategy
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINES = ("h200x2", "h200x4")
@@ -86,7 +86,7 @@ def test_strategy_rejects_an_empty_space():
 # -- the replay on the committed sweeps (issue 34, item 3) ------------------------------------------------------------
 @pytest.mark.parametrize("machine", MACHINES)
 def test_replay_with_the_platform_hidden_meets_every_target_the_data_resolves(machine, monkeypatch, tmp_path):
-    from dmacoll.analysis import calibration_replay as replay
+    from dmacoll_lab.analysis import calibration_replay as replay
     from dmacoll.calibration import lookup
 
     paths = [str(ROOT / f"results/{machine}/operator/sweep_{op}/data.csv") for op in ("all_gather", "all_to_all")]
@@ -219,7 +219,7 @@ def test_calibration_end_to_end_on_the_host(world, monkeypatch, tmp_path):
 def test_tune_quick_calibrates_ahead_of_time(tmp_path):
     env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path)}
     out = tmp_path / "table.json"
-    done = subprocess.run([sys.executable, "-m", "dmacoll", "tune", "--quick", "--backend", "host", "--world", "2",
+    done = subprocess.run([sys.executable, "-m", "dmacoll_lab", "tune", "--quick", "--backend", "host", "--world", "2",
                            "--budget-s", "30", "--out", str(out)], capture_output=True, text=True, env=env,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

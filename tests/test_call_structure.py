@@ -40,7 +40,7 @@ def test_crossings_on_the_critical_path_are_the_handshakes_whatever_the_world(wo
 
 
 # -- the call_cost probe's GPU-free parts ---------------------------------------------------------------------
-from dmacoll.bench.probes import call_cost  # noqa: E402
+from dmacoll_lab.bench.probes import call_cost  # noqa: E402
 from dmacoll.executor import Folded  # noqa: E402
 from dmacoll.plan import NUM_PHASES  # noqa: E402
 

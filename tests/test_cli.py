@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from dmacoll import ops
-from dmacoll.cli import build_parser
+from dmacoll_lab.cli import build_parser
 
 
 def dmacoll(*args):
-    return subprocess.run([sys.executable, "-m", "dmacoll", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "dmacoll_lab", *args], capture_output=True, text=True, timeout=300)
 
 
 def error_lines(done):
@@ -56,7 +56,7 @@ def test_a_library_error_is_one_line_and_exit_code_2(args, says):
     (["rules", "c3", "missing.csv"], "argument csv: no such file: 'missing.csv'"),
 ])
 def test_a_bad_option_prints_its_commands_usage_and_one_line(args, says, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "dmacoll", *args], capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-m", "dmacoll_lab", *args], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     lines = error_lines(done)
@@ -67,7 +67,7 @@ def test_a_bad_option_prints_its_commands_usage_and_one_line(args, says, tmp_pat
 
 def test_tune_names_the_missing_sidecar_of_a_sweep_it_was_given(tmp_path):
     (tmp_path / "sweep.csv").write_text("op\n")
-    done = subprocess.run([sys.executable, "-m", "dmacoll", "tune", "--from-sweep", "sweep.csv"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "dmacoll_lab", "tune", "--from-sweep", "sweep.csv"], capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 2 and error_lines(done) == [
         "dmacoll tune: --from-sweep sweep.csv: its provenance sidecar sweep.json is missing (every sweep CSV is "
@@ -85,7 +85,7 @@ def test_version():
 
 def test_the_deadline_counts_from_the_first_rank_s_start():
     from dmacoll import DmaCollTimeoutError
-    from dmacoll.verify.launch import RankFailed, run_ranks
+    from dmacoll_lab.verify.launch import RankFailed, run_ranks
 
     t0 = time.monotonic()
     with pytest.raises(DmaCollTimeoutError, match="did not start within the deadline") as raised:

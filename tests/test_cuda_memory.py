@@ -138,7 +138,7 @@ def test_a_failed_export_fails_every_rank_naming_the_rank(monkeypatch):
 
 
 def test_ranks_spread_over_the_gpus_the_switch_allows(monkeypatch):
-    from dmacoll.verify import launch
+    from dmacoll_lab.verify import launch
 
     monkeypatch.setattr(launch_torch(), "device_count", lambda: 2)
     monkeypatch.delenv("DMACOLL_GPUS", raising=False)

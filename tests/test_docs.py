@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from dmacoll.analysis import docs
+from dmacoll_lab.analysis import docs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", ROOT / "docs/results.md", ROOT / "results/h200x2/c3/README.md",

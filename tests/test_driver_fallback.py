@@ -7,7 +7,7 @@ from dmacoll.backends import cuda as cuda_backend
 from dmacoll.errors import DmaCollError
 from dmacoll.executor import execute, flag_index, lower
 from dmacoll.plan import Layout, all_gather_exchange, all_to_all_exchange, build_plan
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 
 def test_the_refusal_is_found_from_the_version_or_the_self_test():
@@ -31,7 +31,7 @@ def _refusing_host(rank, world, sync="reset"):
     direction must still give the right result, with no such write issued."""
     from dmacoll import Communicator
     from dmacoll.backends.host import HostEngine
-    from dmacoll.verify.check import cases, run_cases
+    from dmacoll_lab.verify.check import cases, run_cases
 
     refused = []
     issue = HostEngine.memops

@@ -15,14 +15,14 @@ import pandas as pd
 import pytest
 import torch
 
-from dmacoll import cli
-from dmacoll.e2e import config as c
-from dmacoll.e2e import vllm_results as vr
-from dmacoll.e2e.calls import SCHEDULES
-from dmacoll.e2e.bench import compare, derived, floors, overlap, point_fields
-from dmacoll.e2e.collectives import make
-from dmacoll.e2e.model import Model, WeightGen, expert_mix, route
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab import cli
+from dmacoll_lab.e2e import config as c
+from dmacoll_lab.vllm import results as vr
+from dmacoll_lab.e2e.calls import SCHEDULES
+from dmacoll_lab.e2e.bench import compare, derived, floors, overlap, point_fields
+from dmacoll_lab.e2e.collectives import make
+from dmacoll_lab.e2e.model import Model, WeightGen, expert_mix, route
+from dmacoll_lab.verify.launch import run_ranks
 from test_c3 import run_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,9 +247,9 @@ def _logits_rank(rank, world, impls, moe, batches):
     Prompts of PROMPT tokens in chunks of at most 16 tokens (batch 3: chunks of 2 and 1 prompts)."""
     import torch
 
-    from dmacoll.e2e.bench import decode_schedule, merged_expected
-    from dmacoll.e2e.calls import check_calls, expected_calls, merged_schedule_buffers
-    from dmacoll.e2e.schedule import Schedule
+    from dmacoll_lab.e2e.bench import decode_schedule, merged_expected
+    from dmacoll_lab.e2e.calls import check_calls, expected_calls, merged_schedule_buffers
+    from dmacoll_lab.e2e.schedule import Schedule
 
     s, m = _model(moe, world, rank)
     out = {}
@@ -304,7 +304,7 @@ def test_every_schedule_of_the_sharded_model_equals_the_unsharded_model(moe, wor
 def _check_rank(rank, world, moe):
     import torch.distributed as dist
 
-    from dmacoll.e2e.bench import check_model
+    from dmacoll_lab.e2e.bench import check_model
 
     cfg = {**c.DEFAULTS, "batches": [3], "prompts": [8], "chunk_tokens": 16, "impls": ["nccl", "dma"]}
     rn = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), cfg=cfg, barrier=dist.barrier)
@@ -373,7 +373,7 @@ def synthetic_rows(dma_gain=1.2, schedules=SCHEDULES):
 
 
 def test_rows_fill_exactly_the_csv_columns(tmp_path):
-    from dmacoll.bench import provenance
+    from dmacoll_lab.bench import provenance
 
     rows = synthetic_rows()
     assert all(set(r) == set(c.E2E_COLUMNS) for r in rows)
@@ -424,10 +424,10 @@ def test_vllm_json_to_tidy_rows(tmp_path):
     assert thr["output_tokens_per_s"] == pytest.approx(200 * 128 / 20.0) and thr["tokens_per_s"] == 2560.0
     assert set(df.columns) == set(vr.VLLM_COLUMNS) and set(df["plugin"]) == {"dma", "vllm"}
     out = tmp_path / "vllm.csv"
-    assert cli.main(["vllm-results", "csv", "--out", str(out), str(DATA / "latency_llama-3.1-8b_tp2_b8_dma.json")]) == 0
+    assert cli.main(["vllm", "results", "csv", "--out", str(out), str(DATA / "latency_llama-3.1-8b_tp2_b8_dma.json")]) == 0
     assert list(pd.read_csv(out).columns) == vr.VLLM_COLUMNS and out.with_suffix(".json").exists()
     meta = tmp_path / "x.meta.json"
-    assert cli.main(["vllm-results", "meta", "--out", str(meta), "bench=latency", "tp=2", "ep=False", "model=a/b"]) == 0
+    assert cli.main(["vllm", "results", "meta", "--out", str(meta), "bench=latency", "tp=2", "ep=False", "model=a/b"]) == 0
     assert json.loads(meta.read_text()) == {"bench": "latency", "tp": 2, "ep": False, "model": "a/b"}
     (tmp_path / "y.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="y.meta.json is missing"):
@@ -438,7 +438,7 @@ def test_vllm_json_to_tidy_rows(tmp_path):
 
 # -- notebook and rules --------------------------------------------------------------------------------------------
 def test_notebook_renders_synthetic_results(tmp_path):
-    from dmacoll.bench import provenance
+    from dmacoll_lab.bench import provenance
 
     rows = synthetic_rows(dma_gain=1.25)
     rows[5] = {**rows[5], **dict.fromkeys(c.MEASURED_COLUMNS, float("nan")), "status": "OutOfMemoryError: x"}
@@ -446,7 +446,7 @@ def test_notebook_renders_synthetic_results(tmp_path):
     provenance.write_table(e2e_csv, rows, c.E2E_COLUMNS, {})
     vllm_csv = tmp_path / "vllm.csv"
     results = [str(p) for p in sorted(DATA.glob("*.json")) if not p.name.endswith(".meta.json")]
-    cli.main(["vllm-results", "csv", "--out", str(vllm_csv), *results])
+    cli.main(["vllm", "results", "csv", "--out", str(vllm_csv), *results])
     outdir = tmp_path / "fig"
     ns = run_notebook(ROOT / "notebooks/e2e.py", {"csvs": [str(e2e_csv), str(vllm_csv)], "platform_label": "test",
                                                   "outdir": str(outdir)})
@@ -489,13 +489,13 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rule e2e:" in r.stdout and "rule vllm_results:" in r.stdout
     assert r.stdout.count("rule vllm_bench:") == 4  # latency b8 and throughput, with and without the plugin
-    line = next(x for x in r.stdout.splitlines() if "-m dmacoll e2e" in x)
+    line = next(x for x in r.stdout.splitlines() if "-m dmacoll_lab e2e" in x)
     argv = shlex.split(line.split("2>&1")[0])
     argv = argv[argv.index("e2e"):]
     assert argv[argv.index("--out") + 1] == f"{tmp_path}/e2e/e2e/data.csv" and argv[argv.index("--layers") + 1] == "1"
     i = argv.index("--schedules")  # config/config.yaml's schedules reach the CLI
     assert argv[i + 1:i + 4] == ["serial", "microbatch", "seqpar"] and argv[argv.index("--pieces") + 1] == "4"
     assert cli.main(argv + ["--dry-run"]) == 0
-    bench = [x for x in r.stdout.splitlines() if "dmacoll vllm-bench" in x and "--bench latency" in x]
+    bench = [x for x in r.stdout.splitlines() if "-m dmacoll_lab vllm bench" in x and "--bench latency" in x]
     assert any("--plugin dma" in x for x in bench) and any("--plugin vllm" in x for x in bench)
     assert all("--spec mixtral-8x7b" in x and "--ep" in x and "--batch 8" in x and "--tp 2" in x for x in bench)

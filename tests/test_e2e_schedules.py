@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 import torch
 
-from dmacoll.analysis import load
-from dmacoll.e2e import calls as k
-from dmacoll.e2e import config as c
-from dmacoll.e2e.bench import run_e2e
-from dmacoll.e2e.collectives import make
-from dmacoll.e2e.model import Model
-from dmacoll.e2e.schedule import NoComm, Schedule
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.analysis import load
+from dmacoll_lab.e2e import calls as k
+from dmacoll_lab.e2e import config as c
+from dmacoll_lab.e2e.bench import run_e2e
+from dmacoll_lab.e2e.collectives import make
+from dmacoll_lab.e2e.model import Model
+from dmacoll_lab.e2e.schedule import NoComm, Schedule
+from dmacoll_lab.verify.launch import run_ranks
 from test_e2e import synthetic_rows, tiny
 
 
@@ -89,7 +89,7 @@ def _recorded(schedule: str, batch: int = 3, length: int = 7, drop=None):
 
         def skipping(coll_, call, main, side):
             if (call.mb, call.site) == drop:
-                from dmacoll.e2e.schedule import Handle
+                from dmacoll_lab.e2e.schedule import Handle
                 return Handle(call)  # never issued, never recorded
             return issue(coll_, call, main, side)
         sched._issue = skipping
@@ -187,5 +187,5 @@ def test_old_tables_read_as_the_serial_schedule(tmp_path):
     df = load.read("e2e", [tmp_path / "old.csv", tmp_path / "new.csv"])
     assert set(df[df["source"].str.endswith("old.csv")]["schedule"]) == {"serial"}
     assert set(df["schedule"]) == {"serial", "microbatch"} and df["pieces"].notna().all()
-    from dmacoll.analysis import tables
+    from dmacoll_lab.analysis import tables
     assert len(tables.e2e_ratios(df)) == 24  # the serial points, both files' rows pivoted together

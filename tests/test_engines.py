@@ -6,7 +6,7 @@ from dmacoll.backends.cuda import CudaEngine
 from dmacoll.backends.engine import Engine
 from dmacoll.backends.hip import HipEngine
 from dmacoll.backends.host import HostEngine
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 MEMBERS = [n for n in dir(Engine) if not n.startswith("_")] + list(Engine.__annotations__)
 

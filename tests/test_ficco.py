@@ -3,9 +3,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dmacoll import cli
-from dmacoll.analysis import ficco_rules as fh
-from dmacoll.bench import ficco_grid as g
+from dmacoll_lab import cli
+from dmacoll_lab.analysis import ficco_rules as fh
+from dmacoll_lab.bench import ficco_grid as g
 
 from test_c3 import ROOT, run_notebook
 
@@ -149,7 +149,7 @@ def test_notebook_renders_a_synthetic_table(tmp_path):
 def test_integer_inputs_keep_sums_exact():
     import torch
 
-    from dmacoll.bench.ficco import int_matrix
+    from dmacoll_lab.bench.ficco import int_matrix
 
     a = int_matrix((64, 200), 3, "cpu", banded=True)
     assert a.dtype == torch.bfloat16 and (a.abs() <= 1).all()

@@ -31,8 +31,7 @@ from dmacoll.backends.hip_api import HipApi, HipError
 from dmacoll.errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError, InvalidArgument
 from dmacoll.executor import MemOp, flag_words, gate_index, lower, one_index, run
 from test_cuda_commands import FakeDriver as CudaFakeDriver
-from dmacoll.plan import (DIRECTIONS, VARIANTS, Layout, Plan, all_gather_exchange, all_to_all_exchange,
-                          build_plan)
+from dmacoll.plan import DIRECTIONS, VARIANTS, Layout, Plan, all_gather_exchange, all_to_all_exchange, build_plan
 
 MAIN = 7  # the caller's stream
 SPAN = 1 << 32
@@ -730,7 +729,7 @@ def test_plans_still_have_the_shape_this_file_assumes():
 
 
 def test_check_command_says_why_hip_cannot_run_before_starting_ranks(capsys):
-    from dmacoll import cli
+    from dmacoll_lab import cli
 
     rc = cli.main(["check", "--backend", "hip", "--world", "2"])
     assert rc == 2 and "hip backend unavailable" in capsys.readouterr().err

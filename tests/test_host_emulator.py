@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from dmacoll.verify.check import DTYPES
-from dmacoll.verify.check import check_rank as _check_rank
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.check import DTYPES
+from dmacoll_lab.verify.check import check_rank as _check_rank
+from dmacoll_lab.verify.launch import run_ranks
 from dmacoll.plan import VARIANTS
 
 
@@ -85,7 +85,7 @@ def test_missing_peer_ends_in_timeout_error_not_a_hang():
 
 
 def test_check_cli_prints_closing_line(capsys):
-    from dmacoll.cli import main
+    from dmacoll_lab.cli import main
 
     rc = main(["check", "--backend", "host", "--world", "2", "--dtypes", "float32", "--counts", "5",
                "--seed", "7"])
@@ -210,7 +210,7 @@ def test_reduce_api_in_place_and_reduce_scatter_chunks():
 # -- handshake='lean': back-to-back calls into alternating outputs, one flag crossing each --------------
 def _lean_pipelines(rank, world, args):
     from dmacoll import Communicator
-    from dmacoll.verify.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
+    from dmacoll_lab.verify.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
 
     comm = Communicator(backend="host", timeout_s=30)
     buffers = pipeline_buffers(comm, 1 << 16, 1 << 16)
@@ -243,7 +243,7 @@ def test_lean_handshake_pipelines_are_correct_with_a_late_reader(world, dtype, c
 
 def _reused_output(rank, world, broken_rule):
     from dmacoll import Communicator, InvalidArgument
-    from dmacoll.verify.check import run_pipeline
+    from dmacoll_lab.verify.check import run_pipeline
 
     comm = Communicator(backend="host", timeout_s=30)
     if broken_rule:  # vouch although every call writes the same output

@@ -92,7 +92,7 @@ def test_every_dmacoll_name_the_tests_import_exists():
 
 def test_reading_results_does_not_load_torch():
     """The analysis (notebooks, `dmacoll report`) imports no torch until a computation needs an op spec."""
-    code = ("import sys; import dmacoll.analysis.docs, dmacoll.analysis.claims, dmacoll.analysis.c3_rules, "
-            "dmacoll.analysis.ficco_rules, dmacoll.analysis.index_page; assert 'torch' not in sys.modules, 'torch'")
+    code = ("import sys; import dmacoll_lab.analysis.docs, dmacoll_lab.analysis.claims, dmacoll_lab.analysis.c3_rules, "
+            "dmacoll_lab.analysis.ficco_rules, dmacoll_lab.analysis.index_page; assert 'torch' not in sys.modules, 'torch'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-1000:]

@@ -1,10 +1,10 @@
-"""dmacoll.analysis.load: result CSVs of any name or run folder, older sweeps brought up to today's columns."""
+"""dmacoll_lab.analysis.load: result CSVs of any name or run folder, older sweeps brought up to today's columns."""
 import json
 
 import pandas as pd
 import pytest
 
-from dmacoll.analysis import load
+from dmacoll_lab.analysis import load
 
 # an operator sweep from before the signal / prerecord / submit / handshake options, with the old peer_copy busbw
 OLD_SWEEP = pd.DataFrame([
@@ -51,7 +51,7 @@ def test_kinds_keep_their_missing_value_rules(tmp_path):
 
 
 def test_interference_tables_from_before_c3_are_read_in_c3s_schema(tmp_path):
-    from dmacoll.bench.c3_grid import C3_COLUMNS
+    from dmacoll_lab.bench.c3_grid import C3_COLUMNS
 
     old = load.read("interference", ["results/h200x2/power/interference/data.csv"])
     assert set(C3_COLUMNS) - set(old.columns) <= {"gflop", "intensity", "bound", "comp_reps", "ratio", "ratio_nccl",

@@ -3,8 +3,8 @@ import builtins
 
 import pytest
 
-from dmacoll.bench import power
-from dmacoll.bench.bandwidth import bandwidths
+from dmacoll_lab.bench import power
+from dmacoll_lab.bench.bandwidth import bandwidths
 from dmacoll.errors import BackendUnavailable
 
 
@@ -70,7 +70,7 @@ def test_missing_library_says_what_to_install(monkeypatch, meter, missing):
 
 
 def test_sm_usage_classes_gpu_activities_by_name():
-    from dmacoll.bench.smusage import summarize
+    from dmacoll_lab.bench.smusage import summarize
 
     acts = [("Memcpy PtoP (Device -> Device)", 5.0), ("Memcpy DtoD (Device -> Device)", 1.0),
             ("Memset (Device)", 0.5), ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 8.0)] * 2
@@ -81,7 +81,7 @@ def test_sm_usage_classes_gpu_activities_by_name():
 
 
 def test_c3_metrics_follow_the_conccl_definitions():
-    from dmacoll.bench.c3_grid import c3_metrics
+    from dmacoll_lab.bench.c3_grid import c3_metrics
 
     m = c3_metrics(t_comp=100.0, t_comm=50.0, t_c3=110.0)
     assert m["ideal_speedup"] == 1.5

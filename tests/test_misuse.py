@@ -3,7 +3,7 @@ ranks that disagree on a call each raise InvalidArgument before any work (host e
 import pytest
 import torch
 
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 
 def _outcome(fn):
@@ -257,7 +257,7 @@ def test_the_check_is_off_by_default_and_on_under_either_switch(monkeypatch):
 def _check_everything(rank, world, seed):
     from dmacoll import consistency
     from dmacoll.plan import VARIANTS
-    from dmacoll.verify.check import check_rank
+    from dmacoll_lab.verify.check import check_rank
 
     args = dict(backend="host", timeout_s=60, variants=VARIANTS, directions=("push", "pull"),
                 dtypes=["float32", "int8"], counts=[1, 17], ops=("all_gather", "all_to_all", "all_to_all_v",

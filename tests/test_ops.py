@@ -7,8 +7,8 @@ import torch
 import yaml
 
 from dmacoll import Communicator, ops
-from dmacoll.verify.launch import run_ranks
-from dmacoll.verify.reference import draw, expected
+from dmacoll_lab.verify.launch import run_ranks
+from dmacoll_lab.verify.reference import draw, expected
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +124,7 @@ def _broadcast_spec():
 
 
 def _run_a_sixth_collective(rank, world):
-    from dmacoll.verify.check import cases, run_cases
+    from dmacoll_lab.verify.check import cases, run_cases
 
     spec = _broadcast_spec()
     ops.REGISTRY[spec.name] = spec  # what `ops/__init__.py` does for a registered module

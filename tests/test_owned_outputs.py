@@ -3,7 +3,7 @@ caller's promise; on the host emulator, one process per rank. The lean pipelines
 worlds 2-8: tests/test_host_emulator.py."""
 import torch
 
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 
 def _owned_api(rank, world):

@@ -3,7 +3,7 @@ import time
 
 import torch
 
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 
 def _prelaunched(rank, world):

@@ -18,10 +18,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dmacoll.analysis import docs, tables
-from dmacoll.bench.probes import crossing, crossing_device, crossing_launch
-from dmacoll.bench.probes.crossing import Measured, Pair
-from dmacoll.cli import main
+from dmacoll_lab.analysis import docs, tables
+from dmacoll_lab.bench.probes import crossing, crossing_device, crossing_launch
+from dmacoll_lab.bench.probes.crossing import Measured, Pair
+from dmacoll_lab.cli import main
 
 LEGS = 8
 CFG = {"legs": LEGS, "bytes": 64, "repeats": 5, "wait_timeout_ms": 20.0}

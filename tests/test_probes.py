@@ -13,11 +13,11 @@ import pytest
 import torch
 import yaml
 
-from dmacoll.bench.probes import PROBES, call_cost, copy_contention, crossing, few_sm_kernels, flag_latency, \
-    local_copy_paths, memcpy_batch, sm_carveout, submit_cost, table_path, tables
-from dmacoll.bench.probes.common import Table
-from dmacoll.cli import build_parser, main
-from dmacoll.cli.probe import cmd_probe
+from dmacoll_lab.bench.probes import (PROBES, call_cost, copy_contention, crossing, few_sm_kernels, flag_latency,
+                                      local_copy_paths, memcpy_batch, sm_carveout, submit_cost, table_path, tables)
+from dmacoll_lab.bench.probes.common import Table
+from dmacoll_lab.cli import build_parser, main
+from dmacoll_lab.cli.probe import cmd_probe
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -179,7 +179,7 @@ def test_rows_have_the_declared_columns_and_the_command_writes_them(name, tmp_pa
         for row in rows:
             assert list(row) == tables(probe)[table], (table, row)
     # the command, its GPU part replaced: the tables land where table_path says, with their sidecars
-    monkeypatch.setattr("dmacoll.bench.probes.common.require_gpus", lambda n, what: None)
+    monkeypatch.setattr("dmacoll_lab.bench.probes.common.require_gpus", lambda n, what: None)
     monkeypatch.setattr(probe, "run", lambda args: fake)
     out = tmp_path / "probes" / name / "data.csv"
     assert main(["probe", name, "--out", str(out)]) == 0
@@ -337,7 +337,7 @@ def test_a_two_gpu_probe_refuses_one_gpu(monkeypatch, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here: the probe would run")
 def test_the_command_refuses_in_one_line_without_a_traceback(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    r = subprocess.run([sys.executable, "-m", "dmacoll", "probe", "memcpy_batch", "--out", str(tmp_path / "x.csv")],
+    r = subprocess.run([sys.executable, "-m", "dmacoll_lab", "probe", "memcpy_batch", "--out", str(tmp_path / "x.csv")],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2
     assert r.stderr == "dmacoll probe: memcpy_batch needs 2 CUDA GPUs, found 0\n"
@@ -362,7 +362,7 @@ def test_reference_run_calls_registered_probes_and_no_scripts():
 def test_submit_cost_table_leaves_refused_ways_empty():
     import pandas as pd
 
-    from dmacoll.analysis import tables
+    from dmacoll_lab.analysis import tables
 
     rows = pd.DataFrame([submit_cost.row("cuMemcpyAsync", "legacy", 2, 4096, [9.0], 9.0, True),
                          submit_cost.row("cuMemcpyBatchAsync", "legacy", 2, 4096, [], NAN, False, "driver result 1"),

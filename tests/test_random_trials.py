@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 TRIALS = 40
 COUNTS = (0, 1, 3, 17, 64, 257)
@@ -38,7 +38,7 @@ class Trials:
             c.close()
 
     def inputs(self, spec, count, counts, dtype, seed):
-        from dmacoll.verify.reference import draw
+        from dmacoll_lab.verify.reference import draw
 
         return [draw(spec, spec.numels(count, self.world, p, counts)[0], dtype, seed + p) for p in range(self.world)]
 
@@ -46,7 +46,7 @@ class Trials:
         """A call that must run and be right: None, or what is wrong."""
         from dmacoll import ops
         from dmacoll.plan import DIRECTIONS, VARIANTS
-        from dmacoll.verify.reference import DTYPES, mismatch, poison
+        from dmacoll_lab.verify.reference import DTYPES, mismatch, poison
 
         rng, rank, world = self.rng, self.rank, self.world
         which = rng.randrange(2)
@@ -119,7 +119,7 @@ class Trials:
     def disagree(self, trial: int) -> str | None:
         """One rank makes a different call; with the check on, every rank raises, naming that rank."""
         from dmacoll import InvalidArgument, ops
-        from dmacoll.verify.reference import DTYPES
+        from dmacoll_lab.verify.reference import DTYPES
 
         rng, rank, world = self.rng, self.rank, self.world
         op = rng.choice(ops.NAMES)

@@ -5,9 +5,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dmacoll.analysis import report
-from dmacoll.bench.sweep import COLUMNS, SweepConfig, merge, Point, points
-from dmacoll.bench.harness import summarize
+from dmacoll_lab.analysis import report
+from dmacoll_lab.bench.sweep import COLUMNS, SweepConfig, merge, Point, points
+from dmacoll_lab.bench.harness import summarize
 from dmacoll.sizes import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,8 +132,8 @@ def test_summarize_and_parse_size():
 
 
 def test_claims_report_each_configuration_and_the_worst_of_several_runs():
-    from dmacoll.analysis import c3_rules as h
-    from dmacoll.analysis import claims
+    from dmacoll_lab.analysis import c3_rules as h
+    from dmacoll_lab.analysis import claims
 
     c3 = str(ROOT / "results/h200x2/c3/c3/data.csv")
     rows = {(r["id"], r["configuration"]): r for r in claims.evaluate(CSVS, c3_csvs=[c3])}
@@ -164,7 +164,7 @@ def test_claims_report_each_configuration_and_the_worst_of_several_runs():
 
 
 def test_the_worst_run_decides_a_claim():
-    c = __import__("dmacoll.analysis.claims", fromlist=["CLAIMS"]).CLAIMS
+    c = __import__("dmacoll_lab.analysis.claims", fromlist=["CLAIMS"]).CLAIMS
     upper = next(x for x in c if x.test[0] == "<=")
     lower = next(x for x in c if x.test[0] == ">=")
     assert upper.worst([0.9, 1.2]) == 1.2 and lower.worst([0.6, 0.8]) == 0.6

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dmacoll.analysis import claims, docs, index_page, page, page_check, readings, report
+from dmacoll_lab.analysis import claims, docs, index_page, page, page_check, readings, report
 from test_c3 import run_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_a_ratio_spreads_over_both_sides_repeats():
 
 
 def evaluate(machine: str) -> dict:
-    from dmacoll.analysis import c3_rules
+    from dmacoll_lab.analysis import c3_rules
 
     d = ROOT / "results" / machine
     sweeps = [str(d / f"operator/{n}/data.csv") for n in ("sweep_all_gather", "sweep_all_to_all", "nccl_ce")]
@@ -145,7 +145,7 @@ def test_readings_compute_their_numbers():
 
 
 def test_the_breakdown_explains_a_negative_schedule():
-    from dmacoll.analysis import dmalatte_reference, load, tables
+    from dmacoll_lab.analysis import dmalatte_reference, load, tables
 
     wide = tables.breakdown_wide(load.read("breakdown", [ROOT / "results/h200x2/breakdown/breakdown/data.csv"]))
     stack = tables.breakdown_stack(wide)
@@ -156,7 +156,7 @@ def test_the_breakdown_explains_a_negative_schedule():
 
 # -- the authors' published speedups --------------------------------------------------------------------------------
 def test_the_authors_table_is_cited_and_read_per_size():
-    from dmacoll.analysis import dmalatte_reference as ref
+    from dmacoll_lab.analysis import dmalatte_reference as ref
 
     assert ref.source().startswith("https://github.com/AMDResearch/AMD-DMA-Latte/blob/")
     theirs = ref.speedups()
@@ -178,7 +178,7 @@ def fake_report(tmp_path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
-    from dmacoll.analysis import figures
+    from dmacoll_lab.analysis import figures
 
     df = docs.sweep_table("h200x2")
     fig_dir = tmp_path / "h200x2/figures/operator"

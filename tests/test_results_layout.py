@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dmacoll.analysis import claims
+from dmacoll_lab.analysis import claims
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -102,7 +102,7 @@ BEFORE_AS_NOW = {"dmalatte-ag-small-slow": "pcpy", "dmalatte-power-large": "defa
 
 def smallest_pcpy_ratio(csvs: list[str], op: str) -> float:
     """The plain pcpy collective's time over NCCL's, smallest over 1-64 KB, graph-replayed."""
-    from dmacoll.analysis import report
+    from dmacoll_lab.analysis import report
 
     df = report.load(csvs)
     pcpy, nccl = report.picks(df)["baseline"], report.best(df, "nccl")
@@ -114,7 +114,7 @@ def smallest_pcpy_ratio(csvs: list[str], op: str) -> float:
 def test_claims_are_those_computed_before_the_move(name):
     """The move changed no number: every claim value computed from the moved files equals the one computed from
     the old files before it, read the way the claims were computed then (best-of-N, C3 means unclipped)."""
-    from dmacoll.analysis import c3_rules
+    from dmacoll_lab.analysis import c3_rules
 
     folder, ops = SETS[name]
     d = ROOT / f"results/{folder}"

@@ -5,8 +5,8 @@ from pathlib import Path
 import torch
 
 from dmacoll import tuning
-from dmacoll.analysis.tuning_table import derive
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.analysis.tuning_table import derive
+from dmacoll_lab.verify.launch import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = [ROOT / "results/h200x2/operator/sweep_all_gather/data.csv",

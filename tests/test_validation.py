@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 
 def _bad_calls(rank, world):

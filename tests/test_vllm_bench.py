@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dmacoll import cli
-from dmacoll.e2e import vllm_results as vr
-from dmacoll.e2e import vllm_runs as vruns
+from dmacoll_lab import cli
+from dmacoll_lab.vllm import results as vr
+from dmacoll_lab.vllm import runs as vruns
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def test_run_environment_and_vllm_arguments():
 @pytest.mark.parametrize("name", ["latency_mixtral-8x7b-l16_tp4_ep_b8_i128_dma", "throughput_llama-3.1-8b_tp2_vllm"])
 def test_cli_flags_parse_back_into_the_same_run(name):
     run = vruns.plan({"args": ["--gpu-memory-utilization=0.8"]}, gpus=4)[name]
-    argv = ["vllm-bench", "--model-dir", "/m", "--out-json", "/x.json", *shlex.split(vruns.cli_flags(run))]
+    argv = ["vllm", "bench", "--model-dir", "/m", "--out-json", "/x.json", *shlex.split(vruns.cli_flags(run))]
     args = cli.build_parser().parse_args(argv)
     assert vruns.run_from_flags(args) == run
 
@@ -70,7 +70,7 @@ def test_allreduce_backends_from_vllms_log_line():
 
 
 FAKE_VLLM = textwrap.dedent('''\
-    """Stands in for `python -m dmacoll.e2e.vllm_entry`: checks the environment, writes what vLLM would."""
+    """Stands in for `python -m dmacoll_lab.vllm.entry`: checks the environment, writes what vLLM would."""
     import json, os, sys
     args = sys.argv[3:]
     out = args[args.index("--output-json") + 1]
@@ -102,7 +102,7 @@ def test_execute_records_what_vllms_json_leaves_out(tmp_path, capsys):
     outs = []
     for plugin in ("vllm", "dma"):
         out = tmp_path / f"raw/latency_{plugin}.json"
-        argv = ["vllm-bench", "--model-dir", str(tmp_path / "model"), "--out-json", str(out), "--bench", "latency",
+        argv = ["vllm", "bench", "--model-dir", str(tmp_path / "model"), "--out-json", str(out), "--bench", "latency",
                 "--model-name", "m", "--spec", "llama-3.1-8b", "--tp", "2", "--plugin", plugin, "--batch", "8",
                 "--python", str(fake)]
         assert cli.main(argv) == 0
@@ -117,7 +117,7 @@ def test_execute_records_what_vllms_json_leaves_out(tmp_path, capsys):
     csv = tmp_path / "data.csv"
     (tmp_path / "raw/latency_vllm.info.json").write_text('{"vllm": "0.26.0"}')  # as the run writes it
     everything = sorted(str(p) for p in (tmp_path / "raw").glob("*.json"))  # a shell glob names the sidecars too
-    assert cli.main(["vllm-results", "csv", "--out", str(csv), *everything]) == 0
+    assert cli.main(["vllm", "results", "csv", "--out", str(csv), *everything]) == 0
     df = pd.read_csv(csv)
     avg = df[df["metric"] == "latency_avg"].set_index("plugin")["value"]
     assert avg["vllm"] == pytest.approx(600) and avg["dma"] == pytest.approx(500)
@@ -125,7 +125,7 @@ def test_execute_records_what_vllms_json_leaves_out(tmp_path, capsys):
 
 
 def test_bench_needs_a_model_folder_and_its_settings(tmp_path, capsys):
-    base = ["vllm-bench", "--model-dir", str(tmp_path), "--out-json", str(tmp_path / "x.json"), "--model-name", "m",
+    base = ["vllm", "bench", "--model-dir", str(tmp_path), "--out-json", str(tmp_path / "x.json"), "--model-name", "m",
             "--spec", "llama-3.1-8b", "--plugin", "dma"]
     assert cli.main(base + ["--bench", "latency"]) == 2 and "needs --batch" in capsys.readouterr().err
     assert cli.main(base + ["--bench", "latency", "--batch", "1"]) == 2
@@ -133,7 +133,7 @@ def test_bench_needs_a_model_folder_and_its_settings(tmp_path, capsys):
 
 
 def test_vllm_entry_says_how_to_use_it(capsys):
-    from dmacoll.e2e import vllm_entry
+    from dmacoll_lab.vllm import entry as vllm_entry
 
     assert vllm_entry.main(["serve"]) == 2 and "latency|throughput" in capsys.readouterr().err
 
@@ -154,8 +154,8 @@ def test_workflow_plans_the_vllm_runs(tmp_path, configs, gpus, tps):
     runs = vruns.plan({}, gpus)
     assert {x.tp for x in runs.values()} == tps
     assert r.stdout.count("rule vllm_bench:") == len(runs) and r.stdout.count("rule vllm_model:") == 3
-    lines = [x for x in r.stdout.splitlines() if "-m dmacoll vllm-bench" in x]
+    lines = [x for x in r.stdout.splitlines() if "-m dmacoll_lab vllm bench" in x]
     for line in lines:  # every planned command parses back into its run
         argv = shlex.split(line.split(">")[0])
-        args = cli.build_parser().parse_args(argv[argv.index("vllm-bench"):])
+        args = cli.build_parser().parse_args(argv[argv.index("vllm"):])
         assert vruns.run_from_flags(args) == runs[args.name]

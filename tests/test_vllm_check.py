@@ -11,8 +11,9 @@ import textwrap
 import pandas as pd
 import pytest
 
-from dmacoll import cli
-from dmacoll.e2e import config, vllm_check as vc, vllm_model
+from dmacoll_lab import cli
+from dmacoll_lab.e2e import config
+from dmacoll_lab.vllm import check as vc, model as vllm_model
 
 REQUIRE = bool(os.environ.get("DMACOLL_REQUIRE_VLLM"))
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None and not REQUIRE,
@@ -68,7 +69,7 @@ def test_routed_kinds():
 
 
 FAKE = textwrap.dedent('''\
-    """Stands in for `python -m dmacoll.e2e.vllm_check generate`: fixed outputs, the plugin's decision lines."""
+    """Stands in for `python -m dmacoll_lab.vllm.check generate`: fixed outputs, the plugin's decision lines."""
     import json, os, random, sys
     model, tp, dtype, out, n, length, new, seed, max_len = sys.argv[4:13]  # after -m MODULE generate
     rng = random.Random(int(seed))
@@ -105,7 +106,7 @@ def fake_python(tmp_path):
 def test_driver_runs_every_setting_and_writes_the_verdicts(tmp_path, fake_python, monkeypatch, capsys):
     exe, model = fake_python
     out = tmp_path / "check"
-    argv = ["vllm-check", str(out), "--tp", "2", "--model-dir", model, "--python", exe, "--prompts", "3"]
+    argv = ["vllm", "check", str(out), "--tp", "2", "--model-dir", model, "--python", exe, "--prompts", "3"]
     assert cli.main(argv) == 0
     df = pd.read_csv(out / "data.csv")
     assert list(df["comparison"]) == ["moves_bf16 vs off_bf16", "all_fp32 vs off_fp32"] and df["ok"].all()

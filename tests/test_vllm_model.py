@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from dmacoll.e2e import config, vllm_model
+from dmacoll_lab.e2e import config
+from dmacoll_lab.vllm import model as vllm_model
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 REQUIRE = bool(os.environ.get("DMACOLL_REQUIRE_VLLM"))  # make test-vllm: run, never skip
@@ -66,7 +67,7 @@ def test_vllm_reads_the_folder_and_samples_its_random_dataset(tmp_path):
 @pytest.mark.parametrize("bench", ["latency", "throughput"])
 def test_vllms_own_benchmark_parsers_take_the_runs_arguments(bench, tmp_path):
     """Every planned run's arguments, parsed by the parser `vllm bench <bench>` builds (no GPU, no run)."""
-    from dmacoll.e2e import vllm_entry, vllm_runs
+    from dmacoll_lab.vllm import entry as vllm_entry, runs as vllm_runs
 
     runs = [r for r in vllm_runs.plan({}, gpus=4).values() if r.bench == bench]
     assert runs

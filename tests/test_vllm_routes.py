@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from dmacoll.analysis import report
-from dmacoll.analysis import vllm_routes as derive
-from dmacoll.cli import main
+from dmacoll_lab.analysis import report
+from dmacoll_lab.vllm import routes as derive
+from dmacoll_lab.cli import main
 from dmacoll.integrations.vllm_routes import Routes, bracket, policy
 
 H200 = "NVIDIA H200"
@@ -13,7 +13,7 @@ H200 = "NVIDIA H200"
 
 def test_shipped_table_is_what_the_committed_sweeps_give(capsys):
     assert not derive.stale()
-    assert main(["report", "vllm-routes", "--check"]) == 0 and "up to date" in capsys.readouterr().out
+    assert main(["vllm", "routes", "--check"]) == 0 and "up to date" in capsys.readouterr().out
     shipped = json.loads(derive.OUT.read_text())
     assert [(t["machine"], t["world"], t["gpu"]) for t in shipped["tables"]] == [("h200x2", 2, H200),
                                                                                 ("h200x4", 4, H200)]

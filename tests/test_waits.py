@@ -11,8 +11,8 @@ from dmacoll.ops import NAMES, get
 from dmacoll.executor import Folded, MemOp, execute, flag_index, lower
 from dmacoll.plan import (DONE, READY, VARIANTS, Layout, Reduce, Ref, all_gather_exchange, all_reduce_one_shot_plans,
                           build_plan, reduce_scatter_plans)
-from dmacoll.verify.check import check_rank
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.check import check_rank
+from dmacoll_lab.verify.launch import run_ranks
 from tests.test_cuda_commands import HEAPS, FakeDriver, flag
 
 LAYOUT = Layout(input_sym=8192, output_sym=16384, staging=512)
@@ -195,7 +195,7 @@ def test_every_collective_is_right_through_the_waits(world, wait, signal):
 
 # -- the sweep measures the waits where they apply ------------------------------------------------------------
 def test_sweep_points_offer_spin_everywhere_and_fold_where_there_is_a_sum():
-    from dmacoll.bench.sweep import SweepConfig, points
+    from dmacoll_lab.bench.sweep import SweepConfig, points
 
     cfg = SweepConfig(ops=NAMES, variants=("b2b",), directions=("push",), places=("out",),
                       signals=("memop", "kernel"), waits=("memop", "spin", "fold"), submit=("python", "native"))
@@ -211,7 +211,7 @@ def test_sweep_points_offer_spin_everywhere_and_fold_where_there_is_a_sum():
 def test_a_host_sweep_through_the_waits_checks_every_point(tmp_path):
     import pandas as pd
 
-    from dmacoll.bench.sweep import SweepConfig, run_sweep
+    from dmacoll_lab.bench.sweep import SweepConfig, run_sweep
 
     out = tmp_path / "sweep" / "data.csv"
     cfg = SweepConfig(ops=("all_gather", "reduce_scatter", "all_reduce"), impls=("dma",), variants=("b2b",),

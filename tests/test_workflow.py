@@ -71,7 +71,7 @@ def test_host_platform_runs_the_sweep_on_cpu_ranks_and_renders_it(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     rules = set(re.findall(r"^rule (\w+):", r.stdout, re.M))
     assert rules == {"build", "host_check", "operator_sweep", "notebook", "claims", "index", "all"}, rules
-    assert " -m dmacoll sweep --backend host --world 2 --ops all_gather " in r.stdout
+    assert " -m dmacoll_lab sweep --backend host --world 2 --ops all_gather " in r.stdout
     sweep = r.stdout.split("rule operator_sweep:")[1].split("Shell command")[0]
     assert "gpu=2" in sweep and "mem_mb=1000," in sweep  # the GPUs asked for; a host rank's memory each
     for name in ("operator", "speedup"):
@@ -86,7 +86,7 @@ def test_probes_run_when_the_config_lists_them(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("rule probe:") == 1
     run = f"{tmp_path}/probes/flag_latency"
-    assert f" -m dmacoll probe flag_latency --out {run}/data.csv 2>&1 | tee {run}/run.log" in r.stdout
+    assert f" -m dmacoll_lab probe flag_latency --out {run}/data.csv 2>&1 | tee {run}/run.log" in r.stdout
     assert "gpu=2" in r.stdout.split("rule probe:")[1].split("Shell command")[0]
     # without a GPU the list is set aside: a CPU render plans nothing new
     cpu = dry_run(config=("platform=none", f"outdir={tmp_path}", "probes=[flag_latency]"))
@@ -135,7 +135,7 @@ def interpreters(out):
 
 @pytest.mark.parametrize("platform_file, extra, module", [
     (None, "platform: none\n", "dmacoll report index"),  # no GPU: build, host check, notebooks, claims, index
-    ("config/h200x2.yaml", "vllm: {enabled: true}\n", "dmacoll vllm-results"),  # every GPU rule, vLLM's too
+    ("config/h200x2.yaml", "vllm: {enabled: true}\n", "dmacoll vllm results"),  # every GPU rule, vLLM's too
     ("config/mi300x.yaml", "amd_dmalatte:\n  checkout: /opt/AMD-DMA-Latte\n  runs:\n"  # the AMD-DMA-Latte baseline
                            "    ag_pcpy: {op: ag, variant: pcpy, command: './build/sdma_collective --ag'}\n",
      "dmacoll amd-dmalatte"),

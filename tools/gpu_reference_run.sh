@@ -64,106 +64,106 @@ case "$part" in
   tests)
     # GPU_TESTS (optional): a pytest -k expression; a hung test fails after DMACOLL_RANK_TIMEOUT_S with stacks
     d=$(rundir tests)
-    [ -f build/native/libdmacoll_submit.so ] || python3 -m dmacoll build --out build/native > "$d/build.log" 2>&1
+    [ -f build/native/libdmacoll_submit.so ] || python3 -m dmacoll_lab build --out build/native > "$d/build.log" 2>&1
     DMACOLL_RANK_TIMEOUT_S=${DMACOLL_RANK_TIMEOUT_S:-150} timeout ${TESTS_TIMEOUT_S:-540} python3 -m pytest -q \
       --durations=0 -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$d/pytest_gpu.log" | tail -25 ;;
   check)
     d=$(rundir tests)
-    timeout $((100 * world)) python3 -m dmacoll check --backend cuda --world $world --reference nccl \
+    timeout $((100 * world)) python3 -m dmacoll_lab check --backend cuda --world $world --reference nccl \
       --dtypes float32 bfloat16 float16 int8 int32 int64 bool --counts 1 17 4096 65537 2>&1 | tail -3 \
       | tee "$d/check_cuda_world$world.log" ;;
   shared)
     d=$(rundir tests)
     for w in ${SHARED_WORLDS:-2 3 4 5 6 7 8}; do
       grid=""; [ "$w" -gt 4 ] && grid="--dtypes bfloat16 int8 --counts 1 4099"
-      DMACOLL_GPUS=1 timeout ${SHARED_TIMEOUT_S:-300} python3 -m dmacoll check --backend cuda --world "$w" $grid \
+      DMACOLL_GPUS=1 timeout ${SHARED_TIMEOUT_S:-300} python3 -m dmacoll_lab check --backend cuda --world "$w" $grid \
         2>&1 | tee "$d/check_cuda_shared_world$w.log" | tail -12
     done ;;
   operator)
     for op in all_gather all_to_all; do  # one CSV per op: a run cut short keeps the other
       d=$(rundir operator/sweep_$op)
-      timeout 300 python3 -m dmacoll sweep --ops $op --signals memop copy kernel --prerecord no yes --repeats 15 \
+      timeout 300 python3 -m dmacoll_lab sweep --ops $op --signals memop copy kernel --prerecord no yes --repeats 15 \
         --handshakes full lean \
         --submit python native --out "$d/data.csv" > "$d/run.log" 2>&1; tail -3 "$d/run.log"
     done
     d=$(rundir operator/nccl_ce)
-    timeout 150 python3 -m dmacoll sweep --impls nccl_ce --out "$d/data.csv" > "$d/run.log" 2>&1
+    timeout 150 python3 -m dmacoll_lab sweep --impls nccl_ce --out "$d/data.csv" > "$d/run.log" 2>&1
     tail -3 "$d/run.log" ;;
   power)
     d=$(rundir power/power)
-    timeout 240 python3 -m dmacoll power --sizes 1K 64K 1M 16M 256M --seconds 1 --repeats 3 \
+    timeout 240 python3 -m dmacoll_lab power --sizes 1K 64K 1M 16M 256M --seconds 1 --repeats 3 \
       --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -30
     d=$(rundir power/sm_usage)
-    timeout 60 python3 -m dmacoll sm-usage --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -14 ;;
+    timeout 60 python3 -m dmacoll_lab sm-usage --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -14 ;;
   interference)
     d=$(rundir power/interference)
-    timeout 120 python3 -m dmacoll interference --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -14 ;;
+    timeout 120 python3 -m dmacoll_lab interference --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -14 ;;
   breakdown)
     d=$(rundir breakdown/breakdown)
-    timeout 60 python3 -m dmacoll breakdown --sizes 1K 4K 16K 64K 256K 1M 4M 16M 64M 256M \
+    timeout 60 python3 -m dmacoll_lab breakdown --sizes 1K 4K 16K 64K 256K 1M 4M 16M 64M 256M \
       --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -14 ;;
   build)
     d=$(rundir native/native)
-    python3 -m dmacoll build --out build/native 2>&1 | tee "$d/build.log" | tail -2
+    python3 -m dmacoll_lab build --out build/native 2>&1 | tee "$d/build.log" | tail -2
     cp build/native/toolchain.json "$d/" 2>/dev/null ;;
   native)
     d=$(rundir native/native)
-    timeout 300 python3 -m dmacoll sweep --ops all_gather all_to_all --impls nccl dma --variants pcpy b2b \
+    timeout 300 python3 -m dmacoll_lab sweep --ops all_gather all_to_all --impls nccl dma --variants pcpy b2b \
       --directions push --places out --signals memop copy --submit python native --modes eager --max-bytes 4M \
       --repeats 15 --out "$d/data.csv" > "$d/run.log" 2>&1; tail -3 "$d/run.log" ;;
   batchprobe)
     d=$(rundir operator/memcpy_batch)
-    timeout 240 python3 -m dmacoll probe memcpy_batch --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;
+    timeout 240 python3 -m dmacoll_lab probe memcpy_batch --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;
   c3)
     d=$(rundir c3/c3)
-    timeout ${C3_TIMEOUT_S:-540} python3 -m dmacoll c3 --out "$d/data.csv" > "$d/run.log" 2>&1; tail -12 "$d/run.log"
-    python3 -m dmacoll rules c3 "$d/data.csv" > "$d/c3_rules.log" 2>&1; tail -30 "$d/c3_rules.log" ;;
+    timeout ${C3_TIMEOUT_S:-540} python3 -m dmacoll_lab c3 --out "$d/data.csv" > "$d/run.log" 2>&1; tail -12 "$d/run.log"
+    python3 -m dmacoll_lab rules c3 "$d/data.csv" > "$d/c3_rules.log" 2>&1; tail -30 "$d/c3_rules.log" ;;
   contention)
     d=$(rundir c3/copy_contention)
-    timeout 120 python3 -m dmacoll probe copy_contention --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -10 ;;
+    timeout 120 python3 -m dmacoll_lab probe copy_contention --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -10 ;;
   probes)
     for t in local_copy_paths flag_latency sm_carveout; do
       d=$(rundir probes/$t)
       # sm_carveout also writes its GEMM-cost table, into probes/sm_carveout_gemm_cost/
-      timeout 120 python3 -m dmacoll probe $t --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -4
+      timeout 120 python3 -m dmacoll_lab probe $t --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -4
     done ;;
   callcost)
     d=$(rundir probes/call_cost)  # one process (structure) and world ranks on GPU 0 (shared)
-    timeout ${CALLCOST_TIMEOUT_S:-400} python3 -m dmacoll probe call_cost --out "$d/data.csv" 2>&1 \
+    timeout ${CALLCOST_TIMEOUT_S:-400} python3 -m dmacoll_lab probe call_cost --out "$d/data.csv" 2>&1 \
       | tee "$d/run.log" | tail -60 ;;
   submit)
     d=$(rundir probes/submit_cost)
-    timeout 180 python3 -m dmacoll probe submit_cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -32 ;;
+    timeout 180 python3 -m dmacoll_lab probe submit_cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -32 ;;
   crossing)
     d=$(rundir probes/crossing)  # every placement the visible GPUs allow (peer with two)
-    timeout ${CROSSING_TIMEOUT_S:-420} python3 -m dmacoll probe crossing --out "$d/data.csv" 2>&1 | tee "$d/run.log" \
+    timeout ${CROSSING_TIMEOUT_S:-420} python3 -m dmacoll_lab probe crossing --out "$d/data.csv" 2>&1 | tee "$d/run.log" \
       | tail -75 ;;
   fewsm)
     d=$(rundir probes/few_sm_kernels)
-    timeout 240 python3 -m dmacoll probe few_sm_kernels --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;
+    timeout 240 python3 -m dmacoll_lab probe few_sm_kernels --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -40 ;;
   ficco)
     d=$(rundir ficco/ficco)
-    timeout ${FICCO_TIMEOUT_S:-240} python3 -m dmacoll ficco --out "$d/data.csv" > "$d/run.log" 2>&1
+    timeout ${FICCO_TIMEOUT_S:-240} python3 -m dmacoll_lab ficco --out "$d/data.csv" > "$d/run.log" 2>&1
     tail -12 "$d/run.log" ;;
   e2e)
     d=$(rundir e2e/e2e)
     one=""; [ "$world" -lt 2 ] && one="--impls nccl"
-    timeout ${E2E_TIMEOUT_S:-300} python3 -m dmacoll e2e $one ${E2E_ARGS:-} --out "$d/data.csv" > "$d/run.log" 2>&1
+    timeout ${E2E_TIMEOUT_S:-300} python3 -m dmacoll_lab e2e $one ${E2E_ARGS:-} --out "$d/data.csv" > "$d/run.log" 2>&1
     tail -25 "$d/run.log" ;;
   calibrate)
     d=$(rundir calibration/quick)
     for w in 2 4; do
-      XDG_CACHE_HOME=$(mktemp -d) timeout 150 python3 -m dmacoll tune --quick --world $w \
+      XDG_CACHE_HOME=$(mktemp -d) timeout 150 python3 -m dmacoll_lab tune --quick --world $w \
         --out "$d/table_w$w.json" > "$d/tune_w$w.log" 2>&1; tail -3 "$d/tune_w$w.log"
     done
     timeout 280 python3 -m pytest -q -s -m gpu tests/gpu/test_calibration_gpu.py 2>&1 \
       | tee "$d/pytest_calibration.log" | tail -25 ;;
   checkcost)
     d=$(rundir check_calls/check_cost)
-    timeout 240 python3 -m dmacoll check-cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -3 ;;
+    timeout 240 python3 -m dmacoll_lab check-cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -3 ;;
   smoke)
     d=$(rundir operator/smoke)
-    timeout 200 python3 -m dmacoll sweep --max-bytes 4M --repeats 3 --out "$d/data.csv" 2>&1 | tee "$d/run.log" \
+    timeout 200 python3 -m dmacoll_lab sweep --max-bytes 4M --repeats 3 --out "$d/data.csv" 2>&1 | tee "$d/run.log" \
       | tail -30 ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

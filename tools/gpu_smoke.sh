@@ -22,18 +22,18 @@ step() {
     echo "FAILED $name ($((SECONDS - t0)) s): $(tail -n 3 "$out/$name/run.log" | tr '\n' ' ')"; status=1
   fi
 }
-step sweep python3 -m dmacoll sweep --ops $ops --impls nccl dma peer_copy --variants pcpy b2b \
+step sweep python3 -m dmacoll_lab sweep --ops $ops --impls nccl dma peer_copy --variants pcpy b2b \
   --directions push pull --handshakes full lean --min-bytes 4K --max-bytes 1M --repeats 3 --calls 4
-step sweep_nccl_ce python3 -m dmacoll sweep --ops $ops --impls nccl_ce --min-bytes 4K --max-bytes 1M --repeats 3 \
+step sweep_nccl_ce python3 -m dmacoll_lab sweep --ops $ops --impls nccl_ce --min-bytes 4K --max-bytes 1M --repeats 3 \
   --calls 4
-step c3 python3 -m dmacoll c3 --shapes gemm:2048x8192x8192 membound:16384x8192 --ops $ops --targets 1 \
+step c3 python3 -m dmacoll_lab c3 --shapes gemm:2048x8192x8192 membound:16384x8192 --ops $ops --targets 1 \
   --strategies baseline partition carveout dma dma_carveout --repeats 3
-step interference python3 -m dmacoll interference --sizes 4M --repeats 3
-step ficco python3 -m dmacoll ficco --models llama3-8b mixtral-8x7b --tokens 2048 --factors 1 2 --repeats 3
-step power python3 -m dmacoll power --ops $ops --sizes 1M --seconds 0.2 --idle-seconds 0.5 --repeats 1
-step sm_usage python3 -m dmacoll sm-usage --ops $ops --sizes 64K
-step breakdown python3 -m dmacoll breakdown --sizes 1K 1M --transfers 10
-step e2e python3 -m dmacoll e2e --models llama-3.1-8b mixtral-8x7b --layers 1 --batches 8 --prompts 128 \
+step interference python3 -m dmacoll_lab interference --sizes 4M --repeats 3
+step ficco python3 -m dmacoll_lab ficco --models llama3-8b mixtral-8x7b --tokens 2048 --factors 1 2 --repeats 3
+step power python3 -m dmacoll_lab power --ops $ops --sizes 1M --seconds 0.2 --idle-seconds 0.5 --repeats 1
+step sm_usage python3 -m dmacoll_lab sm-usage --ops $ops --sizes 64K
+step breakdown python3 -m dmacoll_lab breakdown --sizes 1K 1M --transfers 10
+step e2e python3 -m dmacoll_lab e2e --models llama-3.1-8b mixtral-8x7b --layers 1 --batches 8 --prompts 128 \
   --decode-steps 4 --repeats 2
 # every checked row must be right: the CSVs say so in their correct / logits_ok columns
 python3 - "$out" <<'EOF' || status=1

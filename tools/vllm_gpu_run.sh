@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vLLM with the dmacoll plugin on a lent GPU machine (no network), after the bundle's pieces arrived.
 # Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> [TP=n] bash tools/vllm_gpu_run.sh OUTDIR [STEP...]
-#   STEP: install  check, join and install the bundle (build/vllm_bundle/, from `dmacoll vllm-bundle`) into
+#   STEP: install  check, join and install the bundle (build/vllm_bundle/, from `tools/vllm_bundle.py`) into
 #                  build/vllm_site, and dmacoll as a distribution beside it (a wheel built here: vLLM finds the
 #                  plugin through its `vllm.general_plugins` entry point); skipped when already done
 #         tests    the plugin's tests against that vLLM (the CPU ones and tests/gpu/test_vllm_gpu.py)
@@ -9,7 +9,7 @@
 #                  alternating (REPS rounds, batch BATCH); at TP 1 the plugin routes nothing: the two must agree
 #                  within noise
 #         throughput  `vllm bench throughput` at TP, 200 prompts of 128 in and 128 out, plugin off and on
-#         check    `dmacoll vllm-check` at TP (2 or more): outputs with the plugin off and on
+#         check    `dmacoll vllm check` at TP (2 or more): outputs with the plugin off and on
 #   default: install tests bench. Each step's time is printed; split the steps over calls to stay inside 10 minutes
 #   (build/ stays on a warm machine between calls). Each vLLM start costs about 1-2 minutes.
 # Out: OUTDIR/results.tgz laid out as results/<machine>/ is (vllm/<run>/{data.csv,data.json,run.log}; unpack with
@@ -25,8 +25,8 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLREDUCE_USE_SYMM_MEM=0
 summary=$dest/summary.txt
 say() { echo "$*" | tee -a "$summary"; }
 # the machine's own packages, before the bundle is on the path
-PYTHONPATH=$PWD/src "$py" -m dmacoll vllm-bundle "$dest/lent-gpu.json" --probe > /dev/null 2>&1 \
-  || say "probe failed (PYTHONPATH=src python3 -m dmacoll vllm-bundle X --probe)"
+"$py" tools/vllm_bundle.py "$dest/lent-gpu.json" --probe > /dev/null 2>&1 \
+  || say "probe failed (python3 tools/vllm_bundle.py X --probe)"
 # dmacoll's code from this checkout; vLLM, its wheels and dmacoll's entry point from the site
 export PYTHONPATH=$PWD/src:$site
 {
@@ -38,7 +38,7 @@ gpus=$(nvidia-smi -L | wc -l)
 case "$gpu" in *H200*) machine=h200x$gpus ;; *H100*) machine=h100x$gpus ;; *) machine=gpux$gpus ;; esac
 say "machine $machine ($gpu), TP $tp, steps: $steps"
 models=build/vllm_models/llama-3.1-8b
-model() { [ -f $models/tokenizer.json ] || "$py" -m dmacoll vllm-model $models --model llama-3.1-8b >> "$1" 2>&1; }
+model() { [ -f $models/tokenizer.json ] || "$py" -m dmacoll_lab vllm model $models --model llama-3.1-8b >> "$1" 2>&1; }
 for step in $steps; do
 t0=$(date +%s)
 case "$step" in
@@ -60,7 +60,7 @@ case "$step" in
       tests/test_vllm_plugin.py tests/test_vllm_model.py tests/test_vllm_check.py tests/gpu/test_vllm_gpu.py \
       > "$d/run.log" 2>&1
     tail -3 "$d/run.log" | tee -a "$summary"
-    "$py" -m dmacoll vllm-results tests --out "$d/data.csv" "$d/junit.xml" | tee -a "$summary"
+    "$py" -m dmacoll_lab vllm results tests --out "$d/data.csv" "$d/junit.xml" | tee -a "$summary"
     rm -f "$d/junit.xml" ;;
   bench)
     d=$out/vllm/tp${tp}_latency; raw=build/vllm_raw; mkdir -p "$d"; rm -rf $raw; model "$d/run.log"
@@ -68,13 +68,13 @@ case "$step" in
       for plugin in vllm dma; do
         name=latency_llama-3.1-8b_tp${tp}_b${BATCH:-8}_i128_${plugin}_r$rep
         echo "== $name ($(date -u +%T))" >> "$d/run.log"
-        timeout 240 "$py" -m dmacoll vllm-bench --model-dir $models --out-json $raw/$name.json --name $name \
+        timeout 240 "$py" -m dmacoll_lab vllm bench --model-dir $models --out-json $raw/$name.json --name $name \
           --bench latency --model-name llama-3.1-8b --spec llama-3.1-8b --tp $tp --plugin $plugin \
           --batch "${BATCH:-8}" --input-len 128 --output-len 128 --warmup 3 --iters "${ITERS:-10}" >> "$d/run.log" 2>&1 \
           || say "$name failed (exit $?): see vllm/tp${tp}_latency/run.log"
       done
     done
-    "$py" -m dmacoll vllm-results csv --out "$d/data.csv" $raw/*.json >> "$d/run.log" 2>&1 || say "no results"
+    "$py" -m dmacoll_lab vllm results csv --out "$d/data.csv" $raw/*.json >> "$d/run.log" 2>&1 || say "no results"
     "$py" - "$d/data.csv" <<'EOF' | tee -a "$summary"
 import sys, pandas as pd
 df = pd.read_csv(sys.argv[1])
@@ -94,19 +94,19 @@ EOF
     d=$out/vllm/tp${tp}_throughput; raw=build/vllm_raw_throughput; mkdir -p "$d"; rm -rf $raw; model "$d/run.log"
     for plugin in vllm dma; do
       name=throughput_llama-3.1-8b_tp${tp}_n200_i128_$plugin
-      timeout 250 "$py" -m dmacoll vllm-bench --model-dir $models --out-json $raw/$name.json --name $name \
+      timeout 250 "$py" -m dmacoll_lab vllm bench --model-dir $models --out-json $raw/$name.json --name $name \
         --bench throughput --model-name llama-3.1-8b --spec llama-3.1-8b --tp $tp --plugin $plugin \
         --input-len 128 --output-len 128 --num-prompts 200 >> "$d/run.log" 2>&1 || say "$name failed (exit $?)"
     done
-    "$py" -m dmacoll vllm-results csv --out "$d/data.csv" $raw/*.json >> "$d/run.log" 2>&1 || say "no results"
+    "$py" -m dmacoll_lab vllm results csv --out "$d/data.csv" $raw/*.json >> "$d/run.log" 2>&1 || say "no results"
     "$py" -c 'import sys, pandas as pd; df = pd.read_csv(sys.argv[1])
 print(df[df.metric == "tokens_per_s"][["plugin", "value", "plugin_registered"]].to_string(index=False))' \
       "$d/data.csv" | tee -a "$summary" ;;
   check)
     d=$out/vllm_check/tp$tp; mkdir -p "$d"
-    timeout 500 "$py" -m dmacoll vllm-check build/vllm_check --tp $tp > "$d/run.log" 2>&1; echo "exit $?" >> "$d/run.log"
+    timeout 500 "$py" -m dmacoll_lab vllm check build/vllm_check --tp $tp > "$d/run.log" 2>&1; echo "exit $?" >> "$d/run.log"
     grep -E "^(ok|FAIL)|^exit" "$d/run.log" | tee -a "$summary"
-    cp build/vllm_check/data.csv build/vllm_check/data.json "$d/" 2>/dev/null || say "vllm-check wrote no table" ;;
+    cp build/vllm_check/data.csv build/vllm_check/data.json "$d/" 2>/dev/null || say "vllm check wrote no table" ;;
   *) say "unknown step $step"; exit 2 ;;
 esac
 say "step $step: $(( $(date +%s) - t0 )) s"

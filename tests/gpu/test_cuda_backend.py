@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dmacoll.plan import VARIANTS
-from dmacoll.verify.launch import nccl_usable, run_ranks
+from dmacoll_lab.verify.launch import nccl_usable, run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 WORLDS = (2, 4)
@@ -35,7 +35,7 @@ def reference(world: int) -> str:
 
 def _correctness(rank: int, world: int, seed: int, nccl: bool) -> list[dict]:
     from dmacoll import Communicator
-    from dmacoll.verify.check import cases, run_cases
+    from dmacoll_lab.verify.check import cases, run_cases
 
     comm = Communicator(timeout_s=30)
     cs = cases(VARIANTS, ["push", "pull"], ["float32", "bfloat16", "float16", "int8", "int64", "bool"],
@@ -54,7 +54,7 @@ def test_every_op_variant_dtype_matches_the_reference(world, seed):
 
 def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
     from dmacoll import Communicator, ops
-    from dmacoll.verify.reference import draw
+    from dmacoll_lab.verify.reference import draw
 
     def random_tensor(numel, dtype, seed):  # data to move: every bit pattern matters
         return draw(ops.get("all_gather"), numel, dtype, seed)
@@ -195,7 +195,7 @@ def test_prelaunched_gather_starts_when_the_producer_releases_it(kernels, world)
 
 
 def _check(world: int, seed: int, **args) -> None:
-    from dmacoll.verify.check import check_rank as _check_rank
+    from dmacoll_lab.verify.check import check_rank as _check_rank
 
     args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"), seed=seed,
                 reference=reference(world), **args)
@@ -234,7 +234,7 @@ def _forced_copy_flags(rank: int, world: int, seed: int) -> dict:
     Communicator() and with signal='memop' asked for must be right, with no memop write to a peer issued."""
     from dmacoll import Communicator
     from dmacoll.backends import cuda as cuda_backend
-    from dmacoll.verify.check import cases, run_cases
+    from dmacoll_lab.verify.check import cases, run_cases
 
     cuda_backend.REMOTE_MEMOP_WRITES_UP_TO = 0  # this process only: the driver now reads as too new
     remote = []
@@ -342,7 +342,7 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     captured, with a late reader on the last rank: every call's output against the CPU reference
     (check.run_pipeline), and READY really skipped."""
     from dmacoll import Communicator
-    from dmacoll.verify.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
+    from dmacoll_lab.verify.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
 
     comm = Communicator(timeout_s=30)
     buffers = pipeline_buffers(comm, 1 << 22, 1 << 22)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -103,7 +103,7 @@ def test_gates_prerecorded_replays_and_forked_queues():
 
 
 def test_sm_carveout_applies_inside_and_restores_outside():
-    from dmacoll.bench.green import SmCarveout
+    from dmacoll_lab.bench.green import SmCarveout
 
     before = (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental())
     a = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)

@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
-from dmacoll.e2e.bench import compare, run_e2e
-from dmacoll.e2e.calls import SCHEDULES
-from dmacoll.e2e.config import DEFAULTS, E2E_COLUMNS
-from dmacoll.verify.launch import nccl_usable, run_ranks
+from dmacoll_lab.e2e.bench import compare, run_e2e
+from dmacoll_lab.e2e.calls import SCHEDULES
+from dmacoll_lab.e2e.config import DEFAULTS, E2E_COLUMNS
+from dmacoll_lab.verify.launch import nccl_usable, run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 MODELS = ["llama-3.1-8b", "mixtral-8x7b"]
@@ -26,11 +26,11 @@ CHECK = {**DEFAULTS, "models": MODELS, "layers": 1, "batches": [8], "prompts": [
 
 def _logits(rank: int, world: int, impl: str) -> dict:
     """float32 logits of one prefill and one decode step per model and schedule (rank 0's)."""
-    from dmacoll.e2e.bench import Runner, logits_once, point_inputs
-    from dmacoll.e2e.calls import merged_schedule_buffers
-    from dmacoll.e2e.collectives import make
-    from dmacoll.e2e.config import max_tokens
-    from dmacoll.e2e.model import Model
+    from dmacoll_lab.e2e.bench import Runner, logits_once, point_inputs
+    from dmacoll_lab.e2e.calls import merged_schedule_buffers
+    from dmacoll_lab.e2e.collectives import make
+    from dmacoll_lab.e2e.config import max_tokens
+    from dmacoll_lab.e2e.model import Model
 
     schedules = list(SCHEDULES) if world > 1 else ["serial"]
     cfg = {**CHECK, "impls": [impl], "schedules": schedules}

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmacoll.verify.launch import run_ranks
+from dmacoll_lab.verify.launch import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def _harness(rank: int, world: int) -> dict:
     from dmacoll import ops
-    from dmacoll.bench import harness
+    from dmacoll_lab.bench import harness
 
     rk = harness.Rank(rank, world, hold_us=100.0)
     rk.priv_in = torch.empty(1 << 20, dtype=torch.uint8, device=rk.device)
@@ -47,8 +47,8 @@ def test_harness_times_and_checks_on_a_gpu():
 
 
 def _e2e(rank: int, world: int):
-    from dmacoll.e2e.bench import run_e2e
-    from dmacoll.e2e.config import DEFAULTS
+    from dmacoll_lab.e2e.bench import run_e2e
+    from dmacoll_lab.e2e.config import DEFAULTS
 
     # batch 2: the micro-batches split the sequences; batch 1, prompt 33: one prompt split by tokens, seqpar padded
     cfg = {**DEFAULTS, "models": ["llama-3.1-8b", "mixtral-8x7b"], "layers": 1, "batches": [1, 2], "prompts": [33],

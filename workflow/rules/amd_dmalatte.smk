@@ -39,5 +39,5 @@ rule amd_dmalatte_sweep:
         "../../envs/rocm.yaml"
     shell:
         "(cd {params.checkout} && {params.command}) > {output.stdout} 2> {log} && "
-        "{params.py} -m dmacoll amd-dmalatte {output.stdout} {output.csv} --world {params.world} "
+        "{params.py} -m dmacoll_lab amd-dmalatte {output.stdout} {output.csv} --world {params.world} "
         "--op {params.op} --variant '{params.variant}' >> {log} 2>&1"

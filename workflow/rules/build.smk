@@ -15,4 +15,4 @@ rule build:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{params.py} -m dmacoll build --out build/native > {log} 2>&1; rc=$?; cat {log}; exit $rc"
+        "{params.py} -m dmacoll_lab build --out build/native > {log} 2>&1; rc=$?; cat {log}; exit $rc"

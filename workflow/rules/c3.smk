@@ -16,4 +16,4 @@ rule c3:
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll c3 {params.args} --out {output.csv} 2>&1 | tee {log}"
+        "{params.py} -m dmacoll_lab c3 {params.args} --out {output.csv} 2>&1 | tee {log}"

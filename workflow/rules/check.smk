@@ -14,5 +14,5 @@ rule host_check:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{params.py} -m dmacoll check --backend host --world {wildcards.world} > {output} 2> {log}; "
+        "{params.py} -m dmacoll_lab check --backend host --world {wildcards.world} > {output} 2> {log}; "
         "tail -n 1 {output}"

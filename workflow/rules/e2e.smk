@@ -17,7 +17,7 @@ rule e2e:
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll e2e {params.args} --out {output.csv} 2>&1 | tee {log}"
+        "{params.py} -m dmacoll_lab e2e {params.args} --out {output.csv} 2>&1 | tee {log}"
 
 
 if VLLM_ON:
@@ -36,7 +36,7 @@ if VLLM_ON:
         conda:
             "../../envs/vllm.yaml"
         shell:
-            "{params.py} -m dmacoll vllm-model {output} {params.flags} > {log} 2>&1"
+            "{params.py} -m dmacoll_lab vllm model {output} {params.flags} > {log} 2>&1"
 
     rule vllm_bench:
         """One `vllm bench latency|throughput` run, dummy weights, with (dma) or without (vllm) the plugin;
@@ -61,7 +61,7 @@ if VLLM_ON:
         conda:
             "../../envs/vllm.yaml"
         shell:
-            "{params.py} -m dmacoll vllm-bench --model-dir {input.model} --out-json {output.json} {params.flags} "
+            "{params.py} -m dmacoll_lab vllm bench --model-dir {input.model} --out-json {output.json} {params.flags} "
             "> {log} 2>&1"
 
     rule vllm_results:
@@ -78,4 +78,4 @@ if VLLM_ON:
         conda:
             "../../envs/cpu.yaml"
         shell:
-            "{params.py} -m dmacoll vllm-results csv --out {output.csv} {input} > {log} 2>&1"
+            "{params.py} -m dmacoll_lab vllm results csv --out {output.csv} {input} > {log} 2>&1"

@@ -1,5 +1,5 @@
 """Helpers of workflow/rules/e2e.smk (kept apart: the linter wants rules and functions in separate files)."""
-from dmacoll.e2e import vllm_runs
+from dmacoll_lab.vllm import runs as vllm_runs
 
 VLLM = config.get("vllm", {})
 VLLM_ON = GPU and bool(VLLM.get("enabled", False))  # vLLM runs only where asked for, on a GPU machine

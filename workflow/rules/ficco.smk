@@ -15,4 +15,4 @@ rule ficco:
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll ficco --out {output.csv} 2>&1 | tee {log}"
+        "{params.py} -m dmacoll_lab ficco --out {output.csv} 2>&1 | tee {log}"

@@ -32,7 +32,7 @@ rule operator_sweep:
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll sweep {params.backend} --ops {wildcards.op} --impls {params.impls} "
+        "{params.py} -m dmacoll_lab sweep {params.backend} --ops {wildcards.op} --impls {params.impls} "
         "--modes {params.modes} "
         "--signals {params.signals} --waits {params.waits} --prerecord {params.prerecord} --submit {params.submit} "
         "--handshakes {params.handshakes} "
@@ -60,7 +60,7 @@ rule operator_sweep_nccl_ce:
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll sweep --ops {params.ops} --impls nccl_ce --modes {params.modes} "
+        "{params.py} -m dmacoll_lab sweep --ops {params.ops} --impls nccl_ce --modes {params.modes} "
         "--min-bytes {params.min_bytes} --max-bytes {params.max_bytes} --repeats {params.repeats} --calls {params.calls} "
         "--out {output.csv} 2>&1 | tee {log}"
 
@@ -82,7 +82,7 @@ rule breakdown:
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll breakdown --sizes {params.sizes} --out {output.csv} 2>&1 | tee {log}"
+        "{params.py} -m dmacoll_lab breakdown --sizes {params.sizes} --out {output.csv} 2>&1 | tee {log}"
 
 
 rule power:
@@ -106,7 +106,7 @@ rule power:
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll power --sizes {params.sizes} --out {output.power} 2>&1 | tee {log.power} && "
-        "{params.py} -m dmacoll sm-usage --out {output.sm_usage} 2>&1 | tee {log.sm_usage} && "
-        "{params.py} -m dmacoll interference --sizes {params.sizes} --out {output.interference} 2>&1 "
+        "{params.py} -m dmacoll_lab power --sizes {params.sizes} --out {output.power} 2>&1 | tee {log.power} && "
+        "{params.py} -m dmacoll_lab sm-usage --out {output.sm_usage} 2>&1 | tee {log.sm_usage} && "
+        "{params.py} -m dmacoll_lab interference --sizes {params.sizes} --out {output.interference} 2>&1 "
         "| tee {log.interference}"

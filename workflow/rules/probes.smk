@@ -24,4 +24,4 @@ rule probe:
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll probe {wildcards.name} --out {output.csv} 2>&1 | tee {log}"
+        "{params.py} -m dmacoll_lab probe {wildcards.name} --out {output.csv} 2>&1 | tee {log}"

@@ -57,7 +57,7 @@ rule claims:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{params.py} -m dmacoll report claims --csv {input.sweeps} {params.power} {params.c3} --out {output.json} "
+        "{params.py} -m dmacoll_lab report claims --csv {input.sweeps} {params.power} {params.c3} --out {output.json} "
         "> {log} 2>&1; "
         "cat {log}"
 
@@ -77,4 +77,4 @@ rule index:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{params.py} -m dmacoll report index --report-dir $(dirname {output}) {params.platforms} --out {output} > {log} 2>&1"
+        "{params.py} -m dmacoll_lab report index --report-dir $(dirname {output}) {params.platforms} --out {output} > {log} 2>&1"

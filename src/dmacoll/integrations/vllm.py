@@ -99,7 +99,7 @@ def vllm_missing() -> str:
     """Why vLLM cannot be used here ('' when it can); never imports vLLM itself."""
     if importlib.util.find_spec("vllm") is None:
         return (f"vLLM is not installed; dmacoll's vLLM plugin supports {VLLM_REQUIREMENT}: "
-                f"pip install 'dmacoll[vllm]' (or the conda env envs/vllm.yaml; without network: dmacoll vllm-bundle)")
+                f"pip install 'dmacoll[vllm]' (or the conda env envs/vllm.yaml; without network: tools/vllm_bundle.py)")
     return ""
 
 

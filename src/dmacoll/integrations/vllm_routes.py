@@ -1,6 +1,6 @@
 """Which vLLM collectives dmacoll takes: only where committed measurements say it is faster than vLLM's own path.
 
-The shipped table (``vllm_routes.json``, written by ``dmacoll report vllm-routes`` from the committed operator
+The shipped table (``vllm_routes.json``, written by ``dmacoll vllm routes`` from the committed operator
 sweeps; a test regenerates it) holds, per measured machine (world size, GPU) and per (op, mode, message size):
 the time of what the plugin runs (``Communicator()``'s defaults, the sweep's *default* pick) and of the measured
 stand-in for vLLM's path (NCCL: vLLM's ``all_gather`` / ``reduce_scatter`` go to PyNccl). A call is routed when

@@ -1,0 +1,178 @@
+"""Summary tables of the experiments besides the operator sweep, shared by the notebooks and the generated
+documents (``docs.py``), so that a number printed in both comes from one computation."""
+from __future__ import annotations
+
+import pandas as pd
+
+from dmacoll.sizes import human
+
+
+def power_summary(power: pd.DataFrame) -> pd.DataFrame:
+    """Per (op, implementation, size): median average power, idle power, and energy per call above idle (also
+    per byte, and over NCCL's), over every GPU and repeat."""
+    runs = power[power["impl"] != "idle"].copy()
+    runs["impl"] = runs["impl"] + runs["variant"].fillna("").map(lambda v: f" {v}" if v else "")
+    runs["size"] = runs["bytes_per_rank"].map(lambda b: human(int(b)))
+    summary = (runs.groupby(["op", "impl", "bytes_per_rank", "size"])
+               [["avg_power_w", "idle_power_w", "dynamic_energy_per_call_uj", "dynamic_energy_per_byte_pj"]]
+               .median().reset_index())
+    nccl = summary[summary["impl"] == "nccl"].set_index(["op", "bytes_per_rank"])["dynamic_energy_per_call_uj"]
+    summary["energy_vs_nccl"] = [r.dynamic_energy_per_call_uj / nccl.get((r.op, r.bytes_per_rank), float("nan"))
+                                 for r in summary.itertuples()]
+    return summary.round(3)
+
+
+def interference_summary(inter: pd.DataFrame) -> pd.DataFrame:
+    """Per (compute, option, size) of an interference table (C3's schema): the slowest rank's slowdowns and the
+    range of the fraction of ideal over ranks."""
+    df = inter.copy()
+    df["size"] = df["bytes_per_rank"].map(lambda b: human(int(b)))
+    out = (df.groupby(["compute", "option", "bytes_per_rank", "size"])
+           .agg(comp_slowdown=("comp_slowdown", "max"), comm_slowdown=("comm_slowdown", "max"),
+                fraction_min=("fraction_of_ideal", "min"), fraction_max=("fraction_of_ideal", "max"))
+           .reset_index().drop(columns="bytes_per_rank"))
+    return out.round(3)
+
+
+def breakdown_wide(bd: pd.DataFrame) -> pd.DataFrame:
+    """Median microseconds per phase (columns) and transfer size (rows)."""
+    wide = bd.pivot(index="bytes", columns="phase", values="time_us")
+    wide.index = [human(int(b)) for b in wide.index]
+    return wide
+
+
+def breakdown_stack(wide: pd.DataFrame) -> pd.DataFrame:
+    """The phases as they add up along one transfer, none negative: issue (the call's start to the engine's start:
+    control + schedule, the sum of their medians), copy and sync; and the share of the non-copy phases."""
+    out = pd.DataFrame({"issue": wide["control"] + wide["schedule"], "copy": wide["copy"], "sync": wide["sync"]},
+                       index=wide.index)
+    out["non_copy_share"] = (out["issue"] + out["sync"]) / out.sum(axis=1)
+    return out
+
+
+E2E_KEYS = ["model", "parallel", "layers", "batch", "prompt_len"]
+
+
+def e2e_ratios(e2e: pd.DataFrame, schedule: str = "serial") -> pd.DataFrame:
+    """Per (model, parallelism, batch, prompt) under one schedule: both implementations' TTFT, decode step and
+    tokens/s, and NCCL / dma (> 1: dma faster): ttft_speedup, decode_speedup, and throughput_gain (dma / NCCL
+    tokens/s); and the same as the pages show them, dmacoll over NCCL: ttft_dma_over_nccl and decode_dma_over_nccl
+    (times, < 1: dma faster), tokens_per_s_dma_over_nccl (> 1: dma faster). The schedules side by side:
+    ``e2e_tables``."""
+    ok = e2e[(e2e["status"] == "ok") & (e2e["schedule"] == schedule)]
+    wide = ok.pivot_table(index=E2E_KEYS, columns="impl", values=["ttft_ms", "decode_ms", "decode_tok_s",
+                                                                   "e2e_tok_s"])
+    summary = pd.DataFrame(index=wide.index)
+    for metric in ("ttft_ms", "decode_ms", "decode_tok_s", "e2e_tok_s"):
+        for impl in ("nccl", "dma"):
+            if (metric, impl) in wide:
+                summary[f"{metric}_{impl}"] = wide[(metric, impl)]
+    if {"ttft_ms_nccl", "ttft_ms_dma"} <= set(summary):
+        summary["ttft_speedup"] = summary["ttft_ms_nccl"] / summary["ttft_ms_dma"]
+        summary["decode_speedup"] = summary["decode_ms_nccl"] / summary["decode_ms_dma"]
+        summary["throughput_gain"] = summary["e2e_tok_s_dma"] / summary["e2e_tok_s_nccl"]
+        summary["ttft_dma_over_nccl"] = summary["ttft_ms_dma"] / summary["ttft_ms_nccl"]
+        summary["decode_dma_over_nccl"] = summary["decode_ms_dma"] / summary["decode_ms_nccl"]
+        summary["tokens_per_s_dma_over_nccl"] = summary["throughput_gain"]
+    return summary.reset_index()
+
+
+def e2e_overview(e2e: pd.DataFrame) -> pd.DataFrame:
+    """dma time over NCCL's (decode step, TTFT) and dma tokens/s over NCCL's: min, median, max over the points;
+    and whether every logits check passed."""
+    r = e2e_ratios(e2e)
+    rows = []
+    for what, values in (("decode step time, dma / NCCL", 1 / r["decode_speedup"]),
+                         ("TTFT, dma / NCCL", 1 / r["ttft_speedup"]),
+                         ("e2e tokens/s, dma / NCCL", r["throughput_gain"])):
+        rows.append({"metric": what, "points": len(values), "min": round(float(values.min()), 2),
+                     "median": round(float(values.median()), 2), "max": round(float(values.max()), 2)})
+    checked = e2e[e2e["logits_ok"].astype(str).isin(["True", "False"])]
+    rows.append({"metric": "logits checks passed", "points": len(checked),
+                 "min": int((checked["logits_ok"].astype(str) == "True").sum()), "median": "", "max": ""})
+    return pd.DataFrame(rows)
+
+
+def native_speedup(native: pd.DataFrame) -> pd.DataFrame:
+    """Eager dma calls: Python submission's time over the native library's, per (op, variant, signal): median,
+    min and max over sizes; and the best native dma time over NCCL's (min-max over sizes)."""
+    ok = native[native["ok"]]
+    dma = ok[ok["impl"] == "dma"]
+    wide = dma.pivot_table(index=["op", "variant", "signal", "bytes_per_rank"], columns="submit", values="time_us")
+    ratio = (wide["python"] / wide["native"]).groupby(level=["op", "variant", "signal"])
+    out = pd.DataFrame({"python_over_native_median": ratio.median(), "min": ratio.min(), "max": ratio.max()})
+    nccl = ok[ok["impl"] == "nccl"].set_index(["op", "bytes_per_rank"])["time_us"]
+    best = dma[dma["submit"] == "native"].groupby(["op", "bytes_per_rank"])["time_us"].min()
+    vs = (best / nccl.reindex(best.index)).groupby(level="op")
+    out = out.reset_index().merge(pd.DataFrame({"native_best_over_nccl_min": vs.min(),
+                                                "native_best_over_nccl_max": vs.max()}).reset_index(), on="op")
+    return out.round(2)
+
+
+def flag_latency(flags: pd.DataFrame) -> pd.DataFrame:
+    """One flag crossing between two streams of one GPU, per way (empty: the driver refused it)."""
+    return flags[["way", "crossing_us", "error"]].fillna("").round(2)
+
+
+def crossing(rows: pd.DataFrame) -> pd.DataFrame:
+    """The crossing probe: per placement, mode, send and wait, the leg time and the crossing (the leg time over the
+    same placement and mode's baseline leg), in the probe's order of sends and waits; the baseline rows left out
+    (they are every row's base_leg_us). A row without times keeps its note."""
+    from ..bench.probes.crossing import MODES, PLACEMENTS, SENDS, WAITS
+
+    pairs = rows[rows["send"] != "none"].copy()
+    for column, order in (("placement", PLACEMENTS), ("mode", MODES), ("send", SENDS), ("wait", WAITS)):
+        pairs[column] = pd.Categorical(pairs[column], categories=order, ordered=True)
+    cols = ["placement", "mode", "send", "wait", "leg_us", "base_leg_us", "crossing_us", "correct", "timeouts", "note"]
+    out = pairs.sort_values(["placement", "mode", "send", "wait"])[cols]
+    for column in ("placement", "mode", "send", "wait"):
+        out[column] = out[column].astype(str)
+    for column in ("leg_us", "base_leg_us", "crossing_us"):  # empty where a pair has no times
+        out[column] = pd.to_numeric(out[column], errors="coerce").round(2).astype(object)
+    return out.fillna("").reset_index(drop=True)
+
+
+def carveout_effect(sm: pd.DataFrame) -> pd.DataFrame:
+    """A device-local copy or a bf16 add next to the GEMMs, per BLAS library and SM setting: its time alone,
+    next to the GEMMs, and what the GEMMs took."""
+    cols = ["blas", "setting", "green_sms", "carveout", "side", "side_alone_us", "side_us", "gemm_alone_us", "gemm_us"]
+    return sm[cols].round(1)
+
+
+def submit_cost(rows: pd.DataFrame) -> pd.DataFrame:
+    """Host microseconds to issue k copies, per stream and k (rows) and way (columns); empty where the driver
+    refused the way (the legacy stream's batch)."""
+    ok = rows[rows["error"].fillna("") == ""]
+    table = ok.pivot_table(index=["stream", "copies"], columns="way", values="host_us", aggfunc="first")
+    order = [w for w in ("cuMemcpyAsync", "cuMemcpyBatchAsync", "native", "torch") if w in table.columns]
+    return table[order].round(2).astype(object).fillna("").reset_index()
+
+
+def few_sm_best(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per carveout and job: the driver's copy / torch's add next to the GEMM, the best of the few-SM kernels
+    (picked after the fact, N configurations), and their ratio."""
+    rows = []
+    for (carveout, job), df in kernels[kernels["carveout"] != "alone"].groupby(["carveout", "side"]):
+        if job in ("driver_copy", "torch_add"):
+            continue
+        kind = "driver_copy" if "copy" in job else "torch_add"
+        ref = kernels[(kernels["carveout"] == carveout) & (kernels["side"] == kind)]["side_us"]
+        if ref.empty:
+            continue
+        best = df["side_us"].min()
+        rows.append({"carveout": carveout, "job": job, "reference": kind, "reference_us": round(float(ref.iloc[0]), 1),
+                     "best_custom_us": round(float(best), 1), "n": len(df),
+                     "speedup": round(float(ref.iloc[0]) / float(best), 2)})
+    return pd.DataFrame(rows)
+
+
+def check_cost(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per op and size: an eager call's median time with the cross-rank check off and on (slowest rank), what
+    the check adds, and whether every output was right."""
+    table = rows.pivot_table(index=["op", "bytes_per_rank", "world", "device"], columns="check_calls",
+                             values="time_us", aggfunc="first")
+    right = rows.groupby(["op", "bytes_per_rank", "world", "device"])["ok"].all()
+    off, on = table[False].round(1), table[True].round(1)
+    out = pd.DataFrame({"off_us": off, "on_us": on, "added_us": (on - off).round(1), "correct": right}).reset_index()
+    out.insert(1, "size", [human(int(b)) for b in out.pop("bytes_per_rank")])
+    return out

@@ -1,0 +1,148 @@
+"""The one interface the model calls for communication, so its code is the same for NCCL and dmacoll:
+``all_reduce``, ``all_gather``, ``all_to_all``, ``reduce_scatter`` on the current stream (schedule.py picks it).
+
+``buffer(name, *shape)``: a reusable communication buffer (the first elements of a block reserved once per
+name). The model computes straight into it (``matmul(..., out=buffer)``) and runs the collective in place;
+for dmacoll the blocks live in the communicator's symmetric heap, so no collective stages its data. A buffer's
+contents are valid until the next use of the same name.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional
+
+import torch
+
+from dmacoll import ops
+from .calls import staging_elements
+
+
+class Collectives:
+    """World size 1: no communication (the unsharded reference)."""
+
+    name = "none"
+
+    def __init__(self, device: torch.device, rank: int = 0, world: int = 1):
+        self.device, self.rank, self.world = torch.device(device), rank, world
+        self._blocks: dict[str, torch.Tensor] = {}
+
+    def reserve(self, elements: Mapping[str, int], dtype: torch.dtype) -> None:
+        """One block per name, of at least ``elements[name]`` elements of ``dtype``."""
+        for name, n in elements.items():
+            self._blocks[name] = self._allocate(n, dtype)
+
+    def _allocate(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(n, dtype=dtype, device=self.device)
+
+    def buffer(self, name: str, *shape: int) -> torch.Tensor:
+        block = self._blocks[name]
+        n = math.prod(shape)
+        if n > block.numel():
+            raise ValueError(f"buffer {name!r}: {shape} needs {n} elements, {block.numel()} reserved")
+        return block[:n].view(shape)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def all_gather(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``out`` = every rank's ``x`` concatenated along dim 0 (``x`` may be this rank's slice of ``out``)."""
+        if x.data_ptr() != out.data_ptr():
+            out.view(-1).copy_(x.view(-1))
+        return out
+
+    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Equal split along dim 0: chunk p of ``x`` goes to rank p, chunk p of ``out`` comes from rank p."""
+        out.copy_(x)
+        return out
+
+    def reduce_scatter(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``out`` = the sum over ranks of chunk ``rank`` of their ``x`` (world x out's elements)."""
+        if x.data_ptr() != out.data_ptr():
+            out.view(-1).copy_(x.view(-1))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class TorchCollectives(Collectives):
+    """torch.distributed: NCCL for CUDA tensors, gloo for CPU ones (tests)."""
+
+    name = "nccl"
+
+    def __init__(self, device: torch.device, group=None):
+        import torch.distributed as dist
+
+        self.group = group
+        super().__init__(device, dist.get_rank(group), dist.get_world_size(group))
+        if self.device.type == "cpu":
+            self.name = "gloo"
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        ops.get("all_reduce").torch_call(x, x, self.group)
+        return x
+
+    def all_gather(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ops.get("all_gather").torch_call(out, x, self.group)
+        return out
+
+    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ops.get("all_to_all").torch_call(out, x, self.group)
+        return out
+
+    def reduce_scatter(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ops.get("reduce_scatter").torch_call(out, x, self.group)
+        return out
+
+
+class DmaCollectives(Collectives):
+    """dmacoll's Communicator (variant 'auto', sync 'reset' so calls can be captured in CUDA graphs)."""
+
+    name = "dma"
+
+    def __init__(self, device: torch.device, elements: Mapping[str, int], dtype: torch.dtype,
+                 backend: str = "auto", timeout_s: Optional[float] = None, group=None):
+        import torch.distributed as dist
+
+        from dmacoll.communicator import ALIGN, DEFAULT_TIMEOUT_S, Communicator
+
+        size = torch.empty((), dtype=dtype).element_size()
+        heap = sum((n * size + ALIGN - 1) // ALIGN * ALIGN for n in elements.values()) + (1 << 20)
+        # a reducing collective receives every rank's chunk into staging (calls.staging_elements); all buffers
+        # are symmetric
+        staging = staging_elements(elements) * size + (4 << 20)
+        self.comm = Communicator(group, backend=backend, heap_bytes=heap, staging_bytes=staging, variant="auto",
+                                 sync="reset", timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+        super().__init__(self.comm.device, dist.get_rank(group), dist.get_world_size(group))
+        if torch.device(device).type != self.device.type:
+            raise ValueError(f"dmacoll's {self.comm.backend} backend runs on {self.device}, the model on {device}")
+        self.reserve(elements, dtype)
+
+    def _allocate(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.comm.empty(n, dtype=dtype)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_reduce(x)
+
+    def all_gather(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_gather(out, x)
+
+    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_to_all(out, x)
+
+    def reduce_scatter(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.reduce_scatter(out, x)
+
+    def close(self) -> None:
+        self.comm.close()
+
+
+def make(impl: str, device: torch.device, elements: Mapping[str, int], dtype: torch.dtype,
+         group=None, timeout_s: Optional[float] = None) -> Collectives:
+    """``impl``: 'none' (world 1), 'nccl' (torch.distributed: NCCL on GPUs, gloo on the CPU) or 'dma'."""
+    if impl == "dma":
+        backend = "host" if torch.device(device).type == "cpu" else "auto"
+        return DmaCollectives(device, elements, dtype, backend=backend, timeout_s=timeout_s, group=group)
+    coll = TorchCollectives(device, group) if impl == "nccl" else Collectives(device)
+    coll.reserve(elements, dtype)
+    return coll
