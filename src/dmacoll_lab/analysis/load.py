@@ -5,16 +5,19 @@
 A path is a CSV (any name: ``data.csv`` of a run folder or an older ``sweep_all_gather.csv``) or a run folder
 (its ``data.csv``). Each kind says which strings are missing values and how files written by older code are
 brought up to today's columns; every table gets ``source``, the file each row came from. ``provenance`` reads a
-CSV's JSON sidecar (``data.csv`` -> ``data.json``, as ``bench.provenance.write_table`` writes it).
+CSV's JSON sidecar (``data.csv`` -> ``data.json``, as ``bench.provenance.write_table`` writes it), ``platform``
+the machine a result was measured on, from that provenance.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable, Sequence
 
 import pandas as pd
 
+from dmacoll.tuning import Platform
 
 
 def csv_path(path: str | Path) -> Path:
@@ -26,6 +29,17 @@ def csv_path(path: str | Path) -> Path:
 def provenance(path: str | Path) -> dict:
     """The provenance sidecar of a result CSV (or run folder)."""
     return json.loads(csv_path(path).with_suffix(".json").read_text())
+
+
+def platform(provenance: dict, world: int) -> Platform:
+    """The platform a result was measured on, from its provenance: the GPU, the world, the topology (``nvlink``
+    where `nvidia-smi topo -m` shows NV# links between the GPUs, ``pcie`` where it shows only PCIe paths, else
+    ``unknown``) and the driver."""
+    hardware = provenance.get("hardware", {})
+    gpus, matrix = hardware.get("gpus") or [""], (hardware.get("topology") or "").split("Legend")[0]
+    topology = "nvlink" if re.search(r"\bNV\d+\b", matrix) else \
+        "pcie" if re.search(r"\b(PIX|PXB|PHB|NODE|SYS)\b", matrix) else "unknown"
+    return Platform(gpus[0], world, topology, (hardware.get("driver") or [""])[0])
 
 
 def _operator(df: pd.DataFrame) -> pd.DataFrame:

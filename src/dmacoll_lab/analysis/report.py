@@ -60,11 +60,9 @@ PICKS = ("default", "tuned", "oracle")
 def shipped_table(df: pd.DataFrame):
     """The tuning table ``variant='auto'`` finds on the machine a sweep ran on (None: it falls back to pcpy/push;
     also for a table without provenance)."""
-    from .tuning_table import platform
-
     if "source" not in df:
         return None
-    return tuning.find(platform(results.provenance(df["source"].iloc[0]), int(df["world"].iloc[0])))
+    return tuning.find(results.platform(results.provenance(df["source"].iloc[0]), int(df["world"].iloc[0])))
 
 
 def _table_choice(table, op: str, nbytes: int, mode: str, in_place: bool, allowed: dict) -> tuple:

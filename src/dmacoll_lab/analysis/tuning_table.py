@@ -1,22 +1,9 @@
 """A tuning table for ``variant='auto'`` derived from a measured sweep (``dmacoll tune``)."""
 from __future__ import annotations
 
-import re
-
 from dmacoll.errors import InvalidArgument
-from dmacoll.tuning import Entry, Platform, TuningTable
-from . import report
-
-
-def platform(provenance: dict, world: int) -> Platform:
-    """The platform a result was measured on, from its provenance: the GPU, the world, the topology (``nvlink``
-    where `nvidia-smi topo -m` shows NV# links between the GPUs, ``pcie`` where it shows only PCIe paths, else
-    ``unknown``) and the driver."""
-    hardware = provenance.get("hardware", {})
-    gpus, matrix = hardware.get("gpus") or [""], (hardware.get("topology") or "").split("Legend")[0]
-    topology = "nvlink" if re.search(r"\bNV\d+\b", matrix) else \
-        "pcie" if re.search(r"\b(PIX|PXB|PHB|NODE|SYS)\b", matrix) else "unknown"
-    return Platform(gpus[0], world, topology, (hardware.get("driver") or [""])[0])
+from dmacoll.tuning import Entry, TuningTable
+from . import load, report
 
 
 def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
@@ -31,7 +18,7 @@ def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
     idx = dma.groupby(keys)["time_us"].idxmin()
     entries = [Entry(r.op, r.mode, r.place, int(r.bytes_per_rank), r.variant, r.direction, float(r.time_us),
                      r.signal, r.wait, bool(r.prerecord), r.submit) for r in dma.loc[idx].itertuples()]
-    where = platform(provenance, int(dma["world"].iloc[0]))
+    where = load.platform(provenance, int(dma["world"].iloc[0]))
     meta = {"world": where.world, "gpu": where.gpu, "topology": where.topology, "driver": where.driver,
             "dtype": str(dma["dtype"].iloc[0]), "source": sweep_csvs, "source_git_sha": provenance.get("git_sha"),
             "source_created_utc": provenance.get("created_utc")}
