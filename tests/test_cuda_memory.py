@@ -115,7 +115,7 @@ class FakeIpcDriver:
 def test_the_ipc_exchange_maps_each_peers_allocation_and_adds_its_offset(monkeypatch):
     drv = FakeIpcDriver()
     monkeypatch.setattr(cuda_backend, "_drv", drv)
-    api = cuda_memory.CudaIpcApi()
+    api = cuda_memory.CudaIpcApi(drv, cuda_backend.check_driver)
     peer_base, peer_offset = 0x5000_0000, 0x1200  # the peer's heap starts 0x1200 into its allocation
     peer_handle = peer_base.to_bytes(8, "little") + bytes(56)
     monkeypatch.setattr(ipc, "dist", MirrorDist(0, [None, peer_offset, ([peer_handle], None), None]))
@@ -134,7 +134,7 @@ def test_a_failed_export_fails_every_rank_naming_the_rank(monkeypatch):
     monkeypatch.setattr(ipc, "dist", MirrorDist(1, [None, 0, ([bytes(64)], None)]))
     with pytest.raises(BackendUnavailable, match=r"cuda backend: cuIpcGetMemHandle \(heap\) failed on rank\(s\) "
                                                   r"1: cuIpcGetMemHandle failed: CUDA_ERROR_INVALID_VALUE"):
-        ipc.share_at(cuda_memory.CudaIpcApi(), None, 1, 2, drv.segment, "heap")
+        ipc.share_at(cuda_memory.CudaIpcApi(drv, cuda_backend.check_driver), None, 1, 2, drv.segment, "heap")
 
 
 def test_ranks_spread_over_the_gpus_the_switch_allows(monkeypatch):

@@ -127,7 +127,8 @@ class CudaEngine(StreamEngine):
             raise BackendUnavailable(f"cuda backend unavailable: {reason}")
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         torch.cuda.set_device(self.device)
-        self.memory = cuda_memory.open_heap(group, self.rank, self.world, nbytes, self.device)
+        self.memory = cuda_memory.open_heap(group, self.rank, self.world, nbytes, self.device,
+                                            cuda_memory.CudaIpcApi(_drv, check_driver))
         self.heap, self.ptrs = self.memory.heap, self.memory.ptrs
         self.flag_view = self.heap[: flag_words * 4].view(torch.int32)
         self.flag_view.zero_()

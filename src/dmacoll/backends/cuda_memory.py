@@ -25,7 +25,7 @@ import socket
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -115,40 +115,31 @@ def check_memory(places: Sequence[Placement], nbytes: int) -> None:
                 "heap_bytes / staging_bytes")
 
 
-def _drv():
-    from .cuda import _drv as drv
-
-    return drv
-
-
-def _check(result: tuple, what: str) -> tuple:
-    from .cuda import check_driver
-
-    return check_driver(result, what)
-
-
 class CudaIpcApi:
-    """The driver's IPC calls as ``ipc.share`` uses them."""
+    """The driver's IPC calls as ``ipc.share`` uses them, through the driver the cuda backend hands over: ``drv``
+    (cuda-bindings' driver module) and ``check`` (an error result raises ``DmaCollError``)."""
 
     backend, get_name, open_name, error = "cuda", "cuIpcGetMemHandle", "cuIpcOpenMemHandle", DmaCollError
 
+    def __init__(self, drv, check: Callable[[tuple, str], tuple]):
+        self.drv, self.check = drv, check
+
     def address_range(self, ptr: int) -> tuple[int, int]:
-        base, size = _check(_drv().cuMemGetAddressRange(ptr), "cuMemGetAddressRange")
+        base, size = self.check(self.drv.cuMemGetAddressRange(ptr), "cuMemGetAddressRange")
         return int(base), int(size)
 
     def ipc_get_handle(self, ptr: int) -> bytes:
-        handle = _check(_drv().cuIpcGetMemHandle(ptr), "cuIpcGetMemHandle")[0]
+        handle = self.check(self.drv.cuIpcGetMemHandle(ptr), "cuIpcGetMemHandle")[0]
         return ctypes.string_at(handle.getPtr(), IPC_HANDLE_BYTES)
 
     def ipc_open(self, data: bytes) -> int:
-        drv = _drv()
-        handle = drv.CUipcMemHandle()
+        handle = self.drv.CUipcMemHandle()
         ctypes.memmove(handle.getPtr(), data, IPC_HANDLE_BYTES)
-        flags = drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
-        return int(_check(drv.cuIpcOpenMemHandle(handle, flags), "cuIpcOpenMemHandle")[0])
+        flags = self.drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+        return int(self.check(self.drv.cuIpcOpenMemHandle(handle, flags), "cuIpcOpenMemHandle")[0])
 
     def ipc_close(self, ptr: int) -> None:
-        _check(_drv().cuIpcCloseMemHandle(ptr), "cuIpcCloseMemHandle")
+        self.check(self.drv.cuIpcCloseMemHandle(ptr), "cuIpcCloseMemHandle")
 
 
 class DeviceAllocation:
@@ -156,15 +147,16 @@ class DeviceAllocation:
     allocator, so the IPC handle covers exactly this memory and none of it is reused by torch while peers map it.
     Freed when the last tensor viewing it is gone (torch keeps this object alive as long as a view)."""
 
-    def __init__(self, nbytes: int):
-        self.ptr = int(_check(_drv().cuMemAlloc(nbytes), "cuMemAlloc")[0])
+    def __init__(self, nbytes: int, api: CudaIpcApi):
+        self.drv = api.drv
+        self.ptr = int(api.check(api.drv.cuMemAlloc(nbytes), "cuMemAlloc")[0])
         self.nbytes = nbytes
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (self.ptr, False),
                                          "version": 2}
 
     def __del__(self):
         try:
-            _drv().cuMemFree(self.ptr)
+            self.drv.cuMemFree(self.ptr)
         except Exception:  # noqa: BLE001 - interpreter shutdown: the driver may be gone already
             pass
 
@@ -194,11 +186,11 @@ class IpcHeap:
 
     name = "ipc"
 
-    def __init__(self, group, rank: int, world: int, nbytes: int, device: torch.device):
-        self.api = CudaIpcApi()
+    def __init__(self, group, rank: int, world: int, nbytes: int, device: torch.device, api: CudaIpcApi):
+        self.api = api
         allocation, error = None, None
         try:
-            allocation = DeviceAllocation(nbytes)
+            allocation = DeviceAllocation(nbytes, api)
         except DmaCollError as e:
             error = f"{e} ({nbytes >> 20} MiB on GPU {device.index})"
         all_ranks_ok("cuda", group, world, error, "cuMemAlloc (heap)")
@@ -215,12 +207,13 @@ class IpcHeap:
         self.opened = []
 
 
-def open_heap(group, rank: int, world: int, nbytes: int, device: torch.device, error: str = ""):
-    """This rank's heap from the provider that fits where the ranks run (see the module docstring)."""
+def open_heap(group, rank: int, world: int, nbytes: int, device: torch.device, api: CudaIpcApi, error: str = ""):
+    """This rank's heap from the provider that fits where the ranks run (see the module docstring); ``api``: the
+    driver's IPC calls, for the ``ipc`` provider."""
     requested = requested_provider()
     places = gather_placements(group, world, local_placement(device, error))
     provider = choose_provider(requested, places)
     check_memory(places, nbytes)
     if provider == "ipc":
-        return IpcHeap(group, rank, world, nbytes, device)
+        return IpcHeap(group, rank, world, nbytes, device, api)
     return SymmetricHeap(group, nbytes, device)
