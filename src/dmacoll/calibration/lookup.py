@@ -74,23 +74,6 @@ def table_for(comm, path: Optional[str] = None) -> Optional[tuning.TuningTable]:
     return _calibrated(comm, facts, budget, mode)
 
 
-def tune(rank: int, world: int, backend: str, budget: Optional[float] = None) -> tuple[Optional[str], str]:
-    """One rank of ``dmacoll tune --quick``: calibrate now (DMACOLL_CALIBRATE=force in this rank's process) within
-    ``budget`` seconds; the table (JSON; None where the calibration failed) and where it is cached."""
-    from ..communicator import Communicator
-
-    os.environ["DMACOLL_CALIBRATE"] = "force"  # this platform may have a table: measure anyway
-    if budget:
-        os.environ["DMACOLL_CALIBRATE_BUDGET_S"] = str(budget)
-    comm = Communicator(backend=backend)
-    try:
-        table = comm.tuning
-        where = cache.path(tuning.Platform(**{k: table.meta[k] for k in tuning.Platform._fields})) if table else ""
-        return (table.to_json() if table else None), str(where)
-    finally:
-        comm.close()
-
-
 def _decide(key: tuning.Platform, mode: str, calibrate: bool) -> tuple[str, Optional[str]]:
     """Rank 0's choice: ("table", its JSON), ("calibrate", None) or ("none", None)."""
     shipped = tuning.find(key) if mode != "force" else None

@@ -28,11 +28,10 @@ class Bench:
 
     def __init__(self, comm, max_bytes: int, settings: Timing,
                  progress: Optional[Callable[[int, float, bool], None]] = None):
-        from ..communicator import Communicator  # the calibration runs inside Communicator(): import at use
-
         self.group, self.world, self.rank, self.device = comm.group, comm.world, comm.rank, comm.device
         self.settings, self.progress = settings, progress
-        self.comm = Communicator(self.group, backend=comm.backend, heap_bytes=(self.world + 1) * max_bytes + 4096,
+        # the calibrating communicator's own class: the calibration runs inside its constructor
+        self.comm = type(comm)(self.group, backend=comm.backend, heap_bytes=(self.world + 1) * max_bytes + 4096,
                                  staging_bytes=1 << 16, engines=comm.engines, timeout_s=comm.engine.timeout_s,
                                  device=comm.device)
         self.input = self.comm.empty(max_bytes, dtype=torch.uint8)

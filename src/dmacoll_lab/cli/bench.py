@@ -4,8 +4,10 @@ output as a sweep table)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 from dmacoll.errors import InvalidArgument
 from dmacoll.sizes import seconds
@@ -66,16 +68,33 @@ def cmd_tune(a: argparse.Namespace) -> int:
     return 0
 
 
+def tune_rank(rank: int, world: int, backend: str, budget: Optional[float] = None) -> tuple[Optional[str], str]:
+    """One rank of ``dmacoll tune --quick``: calibrate now (DMACOLL_CALIBRATE=force in this rank's process) within
+    ``budget`` seconds; the table (JSON; None where the calibration failed) and where it is cached."""
+    from dmacoll import Communicator, tuning
+    from dmacoll.calibration import cache
+
+    os.environ["DMACOLL_CALIBRATE"] = "force"  # this platform may have a table: measure anyway
+    if budget:
+        os.environ["DMACOLL_CALIBRATE_BUDGET_S"] = str(budget)
+    comm = Communicator(backend=backend)
+    try:
+        table = comm.tuning
+        where = cache.path(tuning.Platform(**{k: table.meta[k] for k in tuning.Platform._fields})) if table else ""
+        return (table.to_json() if table else None), str(where)
+    finally:
+        comm.close()
+
+
 def cmd_tune_quick(a: argparse.Namespace) -> int:
     from dmacoll.backends import resolve
     from ..bench import provenance
-    from dmacoll.calibration.lookup import tune
     from ..verify.launch import run_ranks
 
     backend = resolve(a.backend)
     world = (a.world or 2) if backend == "host" else gpu_world(a)
     apply_timeout(a)
-    text, where = run_ranks(tune, world, backend, a.budget_s, device="cpu" if backend == "host" else "cuda",
+    text, where = run_ranks(tune_rank, world, backend, a.budget_s, device="cpu" if backend == "host" else "cuda",
                             timeout_s=a.deadline_s)[0]
     if text is None:
         print("dmacoll tune --quick: the calibration failed (see above)", file=sys.stderr)
