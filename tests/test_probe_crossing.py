@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from dmacoll_lab.analysis import docs, tables
-from dmacoll_lab.bench.probes import crossing, crossing_device, crossing_launch
-from dmacoll_lab.bench.probes.crossing import Measured, Pair
+from dmacoll_lab.bench.probes import crossing, crossing_device, crossing_launch, crossing_legs
+from dmacoll_lab.bench.probes.crossing_legs import Measured, Pair
 from dmacoll_lab.cli import main
 
 LEGS = 8
@@ -30,43 +30,43 @@ OK, WRONG, TIMED_OUT = 1, 2, 3
 
 # -- the pairs and the schedules --------------------------------------------------------------------------------------
 def test_the_pair_matrix_has_every_send_wait_mode_but_host_waits_in_graphs():
-    pairs = crossing.pair_matrix(crossing.SENDS, crossing.WAITS, crossing.MODES)
+    pairs = crossing_legs.pair_matrix(crossing.SENDS, crossing.WAITS, crossing.MODES)
     assert len(pairs) == 3 * 4 + 3 * 3 and len(set(pairs)) == len(pairs)
     assert {p.wait for p in pairs if p.mode == "graph"} == {"memop", "spin", "fold"}
     assert {(p.send, p.wait) for p in pairs if p.mode == "eager"} == {(s, w) for s in crossing.SENDS
                                                                        for w in crossing.WAITS}
     assert pairs[0] == Pair("eager", "memop", "memop") and pairs[-1] == Pair("graph", "kernel", "fold")
-    assert crossing.pair_matrix(["copy"], ["host"], ["graph"]) == []
-    assert crossing.pair_matrix(["copy"], ["host", "spin"], ["graph", "eager"]) == [
+    assert crossing_legs.pair_matrix(["copy"], ["host"], ["graph"]) == []
+    assert crossing_legs.pair_matrix(["copy"], ["host", "spin"], ["graph", "eager"]) == [
         Pair("graph", "copy", "spin"), Pair("eager", "copy", "host"), Pair("eager", "copy", "spin")]
 
 
 def test_each_side_queues_its_legs_in_order():
-    assert crossing.half(0, "memop", 4) == [("copy", 0), ("signal", 0), ("wait", 1), ("consume", 1),
+    assert crossing_legs.half(0, "memop", 4) == [("copy", 0), ("signal", 0), ("wait", 1), ("consume", 1),
                                             ("copy", 2), ("signal", 2), ("wait", 3), ("consume", 3)]
-    assert crossing.half(1, "fold", 4) == [("consume", 0), ("copy", 1), ("signal", 1), ("consume", 2),
+    assert crossing_legs.half(1, "fold", 4) == [("consume", 0), ("copy", 1), ("signal", 1), ("consume", 2),
                                            ("copy", 3), ("signal", 3)]
-    assert crossing.half(1, "spin", 2) == [("wait", 0), ("consume", 0), ("copy", 1), ("signal", 1)]
+    assert crossing_legs.half(1, "spin", 2) == [("wait", 0), ("consume", 0), ("copy", 1), ("signal", 1)]
     for wait in ("memop", "spin", "fold"):
         for legs in (2, 6, crossing.MAX_LEGS):
-            ops = crossing.half(0, wait, legs) + crossing.half(1, wait, legs)
+            ops = crossing_legs.half(0, wait, legs) + crossing_legs.half(1, wait, legs)
             assert sorted(leg for op, leg in ops if op == "consume") == list(range(legs))  # each leg consumed once
             assert sorted(leg for op, leg in ops if op == "copy") == list(range(legs))
-            assert crossing.half(0, wait, legs)[-1] == ("consume", legs - 1)  # side 0's events time every leg
+            assert crossing_legs.half(0, wait, legs)[-1] == ("consume", legs - 1)  # side 0's events time every leg
 
 
 def test_the_host_polls_for_the_legs_its_sides_receive():
-    assert crossing.host_legs({0: None, 1: None}, 4) == [0, 1, 2, 3]
-    assert crossing.host_legs((0,), 4) == [1, 3] and crossing.host_legs((1,), 4) == [0, 2]
-    assert [crossing.sender(i) for i in range(4)] == [0, 1, 0, 1]
-    assert [crossing.receiver(i) for i in range(4)] == [1, 0, 1, 0]
+    assert crossing_legs.host_legs({0: None, 1: None}, 4) == [0, 1, 2, 3]
+    assert crossing_legs.host_legs((0,), 4) == [1, 3] and crossing_legs.host_legs((1,), 4) == [0, 2]
+    assert [crossing_legs.sender(i) for i in range(4)] == [0, 1, 0, 1]
+    assert [crossing_legs.receiver(i) for i in range(4)] == [1, 0, 1, 0]
 
 
 def test_counts_are_over_the_legs_a_side_received():
     status = [1, 2, 3, 0, 7, 1]  # an unknown word counts as wrong
-    assert crossing.counts(status, 1, 6) == {"missing": 0, "ok": 1, "wrong": 1, "timeout": 1}  # legs 0, 2, 4
-    assert crossing.counts(status, 0, 6) == {"missing": 1, "ok": 1, "wrong": 1, "timeout": 0}  # legs 1, 3, 5
-    assert crossing.counts(status, None, 6) == {"missing": 1, "ok": 2, "wrong": 2, "timeout": 1}
+    assert crossing_legs.counts(status, 1, 6) == {"missing": 0, "ok": 1, "wrong": 1, "timeout": 1}  # legs 0, 2, 4
+    assert crossing_legs.counts(status, 0, 6) == {"missing": 1, "ok": 1, "wrong": 1, "timeout": 0}  # legs 1, 3, 5
+    assert crossing_legs.counts(status, None, 6) == {"missing": 1, "ok": 2, "wrong": 2, "timeout": 1}
 
 
 # -- rows -------------------------------------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def test_a_pair_row_is_its_leg_time_over_the_baseline():
     assert (r["leg_us"], r["leg_us_min"], r["leg_us_max"]) == (175.0, 150.0, 200.0)
     assert r["base_leg_us"] == 101.25 and r["crossing_us"] == 175.0 - 101.25
     assert r["correct"] is True and r["timeouts"] == 0 and r["note"] == ""
-    b = crossing.pair_row("streams", crossing.baseline("eager"), LEGS, 64, base, None)
+    b = crossing.pair_row("streams", crossing_legs.baseline("eager"), LEGS, 64, base, None)
     assert (b["send"], b["wait"], b["leg_us"], b["base_leg_us"], b["crossing_us"]) == ("none", "none", 101.25,
                                                                                        101.25, "")
 
@@ -107,14 +107,14 @@ def test_a_pair_without_times_or_with_bad_legs_says_so():
 def test_the_two_processes_of_a_pair_merge_into_one():
     side0 = Measured([1000.0, 1100.0], {"missing": 0, "ok": 12, "wrong": 0, "timeout": 0}, 3, "")
     side1 = Measured([], {"missing": 0, "ok": 11, "wrong": 0, "timeout": 1}, 3, "waits timed out")
-    m = crossing.merge([side0, side1])
+    m = crossing_legs.merge([side0, side1])
     assert m == Measured([1000.0, 1100.0], {"missing": 0, "ok": 23, "wrong": 0, "timeout": 1}, 3, "waits timed out")
-    assert crossing.merge([side1, side1]).note == "waits timed out"
+    assert crossing_legs.merge([side1, side1]).note == "waits timed out"
 
 
 def test_a_placement_has_a_baseline_row_per_mode_and_a_row_per_pair():
-    pairs = crossing.pair_matrix(crossing.SENDS, crossing.WAITS, crossing.MODES)
-    got = {crossing.baseline("eager"): Measured([800.0], ok_counts(2), 2, ""),
+    pairs = crossing_legs.pair_matrix(crossing.SENDS, crossing.WAITS, crossing.MODES)
+    got = {crossing_legs.baseline("eager"): Measured([800.0], ok_counts(2), 2, ""),
            pairs[0]: Measured([1000.0], ok_counts(2), 2, "")}
     rows = crossing.placement_rows("ipc", pairs, LEGS, 64, got, stopped="process 1 exited with code -9")
     assert len(rows) == 2 + 21
@@ -131,12 +131,12 @@ def test_a_placement_has_a_baseline_row_per_mode_and_a_row_per_pair():
 def test_the_processes_of_each_placement():
     assert crossing_launch.processes("ipc") == [(0,), (1,)] and crossing_launch.processes("streams") == [(0, 1)]
     assert crossing_launch.devices("peer") == (0, 1) and crossing_launch.devices("ipc") == (0, 0)
-    pairs = crossing.pair_matrix(["memop"], ["memop", "host"], ["graph", "eager"])
-    assert crossing_launch.order(pairs) == [crossing.baseline("graph"), Pair("graph", "memop", "memop"),
-                                            crossing.baseline("eager"), Pair("eager", "memop", "memop"),
+    pairs = crossing_legs.pair_matrix(["memop"], ["memop", "host"], ["graph", "eager"])
+    assert crossing_launch.order(pairs) == [crossing_legs.baseline("graph"), Pair("graph", "memop", "memop"),
+                                            crossing_legs.baseline("eager"), Pair("eager", "memop", "memop"),
                                             Pair("eager", "memop", "host")]
     assert crossing_launch.reports_expected("ipc", pairs[0]) == 2
-    assert crossing_launch.reports_expected("ipc", crossing.baseline("eager")) == 1
+    assert crossing_launch.reports_expected("ipc", crossing_legs.baseline("eager")) == 1
     assert crossing_launch.reports_expected("peer", pairs[0]) == 1
     # every run may take its deadline (all waits timing out twice), and the parent waits longer than that
     assert crossing_device.run_deadline_s(CFG) == pytest.approx(2 * LEGS * 0.02 + 10)
@@ -217,7 +217,7 @@ def test_the_source_defines_every_kernel_launched_with_its_arguments():
         assert needed in src, needed
     codes = dict(re.findall(r"#define (\w+) (\d+)", src))
     assert {int(v): k for k, v in codes.items()} == {1: "OK", 2: "WRONG", 3: "TIMED_OUT"}
-    assert {int(v): crossing.STATUS[int(v)] for v in codes.values()} == {1: "ok", 2: "wrong", 3: "timeout"}
+    assert {int(v): crossing_legs.STATUS[int(v)] for v in codes.values()} == {1: "ok", 2: "wrong", 3: "timeout"}
 
 
 def test_kernel_arguments_are_packed_once(monkeypatch):
@@ -349,9 +349,9 @@ def cpu_sides(monkeypatch, legs=LEGS, nbytes=64):
 
 
 def statuses(sides, legs=LEGS):
-    total = {name: 0 for name in crossing.STATUS.values()}
+    total = {name: 0 for name in crossing_legs.STATUS.values()}
     for s in sides.values():
-        for k, v in crossing.counts(s.status.tolist(), s.index, legs).items():
+        for k, v in crossing_legs.counts(s.status.tolist(), s.index, legs).items():
             total[k] += v
     return total
 
@@ -416,14 +416,14 @@ def test_the_baseline_consumes_every_leg_on_one_stream(monkeypatch):
     emu = Emulator(drv, seed=0)
     emu.run()
     assert emu.drained() and list(drv.streams) == [1]
-    assert crossing.counts(sides[0].status.tolist(), None, LEGS) == {"missing": 0, "ok": LEGS, "wrong": 0,
+    assert crossing_legs.counts(sides[0].status.tolist(), None, LEGS) == {"missing": 0, "ok": LEGS, "wrong": 0,
                                                                      "timeout": 0}
 
 
 def test_a_consumer_queued_ahead_of_its_wait_is_caught(monkeypatch):
     drv, sides, _ = cpu_sides(monkeypatch)
-    no_waits = crossing.half
-    monkeypatch.setattr(crossing, "half", lambda *a: [op for op in no_waits(*a) if op[0] != "wait"])
+    no_waits = crossing_legs.half
+    monkeypatch.setattr(crossing_legs, "half", lambda *a: [op for op in no_waits(*a) if op[0] != "wait"])
     for s in sides.values():
         s.queue(Pair("eager", "memop", "memop"), LEGS)
     Emulator(drv).run()  # the receiver's stream first, whenever it can go on
@@ -441,9 +441,9 @@ def test_a_leg_with_another_legs_data_is_caught(monkeypatch):
 
 # -- the summary table and the docs block -----------------------------------------------------------------------------
 def synthetic_rows() -> list[dict]:
-    pairs = crossing.pair_matrix(crossing.SENDS, crossing.WAITS, crossing.MODES)
+    pairs = crossing_legs.pair_matrix(crossing.SENDS, crossing.WAITS, crossing.MODES)
     rng = random.Random(7)
-    got = {crossing.baseline(m): Measured([800.0 + rng.random()], ok_counts(6), 6, "") for m in crossing.MODES}
+    got = {crossing_legs.baseline(m): Measured([800.0 + rng.random()], ok_counts(6), 6, "") for m in crossing.MODES}
     for p in pairs:
         got[p] = Measured([LEGS * (100.0 + 10 * rng.random()) for _ in range(5)], ok_counts(6), 6, "")
     got[pairs[3]] = Measured([], {}, 0, "memop send refused")
@@ -582,12 +582,12 @@ def run_pairs(monkeypatch, processes, pairs, refuse_memop=False, seed=0):
         gpu.stopped = True
     assert not errors, errors
     assert all(len(ms) == (1 if p.send == "none" else len(processes)) for p, ms in reports.items())
-    return crossing.placement_rows("x", pairs, LEGS, 64, {p: crossing.merge(ms) for p, ms in reports.items()})
+    return crossing.placement_rows("x", pairs, LEGS, 64, {p: crossing_legs.merge(ms) for p, ms in reports.items()})
 
 
 @pytest.mark.parametrize("processes", [[(0, 1)], [(0,), (1,)]], ids=["one process", "two processes"])
 def test_every_pair_runs_in_step_and_checks_out(processes, monkeypatch):
-    pairs = crossing.pair_matrix(crossing.SENDS, crossing.WAITS, crossing.MODES)
+    pairs = crossing_legs.pair_matrix(crossing.SENDS, crossing.WAITS, crossing.MODES)
     rows = run_pairs(monkeypatch, processes, pairs)
     assert len(rows) == 23
     for r in rows:
@@ -597,7 +597,7 @@ def test_every_pair_runs_in_step_and_checks_out(processes, monkeypatch):
 
 @pytest.mark.parametrize("processes", [[(0, 1)], [(0,), (1,)]], ids=["one process", "two processes"])
 def test_a_refused_send_is_a_row_with_its_reason_and_the_rest_still_run(processes, monkeypatch):
-    pairs = crossing.pair_matrix(crossing.SENDS, ["memop", "host"], ["eager"])
+    pairs = crossing_legs.pair_matrix(crossing.SENDS, ["memop", "host"], ["eager"])
     rows = {(r["send"], r["wait"]): r for r in run_pairs(monkeypatch, processes, pairs, refuse_memop=True)}
     refused = rows[("memop", "memop")]
     assert refused["leg_us"] == "" and refused["correct"] is False
@@ -627,7 +627,7 @@ def test_a_stalled_side_is_released_and_its_legs_count_as_wrong(wait, monkeypatc
     sides[1].release()
     emu.run()
     assert emu.drained() and page.words[crossing_device.GATE] == 1
-    assert crossing.counts(sides[1].status.tolist(), 1, LEGS)["wrong"] == LEGS // 2
+    assert crossing_legs.counts(sides[1].status.tolist(), 1, LEGS)["wrong"] == LEGS // 2
 
 
 def test_host_polls_give_up_later_than_gpu_waits():

@@ -13,8 +13,9 @@ import pytest
 import torch
 import yaml
 
-from dmacoll_lab.bench.probes import (PROBES, call_cost, copy_contention, crossing, few_sm_kernels, flag_latency,
-                                      local_copy_paths, memcpy_batch, sm_carveout, submit_cost, table_path, tables)
+from dmacoll_lab.bench.probes import (PROBES, call_cost, copy_contention, crossing, crossing_legs, few_sm_kernels,
+                                      flag_latency, local_copy_paths, memcpy_batch, sm_carveout, submit_cost,
+                                      table_path, tables)
 from dmacoll_lab.bench.probes.common import Table
 from dmacoll_lab.cli import build_parser, main
 from dmacoll_lab.cli.probe import cmd_probe
@@ -121,11 +122,11 @@ def fake_tables(name: str) -> dict[str, Table]:
             r["correct"] = True
         return {name: Table(rows, {"bytes": 64 << 20})}
     if name == "crossing":
-        base = crossing.Measured([800.0] * 5, {"ok": 600}, 6, "")
-        pair = crossing.Pair("eager", "copy", "fold")
-        return {name: Table(crossing.placement_rows("streams", [pair, crossing.Pair("graph", "memop", "spin")], 100,
-                                                    4096, {crossing.baseline("eager"): base,
-                                                           pair: crossing.Measured([1000.0] * 5, {"ok": 600}, 6, "")}),
+        Measured, Pair = crossing_legs.Measured, crossing_legs.Pair
+        base, pair = Measured([800.0] * 5, {"ok": 600}, 6, ""), Pair("eager", "copy", "fold")
+        return {name: Table(crossing.placement_rows("streams", [pair, Pair("graph", "memop", "spin")], 100,
+                                                    4096, {crossing_legs.baseline("eager"): base,
+                                                           pair: Measured([1000.0] * 5, {"ok": 600}, 6, "")}),
                             {"legs": 100})}
     if name == "few_sm_kernels":
         return {name: Table([

@@ -15,7 +15,7 @@ import os
 import time
 from typing import NamedTuple
 
-from . import crossing
+from . import crossing_legs
 from .common import checked, driver, nvrtc_functions
 
 SOURCE = r"""
@@ -162,7 +162,7 @@ class Link:
 class Inbox(NamedTuple):
     flag: object  # int32 words, [0] the flag a device wait polls
     data: object  # the inbox: the leg's data lands here
-    status: object  # a word per leg, written by its consumer (crossing.STATUS)
+    status: object  # a word per leg, written by its consumer (crossing_legs.STATUS)
     src: object  # row i: leg i's data (word w = (i + 1) * words + w), what this side sends
     values: object  # value v at index v: what a copy send reads
 
@@ -245,9 +245,9 @@ class Side:
         self.k["consume"](self.handle, self.data_ptr, self.words, (leg + 1) * self.words, self.status_ptr + 4 * leg,
                           self.flag_ptr if polls else 0, leg + 1, self.timeout_ns)
 
-    def queue(self, pair: crossing.Pair, legs: int) -> None:
-        """This side's half of a gated run (every wait but the host's), as ``crossing.half`` orders it."""
-        for op, leg in crossing.half(self.index, pair.wait, legs):
+    def queue(self, pair: crossing_legs.Pair, legs: int) -> None:
+        """This side's half of a gated run (every wait but the host's), as ``crossing_legs.half`` orders it."""
+        for op, leg in crossing_legs.half(self.index, pair.wait, legs):
             if op == "copy":
                 self.copy(leg)
             elif op == "signal":
@@ -291,16 +291,16 @@ def gpu_side(index: int, device: int, cfg: dict, page: Page, kernels: dict[str, 
         return Side(index, device, inbox, torch.cuda.Stream(device), torch.cuda.Stream(device), cfg, page, kernels)
 
 
-def drive_host_legs(sides: dict[int, Side], pair: crossing.Pair, legs: int, poll, on) -> bool:
+def drive_host_legs(sides: dict[int, Side], pair: crossing_legs.Pair, legs: int, poll, on) -> bool:
     """The CPU's part of a host-wait run for the sides of this process: leg 0 sent (side 0's process), then per
-    arriving leg (``crossing.host_legs``) ``poll(host word, value)``, the consumer launched and the next leg's copy
+    arriving leg (``crossing_legs.host_legs``) ``poll(host word, value)``, the consumer launched and the next leg's copy
     and send queued. False when a poll gave up (the legs after it are never sent)."""
     if 0 in sides:
         with on(sides[0]):
             sides[0].copy(0)
             sides[0].signal(pair.send, 0, to_host=True)
-    for leg in crossing.host_legs(sides, legs):
-        y = sides[crossing.receiver(leg)]
+    for leg in crossing_legs.host_legs(sides, legs):
+        y = sides[crossing_legs.receiver(leg)]
         if not poll(y.host_word, leg + 1):
             return False
         with on(y):
@@ -336,14 +336,14 @@ class Runner:
         return ok if solo else self.link.agree(ok)
 
     # -- one pair -------------------------------------------------------------------------------------------------
-    def measure(self, pair: crossing.Pair) -> crossing.Measured:
+    def measure(self, pair: crossing_legs.Pair) -> crossing_legs.Measured:
         """The pair's warm-up and ``repeats`` timed runs (the baseline's when its send is none; on side 0 alone).
         A run with timeouts or a failure ends the pair with no times and a note."""
         solo = pair.send == "none"
         if not solo:
             refused = self.trial(pair.send, to_host=pair.wait == "host")
             if refused:
-                return crossing.Measured([], {}, 0, refused)
+                return crossing_legs.Measured([], {}, 0, refused)
         graphs, failed = None, ""
         if pair.mode == "graph":
             try:
@@ -351,7 +351,7 @@ class Runner:
             except RuntimeError as e:
                 failed = f"capture failed: {e}"
             if not self.agree(not failed, solo):
-                return crossing.Measured([], {}, 0, failed)
+                return crossing_legs.Measured([], {}, 0, failed)
         totals, total_counts, runs = [], {}, 0
         for r in range(1 + self.cfg["repeats"]):
             if pair.wait == "host":
@@ -363,10 +363,10 @@ class Runner:
             if not note and run_counts["timeout"]:
                 note = f"waits timed out (after {self.cfg['wait_timeout_ms']:g} ms)"
             if not self.agree(not note, solo):
-                return crossing.Measured([], total_counts, runs, note)
+                return crossing_legs.Measured([], total_counts, runs, note)
             if r > 0 and total is not None:
                 totals.append(total)
-        return crossing.Measured(totals, total_counts, runs, "")
+        return crossing_legs.Measured(totals, total_counts, runs, "")
 
     def trial(self, send: str, to_host: bool) -> str:
         """Why ``send`` cannot reach the other side's flag ('' when it can): each side sends once, each checks that
@@ -395,7 +395,7 @@ class Runner:
             self._trials[key] = why or ("" if ok else f"the other side's {send} send failed its trial")
         return self._trials[key]
 
-    def capture(self, pair: crossing.Pair, solo: bool) -> dict:
+    def capture(self, pair: crossing_legs.Pair, solo: bool) -> dict:
         """Each side's half (the baseline: side 0's legs) captured once as a CUDA graph on its stream."""
         import torch
 
@@ -414,7 +414,7 @@ class Runner:
         return [self.sides[0]] if solo else list(self.sides.values())
 
     # -- one run --------------------------------------------------------------------------------------------------
-    def gated_run(self, pair: crossing.Pair, graphs, solo: bool) -> tuple:
+    def gated_run(self, pair: crossing_legs.Pair, graphs, solo: bool) -> tuple:
         """Both halves (or the baseline) queued behind the gate, then released at once: (side 0's total in us or
         None, the status counts, a note)."""
         import torch
@@ -450,7 +450,7 @@ class Runner:
             self.page.words[GATE] = 1
         return self.finish(start, done, failed, solo, host_timeouts=0)
 
-    def host_run(self, pair: crossing.Pair) -> tuple:
+    def host_run(self, pair: crossing_legs.Pair) -> tuple:
         """The CPU drives the legs: it polls each arriving leg's host flag, launches the consumer, and queues the
         next leg's copy and send (leg 0 is queued by side 0's process); no gate."""
         import torch
@@ -493,9 +493,9 @@ class Runner:
             if self.wait_for(done, 30.0):
                 raise Stuck(f"sides {stalled} did not finish even with their waits released")
             failed = failed or (f"sides {stalled} did not finish within {self.run_deadline_s:.0f} s (released)")
-        run_counts = {name: 0 for name in crossing.STATUS.values()}
+        run_counts = {name: 0 for name in crossing_legs.STATUS.values()}
         for s in self.solo_or_all(solo):
-            c = crossing.counts(s.status.tolist(), None if solo else s.index, self.legs)
+            c = crossing_legs.counts(s.status.tolist(), None if solo else s.index, self.legs)
             run_counts = {k: run_counts[k] + c[k] for k in run_counts}
         run_counts["timeout"] += host_timeouts
         run_counts["missing"] -= host_timeouts

@@ -10,7 +10,7 @@ import tempfile
 import time
 import traceback
 
-from . import crossing
+from . import crossing_legs
 from .crossing_device import PAGE_BYTES, run_deadline_s
 
 STARTUP_S = 300.0  # the first report: torch, CUDA, NVRTC and the baseline
@@ -26,13 +26,13 @@ def devices(placement: str) -> tuple[int, int]:
     return (0, 1) if placement == "peer" else (0, 0)
 
 
-def order(pairs: list[crossing.Pair]) -> list[crossing.Pair]:
+def order(pairs: list[crossing_legs.Pair]) -> list[crossing_legs.Pair]:
     """What every process measures, in order: per mode its baseline, then its pairs."""
     modes = dict.fromkeys(p.mode for p in pairs)
-    return [x for m in modes for x in [crossing.baseline(m)] + [p for p in pairs if p.mode == m]]
+    return [x for m in modes for x in [crossing_legs.baseline(m)] + [p for p in pairs if p.mode == m]]
 
 
-def reports_expected(placement: str, pair: crossing.Pair) -> int:
+def reports_expected(placement: str, pair: crossing_legs.Pair) -> int:
     """How many processes report a pair: all of them, but the baseline only side 0's."""
     return 1 if pair.send == "none" else len(processes(placement))
 
@@ -42,7 +42,7 @@ def pair_deadline_s(cfg: dict) -> float:
     return (cfg["repeats"] + 1) * (run_deadline_s(cfg) + 30) + 60
 
 
-def measure_placement(placement: str, pairs: list[crossing.Pair], cfg: dict) -> tuple[dict, str]:
+def measure_placement(placement: str, pairs: list[crossing_legs.Pair], cfg: dict) -> tuple[dict, str]:
     """(Pair -> Measured for every pair all its processes reported, why the processes stopped early or '')."""
     import torch.multiprocessing as tmp
 
@@ -62,7 +62,7 @@ def measure_placement(placement: str, pairs: list[crossing.Pair], cfg: dict) -> 
         reports, stopped = collect(procs, results, pair_deadline_s(cfg))
     finally:
         os.unlink(page)
-    got = {pair: crossing.merge(parts) for pair, parts in reports.items()
+    got = {pair: crossing_legs.merge(parts) for pair, parts in reports.items()
            if len(parts) == reports_expected(placement, pair)}
     return got, stopped
 
