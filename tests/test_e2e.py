@@ -22,6 +22,7 @@ from dmacoll_lab.e2e.calls import SCHEDULES
 from dmacoll_lab.e2e.bench import compare, derived, floors, overlap, point_fields
 from dmacoll_lab.e2e.collectives import make
 from dmacoll_lab.e2e.model import Model, WeightGen, expert_mix, route
+from dmacoll_lab.e2e.schedule import Schedule
 from dmacoll_lab.verify.launch import run_ranks
 from test_c3 import run_notebook
 
@@ -117,11 +118,12 @@ def test_decode_continues_prefill(moe):
     coll = make("none", "cpu", c.buffer_elements(s, 1, 64, 4), torch.float32)
     prompts = torch.randint(0, s.vocab, (3, 9), generator=torch.Generator().manual_seed(0))
     cache = m.new_cache(3, 16)
-    m.prefill_batch(coll, prompts[:, :8], cache, [2, 1])
-    step = m.decode(coll, prompts[:, 8], torch.full((1,), 8), cache)
-    whole = m.prefill(coll, prompts, m.new_cache(3, 16))
+    serial = Schedule()
+    serial.prefill_batch(m, coll, prompts[:, :8], cache, [2, 1])
+    step = serial.decode(m, coll, prompts[:, 8], torch.full((1,), 8), cache)
+    whole = serial.prefill(m, coll, prompts, m.new_cache(3, 16))
     assert torch.allclose(step, whole, atol=1e-5, rtol=1e-5)
-    wrong = m.decode(coll, prompts[:, 8], torch.full((1,), 9), cache)  # a position off: different logits
+    wrong = serial.decode(m, coll, prompts[:, 8], torch.full((1,), 9), cache)  # a position off: different logits
     assert (wrong - whole).abs().max() > 1e-2
 
 
@@ -210,8 +212,8 @@ def test_world1_matches_an_independent_reference(moe):
     coll = make("none", "cpu", c.buffer_elements(s, 1, 64, 4), torch.float32)
     ids = torch.randint(0, s.vocab, (2, 7), generator=torch.Generator().manual_seed(5))
     cache = m.new_cache(2, 12)
-    pre = m.prefill_batch(coll, ids[:, :6], cache, [1, 1])
-    dec = m.decode(coll, ids[:, 6], torch.full((1,), 6), cache)
+    pre = Schedule().prefill_batch(m, coll, ids[:, :6], cache, [1, 1])
+    dec = Schedule().decode(m, coll, ids[:, 6], torch.full((1,), 6), cache)
     ref_pre, ref_dec = naive_logits(s, ids[:, :6]), naive_logits(s, ids)
     assert ref_pre.abs().max() > 0.1  # not trivially small
     assert torch.allclose(pre.double(), ref_pre, atol=1e-4, rtol=1e-4)
@@ -263,8 +265,8 @@ def _logits_rank(rank, world, impls, moe, batches):
                     chunks = c.prefill_chunks(batch, PROMPT, 16)
                     pre_s, dec_s = Schedule(name, PIECES, log=[]), Schedule(decode_schedule(name), log=[])
                     cache = m.new_cache(batch, 12)
-                    pre = m.prefill_batch(coll, prompts[:, :PROMPT], cache, chunks, pre_s)
-                    dec = m.decode(coll, prompts[:, PROMPT], torch.full((1,), PROMPT), cache, dec_s)
+                    pre = pre_s.prefill_batch(m, coll, prompts[:, :PROMPT], cache, chunks)
+                    dec = dec_s.decode(m, coll, prompts[:, PROMPT], torch.full((1,), PROMPT), cache)
                     problems = [check_calls([k.record() for k in pre_s.log],
                                             merged_expected(s, world, name, chunks, PROMPT, PIECES)),
                                 check_calls([k.record() for k in dec_s.log],
@@ -424,10 +426,12 @@ def test_vllm_json_to_tidy_rows(tmp_path):
     assert thr["output_tokens_per_s"] == pytest.approx(200 * 128 / 20.0) and thr["tokens_per_s"] == 2560.0
     assert set(df.columns) == set(vr.VLLM_COLUMNS) and set(df["plugin"]) == {"dma", "vllm"}
     out = tmp_path / "vllm.csv"
-    assert cli.main(["vllm", "results", "csv", "--out", str(out), str(DATA / "latency_llama-3.1-8b_tp2_b8_dma.json")]) == 0
+    assert cli.main(["vllm", "results", "csv", "--out", str(out),
+                     str(DATA / "latency_llama-3.1-8b_tp2_b8_dma.json")]) == 0
     assert list(pd.read_csv(out).columns) == vr.VLLM_COLUMNS and out.with_suffix(".json").exists()
     meta = tmp_path / "x.meta.json"
-    assert cli.main(["vllm", "results", "meta", "--out", str(meta), "bench=latency", "tp=2", "ep=False", "model=a/b"]) == 0
+    assert cli.main(["vllm", "results", "meta", "--out", str(meta), "bench=latency", "tp=2", "ep=False",
+                     "model=a/b"]) == 0
     assert json.loads(meta.read_text()) == {"bench": "latency", "tp": 2, "ep": False, "model": "a/b"}
     (tmp_path / "y.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="y.meta.json is missing"):

@@ -89,12 +89,12 @@ def _recorded(schedule: str, batch: int = 3, length: int = 7, drop=None):
 
         def skipping(coll_, call, main, side):
             if (call.mb, call.site) == drop:
-                from dmacoll_lab.e2e.schedule import Handle
+                from dmacoll_lab.e2e.steps import Handle
                 return Handle(call)  # never issued, never recorded
             return issue(coll_, call, main, side)
         sched._issue = skipping
     ids = torch.randint(0, s.vocab, (batch, length), generator=torch.Generator().manual_seed(1))
-    logits = m.prefill(coll, ids, m.new_cache(batch, length), 0, sched)
+    logits = sched.prefill(m, coll, ids, m.new_cache(batch, length), 0)
     return logits, [c.record() for c in sched.log], k.expected_calls(s, 1, schedule, batch, length, 2)
 
 
@@ -135,8 +135,8 @@ def test_schedule_names_and_pieces_are_checked():
     m = Model(s, 0, 1, "cpu", torch.float32)
     coll = make("none", "cpu", k.schedule_buffers(s, 1, 8, 2, "serial", 1), torch.float32)
     with pytest.raises(ValueError, match="prefill only"):
-        m.decode(coll, torch.zeros(2, dtype=torch.long), torch.zeros(1, dtype=torch.long), m.new_cache(2, 4),
-                 Schedule("seqpar"))
+        Schedule("seqpar").decode(m, coll, torch.zeros(2, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                                  m.new_cache(2, 4))
 
 
 def test_no_comm_keeps_the_buffers_and_moves_nothing():

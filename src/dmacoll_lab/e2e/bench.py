@@ -167,7 +167,7 @@ def measure(rn: Runner, model, impl: str, schedule: str, batch: int, prompt: int
             fn()
         return rn.slowest([timed(fn) for _ in range(repeats)])
 
-    prefill = lambda c: model.prefill_batch(c, prompts, cache, chunks, sched)  # noqa: E731
+    prefill = lambda c: sched.prefill_batch(model, c, prompts, cache, chunks)  # noqa: E731
     ttft = times(lambda: prefill(coll))  # the warm-up is NCCL's eager call before any capture, too
     sched.log = []
     prefill_logits = prefill(coll)
@@ -190,7 +190,7 @@ def measure(rn: Runner, model, impl: str, schedule: str, batch: int, prompt: int
         pos = torch.full((1,), prompt, dtype=torch.long, device=rn.device)
 
         def step(c):
-            out = model.decode(c, tokens, pos, cache, sched)
+            out = sched.decode(model, c, tokens, pos, cache)
             pos.add_(1)
             return out
 
@@ -252,10 +252,10 @@ def logits_once(rn: Runner, model, coll, inputs: tuple, batch: int, prompt: int,
 
     prompts, step_tokens = inputs
     cache = model.new_cache(batch, prompt + 4)
-    pre = model.prefill_batch(coll, prompts, cache, prefill_chunks(batch, prompt, rn.cfg["chunk_tokens"]),
-                              Schedule(schedule, rn.cfg["pieces"]))
-    dec = model.decode(coll, step_tokens, torch.full((1,), prompt, dtype=torch.long, device=rn.device), cache,
-                       Schedule(decode_schedule(schedule)))
+    chunks = prefill_chunks(batch, prompt, rn.cfg["chunk_tokens"])
+    pre = Schedule(schedule, rn.cfg["pieces"]).prefill_batch(model, coll, prompts, cache, chunks)
+    pos = torch.full((1,), prompt, dtype=torch.long, device=rn.device)
+    dec = Schedule(decode_schedule(schedule)).decode(model, coll, step_tokens, pos, cache)
     return pre, dec
 
 

@@ -15,15 +15,14 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from .calls import Part, split, suffix
+from .calls import Part, suffix
 from .collectives import Collectives
 from .config import ModelSpec
-from .schedule import Schedule, collective
+from .steps import Forward, collective
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -169,47 +168,25 @@ class Model:
         return self._cos, self._sin
 
     # -- whole forward passes ------------------------------------------------------------------------------------
-    def prefill(self, coll: Collectives, tokens: torch.Tensor, cache: KVCache, first_seq: int = 0,
-                sched: Optional[Schedule] = None) -> torch.Tensor:
-        """tokens [b, S]: whole prompts for cache rows first_seq..first_seq+b-1; float32 logits of their last
-        tokens [b, vocab]. ``sched``: where the collectives go (schedule.py; default serial)."""
-        sched = sched or Schedule()
-        b, S = tokens.shape
-        if sched.name == "seqpar":
-            from .seqpar import seqpar_prefill
+    def prefill_forwards(self, coll: Collectives, tokens: torch.Tensor, cache: KVCache, first_seq: int,
+                         parts: list[Part]) -> list[Forward]:
+        """A prefill's forwards, one per part (schedule.py chooses the parts and drives them): tokens [b, S],
+        whole prompts for cache rows first_seq..first_seq+b-1; each returns the logits of its part's last tokens
+        (None: a part without them)."""
+        return [self._prefill_part(Bufs(coll, j), tokens, cache, first_seq, p) for j, p in enumerate(parts)]
 
-            return sched.run(coll, [seqpar_prefill(self, coll, tokens, cache, first_seq, sched.pieces)])[0]
-        parts = split(b, S) if sched.name == "microbatch" else [Part(0, b, 0, S)]
-        outs = sched.run(coll, [self._prefill_part(Bufs(coll, j), tokens, cache, first_seq, p)
-                                for j, p in enumerate(parts)])
-        return torch.cat([o for o in outs if o is not None])
-
-    def decode(self, coll: Collectives, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-               sched: Optional[Schedule] = None) -> torch.Tensor:
-        """tokens [B] at position ``pos`` (a one-element device tensor, the same for every sequence); float32
-        logits [B, vocab]. Fixed shapes, no host sync: capturable. Attends over the whole cache (the runner
-        allocates it to the prompt and the steps it replays), positions after ``pos`` masked out."""
-        sched = sched or Schedule()
-        if sched.name not in ("serial", "microbatch"):
-            raise ValueError(f"schedule {sched.name!r} is for prefill only")
-        B, L = tokens.shape[0], cache.length
-        parts = split(B, 1) if sched.name == "microbatch" else [Part(0, B, 0, 1)]
+    def decode_forwards(self, coll: Collectives, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                        parts: list[Part]) -> list[Forward]:
+        """A decode step's forwards, one per part: tokens [B] at position ``pos`` (a one-element device tensor, the
+        same for every sequence); each returns float32 logits of its sequences. Fixed shapes, no host sync:
+        capturable. Attends over the whole cache (the runner allocates it to the prompt and the steps it replays),
+        positions after ``pos`` masked out."""
+        L = cache.length
         bias = torch.zeros(L, device=self.device).masked_fill(torch.arange(L, device=self.device) > pos,
                                                               float("-inf"))
         cos, sin = self.rope_table(L)
         rope = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)
-        outs = sched.run(coll, [self._decode_part(Bufs(coll, j), tokens, pos, rope, bias, cache, p)
-                                for j, p in enumerate(parts)])
-        return torch.cat(outs)
-
-    def prefill_batch(self, coll: Collectives, prompts: torch.Tensor, cache: KVCache, chunks: list[int],
-                      sched: Optional[Schedule] = None):
-        """All prompts [B, S], ``chunks`` sequences per forward; the logits of every last token [B, vocab]."""
-        out, first = [], 0
-        for n in chunks:
-            out.append(self.prefill(coll, prompts[first:first + n], cache, first, sched))
-            first += n
-        return torch.cat(out)
+        return [self._decode_part(Bufs(coll, j), tokens, pos, rope, bias, cache, p) for j, p in enumerate(parts)]
 
     # -- one micro-batch's forward (a generator: schedule.py) ---------------------------------------------------
     def _prefill_part(self, bufs: "Bufs", tokens: torch.Tensor, cache: KVCache, first_seq: int, p: Part):

@@ -1,9 +1,11 @@
 """Where a forward's collectives run: in line on the compute stream (``serial``, today's), or on a communication
 stream of their own, fenced by events (every other schedule), with micro-batches interleaved.
 
-A forward is written as a generator (model.py): it yields a ``Call`` (a collective to start; it gets back a
-handle at once) and later a ``Wait`` on that handle (it gets back the collective's output, safe to read on the
-compute stream). ``collective`` does both in one step. ``Schedule.run`` drives one generator per micro-batch:
+The schedule owns the strategy of a forward pass (``prefill``, ``decode``): how a batch becomes forwards, one per
+micro-batch (serial: one; microbatch: two, ``calls.split``) or seqpar's sequence-parallel prefill (seqpar.py). A
+forward is written as a generator (model.py, seqpar.py): it yields a ``Call`` (a collective to start; it gets back
+a handle at once) and later a ``Wait`` on that handle (it gets back the collective's output, safe to read on the
+compute stream); steps.py. ``Schedule.run`` drives one generator per micro-batch:
 
 * serial: each call runs on the current stream when it is yielded; a wait is nothing.
 * overlapped: a call is queued on the communication stream behind an event of the compute stream (so it sees
@@ -22,11 +24,15 @@ emulator) there are no streams: calls run in line, in the interleaved order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Optional
+from typing import Callable, Optional
 
 import torch
 
+from .calls import Part, split
 from .collectives import Collectives
+from .model import KVCache, Model
+from .seqpar import seqpar_prefill
+from .steps import Call, Forward, Handle, Wait
 
 ISSUE: dict[str, Callable[[Collectives, "Call"], torch.Tensor]] = {
     "all_reduce": lambda c, k: c.all_reduce(k.out),
@@ -34,39 +40,6 @@ ISSUE: dict[str, Callable[[Collectives, "Call"], torch.Tensor]] = {
     "all_to_all": lambda c, k: c.all_to_all(k.out, k.x),
     "reduce_scatter": lambda c, k: c.reduce_scatter(k.out, k.x),
 }
-
-
-@dataclass
-class Call:
-    op: str
-    site: str  # where in the model (calls.py names them), for the check against the expected calls
-    out: torch.Tensor
-    x: Optional[torch.Tensor] = None
-    mb: int = 0  # set by the driver
-
-    def record(self) -> tuple[int, str, str, int]:
-        return self.mb, self.site, self.op, self.out.numel()
-
-
-@dataclass
-class Handle:
-    call: Call
-    done: Optional[object] = None  # the communication stream's event after the call (None: ran in line)
-    waited: bool = False
-
-
-@dataclass
-class Wait:
-    handle: Handle
-
-
-Forward = Generator[object, object, object]
-
-
-def collective(op: str, site: str, out: torch.Tensor, x: Optional[torch.Tensor] = None):
-    """``result = yield from collective(...)``: start a collective and wait for it (a serial step)."""
-    handle = yield Call(op, site, out, x)
-    return (yield Wait(handle))
 
 
 @dataclass
@@ -87,6 +60,39 @@ class Schedule:
             self._streams[device] = torch.cuda.Stream(device)
         return self._streams[device]
 
+    # -- the strategy: how a batch becomes forwards ------------------------------------------------------------
+    def parts(self, batch: int, length: int) -> list[Part]:
+        """The micro-batches of ``batch`` sequences of ``length`` tokens: two for microbatch, else one."""
+        return split(batch, length) if self.name == "microbatch" else [Part(0, batch, 0, length)]
+
+    def prefill(self, model: Model, coll: Collectives, tokens: torch.Tensor, cache: KVCache,
+                first_seq: int = 0) -> torch.Tensor:
+        """tokens [b, S]: whole prompts for cache rows first_seq..first_seq+b-1; float32 logits of their last
+        tokens [b, vocab]."""
+        if self.name == "seqpar":
+            return self.run(coll, [seqpar_prefill(model, coll, tokens, cache, first_seq, self.pieces)])[0]
+        outs = self.run(coll, model.prefill_forwards(coll, tokens, cache, first_seq, self.parts(*tokens.shape)))
+        return torch.cat([o for o in outs if o is not None])
+
+    def decode(self, model: Model, coll: Collectives, tokens: torch.Tensor, pos: torch.Tensor,
+               cache: KVCache) -> torch.Tensor:
+        """tokens [B] at position ``pos`` (a one-element device tensor); float32 logits [B, vocab] (model.py:
+        capturable)."""
+        if self.name not in ("serial", "microbatch"):
+            raise ValueError(f"schedule {self.name!r} is for prefill only")
+        parts = self.parts(tokens.shape[0], 1)
+        return torch.cat(self.run(coll, model.decode_forwards(coll, tokens, pos, cache, parts)))
+
+    def prefill_batch(self, model: Model, coll: Collectives, prompts: torch.Tensor, cache: KVCache,
+                      chunks: list[int]) -> torch.Tensor:
+        """All prompts [B, S], ``chunks`` sequences per prefill; the logits of every last token [B, vocab]."""
+        out, first = [], 0
+        for n in chunks:
+            out.append(self.prefill(model, coll, prompts[first:first + n], cache, first))
+            first += n
+        return torch.cat(out)
+
+    # -- the driver ------------------------------------------------------------------------------------------------
     def run(self, coll: Collectives, forwards: list[Forward]) -> list:
         """Drive the generators to the end (module docstring); their return values."""
         side = self.comm_stream(coll.device)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from .calls import piece_rows
 from .collectives import Collectives
 from .model import Bufs, KVCache, Model, expert_mix, rms_norm, route
-from .schedule import Call, Wait, collective
+from .steps import Call, Wait, collective
 
 
 def seqpar_prefill(m: Model, coll: Collectives, tokens: torch.Tensor, cache: KVCache, first_seq: int,
