@@ -67,8 +67,8 @@ def test_a_bad_option_prints_its_commands_usage_and_one_line(args, says, tmp_pat
 
 def test_tune_names_the_missing_sidecar_of_a_sweep_it_was_given(tmp_path):
     (tmp_path / "sweep.csv").write_text("op\n")
-    done = subprocess.run([sys.executable, "-m", "dmacoll_lab", "tune", "--from-sweep", "sweep.csv"], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-m", "dmacoll_lab", "tune", "--from-sweep", "sweep.csv"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 2 and error_lines(done) == [
         "dmacoll tune: --from-sweep sweep.csv: its provenance sidecar sweep.json is missing (every sweep CSV is "
         "written with one beside it)"], done.stderr

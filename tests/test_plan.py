@@ -160,7 +160,8 @@ def test_bad_arguments_are_rejected():
 # -- reduce collectives ------------------------------------------------------------------------
 import numpy as np  # noqa: E402
 
-from dmacoll.plan import Reduce, all_reduce_one_shot_plans, all_reduce_plans, chunk_elements, reduce_scatter_plans  # noqa: E402
+from dmacoll.plan import Reduce, all_reduce_one_shot_plans, all_reduce_plans, chunk_elements, \
+    reduce_scatter_plans  # noqa: E402
 
 ELEM = 8  # the simulated reductions sum int64
 SYM_BYTES = 1 << 18

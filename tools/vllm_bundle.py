@@ -562,8 +562,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"wrote {a.out}")
         return 0
     m = build(a.out, a.vllm, a.target, a.piece_mib, a.cache)
+    pieces = ", ".join(f"{x['file']} {x['bytes'] / 2**20:.1f} MiB" for x in m["pieces"])
     print(f"{a.out}: vLLM {m['vllm']} and {len(m['wheels']) - 1} wheels the target lacks, {m['tar_bytes'] >> 20} MiB "
-          f"in {len(m['pieces'])} pieces: " + ", ".join(f"{x['file']} {x['bytes'] / 2**20:.1f} MiB" for x in m["pieces"]))
+          f"in {len(m['pieces'])} pieces: {pieces}")
     print(f"left out: {', '.join(m['left_out'])}; import check: {m['import_check']}")
     print(f"each call carries one piece + the working tree ({tree_mib():.1f} MiB): keep both under 64 MiB")
     return 0

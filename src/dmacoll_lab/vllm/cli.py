@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dmacoll.errors import InvalidArgument
-from ..cli.common import positive
+from dmacoll.sizes import count as positive
 
 
 def cmd_results(a: argparse.Namespace) -> int:
@@ -23,7 +23,8 @@ def cmd_results(a: argparse.Namespace) -> int:
         return 0
     if a.what == "tests":
         rows = results.write_tests(a.out, a.items[0])
-        print(", ".join(f"{sum(r['outcome'] == o for r in rows)} {o}" for o in ("passed", "failed", "error", "skipped")))
+        outcomes = ("passed", "failed", "error", "skipped")
+        print(", ".join(f"{sum(r['outcome'] == o for r in rows)} {o}" for o in outcomes))
         return 0
     results.write_csv(a.out, a.items)
     return 0
