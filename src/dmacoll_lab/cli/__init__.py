@@ -17,7 +17,7 @@ from ..vllm import cli as vllm
 from . import analysis, bench, e2e, probe, verify
 
 # what the artifact imports beyond the library, and the extra that installs it
-EXTRA_OF = {"pandas": "lab", "numpy": "lab", "yaml": "lab", "packaging": "lab", "matplotlib": "workflow",
+EXTRA_OF = {"pandas": "lab", "yaml": "lab", "packaging": "lab", "matplotlib": "workflow",
             "seaborn": "workflow", "IPython": "workflow"}
 
 
