@@ -10,6 +10,7 @@ from dmacoll_lab.verify.check import DTYPES
 from dmacoll_lab.verify.check import check_rank as _check_rank
 from dmacoll_lab.verify.launch import run_ranks
 from dmacoll.plan import VARIANTS
+from dmacoll import ops
 
 
 def _run_check(world, dtypes, counts, syncs=("reset", "epoch"), ops=("all_gather", "all_to_all", "all_to_all_v"),
@@ -267,3 +268,43 @@ def test_lean_handshake_refuses_a_reused_output_and_the_check_sees_why():
     assert per_rank[0][1][1:] == [True] * 3
     late_errors = per_rank[1][0]
     assert any(e is not None for e in late_errors), late_errors
+
+
+def test_every_option_family_of_dmacoll_check_runs_on_the_host(seed):
+    """`dmacoll check`'s option families (each signal and wait, multi-op sequences) beside the core grid, each on
+    its own communicator, every row right and tagged with its family."""
+    from dmacoll.backends.host import HostEngine
+    from dmacoll_lab.verify.check import families
+
+    names = [name for name, _ in families(HostEngine)]
+    assert names == ["signal=copy", "signal=kernel", "wait=spin", "wait=fold", "multi-op"]  # no graphs, no native
+    args = dict(backend="host", timeout_s=60, variants=VARIANTS, directions=("push", "pull"), dtypes=["bfloat16"],
+                counts=[1, 5], ops=("all_gather", "all_to_all_v", "all_reduce"), seed=seed, syncs=("reset",),
+                reference="cpu", signal="memop", families=names)
+    per_rank = run_ranks(_check_rank, 3, args)
+    bad = [r for rank in per_rank for r in rank if not r["ok"]]
+    assert not bad, f"seed {seed}: {bad[:3]}"
+    assert {r["family"] for r in per_rank[0]} == {"core (signal=memop, wait=memop, submit=python)", "lean pipelines",
+                                                  "defaults", *names}
+    sequence = [r for r in per_rank[0] if r["family"] == "multi-op"]
+    assert {r["op"] for r in sequence} == set(ops.NAMES) and all("sequence" in r["buffers"] for r in sequence)
+
+
+def _multi_op_skipping(rank, world, seed):
+    from dmacoll import Communicator
+    from dmacoll_lab.verify import check
+
+    real = check.call
+    check.call = lambda comm, case, out, inp, counts=None: None if case.op == "all_to_all" else real(
+        comm, case, out, inp, counts)
+    comm = Communicator(backend="host", timeout_s=30)
+    try:
+        return check.run_multi_op(comm, "b2b", "push", "float32", 5, seed, graph=False, replays=2)
+    finally:
+        comm.close()
+
+
+def test_a_multi_op_sequence_catches_an_op_that_wrote_nothing(seed):
+    rows = run_ranks(_multi_op_skipping, 2, seed)[0]
+    assert {r["op"]: r["ok"] for r in rows} == {op: op != "all_to_all" for op in ops.NAMES}, seed
+    assert [r["error"] for r in rows if not r["ok"]][0].startswith("pass 1:")

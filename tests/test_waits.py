@@ -234,9 +234,10 @@ def test_options_refuse_waits_a_backend_or_mode_cannot_run():
     from dmacoll.errors import InvalidArgument
 
     assert Options(wait="fold", signal="copy").checked(HostEngine).wait == "fold"
+    assert Options(wait="spin", signal="kernel").checked(CudaEngine).wait == "spin"  # kernel signals: any wait
     for options, engine, why in ((Options(wait="spin"), HipEngine, "hip"),
                                  (Options(wait="fold", submit="native"), CudaEngine, "submit='native'"),
-                                 (Options(wait="spin", signal="kernel"), CudaEngine, "signal pads"),
+                                 (Options(wait="spin", signal="kernel"), HipEngine, "hip"),
                                  (Options(wait="poll"), CudaEngine, "wait='poll'")):
         with pytest.raises(InvalidArgument, match=why):
             options.checked(engine)

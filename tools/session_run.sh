@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# One device call of this session's one-GPU work: each step independent, logs under $OUT/r, packed as $OUT/r.tgz.
-# Usage (device machine, repo root): bash tools/session_run.sh STEP...
+# This session's one-GPU runs (issues 33-35): each step independent, logs under $OUT/r, packed as $OUT/r.tgz.
+# Usage (device machine, repo root): [DMACOLL_GIT_SHA=<sha>] bash tools/session_run.sh STEP...
+#   build      the native submission library
+#   callcost   `dmacoll probe call_cost` (structure on a loopback engine, ranks sharing GPU 0)
+#   check      `dmacoll check --backend cuda` with ranks sharing GPU 0 at WORLDS (default 2 3 4; above 4 two dtypes,
+#              two counts), every option family
+#   calibrate  `dmacoll tune --quick` at worlds 2 and 4 (ranks sharing GPU 0), then tests/gpu/test_calibration_gpu.py
+#   tests      the GPU tests (GPU_TESTS: a -k expression; XDIST: pytest-xdist workers), calibration off
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 r=$OUT/r; mkdir -p "$r"
@@ -9,18 +15,24 @@ r=$OUT/r; mkdir -p "$r"
 for step in "$@"; do
   echo "== $step ($(date -u +%T))"
   case "$step" in
-    build) python3 -m dmacoll_lab build --out build/native > "$r/build.log" 2>&1; tail -2 "$r/build.log" ;;
-    smoke) for w in 2 4; do
-        DMACOLL_GPUS=1 timeout 150 python3 -m dmacoll_lab check --backend cuda --world $w --dtypes bfloat16 int8 \
-          --counts 1 4099 2>&1 | tee "$r/smoke_w$w.log" | tail -14; done ;;
-    family) # FAMILY WORLD [DEADLINE]: one check family, timed, stacks dumped if it hangs
-        DMACOLL_GPUS=1 timeout ${FAMILY_TIMEOUT_S:-150} python3 -X faulthandler -m dmacoll_lab check --backend cuda \
-          --world ${WORLD:-4} --dtypes ${DTYPES:-bfloat16} --counts ${COUNTS:-4099} --families $FAMILY \
-          --deadline-s ${DEADLINE_S:-120} 2>&1 | tee "$r/family_${FAMILY// /_}_w${WORLD:-4}.log" | tail -30 ;;
-    callcost) timeout ${CALLCOST_TIMEOUT_S:-300} python3 -m dmacoll_lab probe call_cost --out "$r/call_cost/data.csv" \
-        2>&1 | tee "$r/call_cost.log" | tail -70 ;;
-    tests) DMACOLL_RANK_TIMEOUT_S=${DMACOLL_RANK_TIMEOUT_S:-200} timeout ${TESTS_TIMEOUT_S:-400} python3 -m pytest -v --timeout ${TEST_TIMEOUT_S:-240} \
-        --durations=15 -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$r/pytest_gpu.log" | tail -40 ;;
+    build) python3 -m dmacoll_lab build --out build/native > "$r/build.log" 2>&1; tail -1 "$r/build.log" ;;
+    callcost) mkdir -p "$r/call_cost"; DMACOLL_CALIBRATE=0 timeout ${CALLCOST_TIMEOUT_S:-300} python3 -m dmacoll_lab probe call_cost \
+        --out "$r/call_cost/data.csv" 2>&1 | tee "$r/call_cost/run.log" | grep -E "^shared|wrote" ;;
+    check) for w in ${WORLDS:-2 3 4}; do
+        grid=""; [ "$w" -gt 4 ] && grid="--dtypes bfloat16 int8 --counts 1 4099"
+        DMACOLL_CALIBRATE=0 DMACOLL_GPUS=1 timeout ${CHECK_TIMEOUT_S:-200} python3 -m dmacoll_lab check --backend cuda \
+          --world "$w" $grid 2>&1 | tee "$r/check_cuda_one_gpu_world$w.log" | grep -E "passed|FAIL|ranks on" | tail -14
+      done ;;
+    calibrate) mkdir -p "$r/calibration"; for w in 2 4; do
+        XDG_CACHE_HOME=$(mktemp -d) DMACOLL_GPUS=1 timeout 150 python3 -m dmacoll_lab tune --quick --world $w \
+          --out "$r/calibration/table_w$w.json" > "$r/calibration_tune_w$w.log" 2>&1
+        tail -3 "$r/calibration_tune_w$w.log"; done
+      DMACOLL_GPUS=1 timeout 280 python3 -m pytest -v -s -m gpu tests/gpu/test_calibration_gpu.py 2>&1 \
+        | tee "$r/pytest_calibration.log" | tail -25 ;;
+    tests) DMACOLL_CALIBRATE=0 DMACOLL_RANK_TIMEOUT_S=${DMACOLL_RANK_TIMEOUT_S:-240} timeout ${TESTS_TIMEOUT_S:-560} \
+        python3 -m pytest -v -p no:cacheprovider --timeout ${TEST_TIMEOUT_S:-300} ${XDIST:+-n $XDIST} --durations=0 \
+        -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$r/pytest_gpu${LOG_SUFFIX:-}.log" \
+        | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -60 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -84,8 +84,9 @@ class StreamEngine:
         for the current one) on the current stream, then bracket the call as usual."""
         graph = self._graphs.get(key)
         if graph is None:
-            if len(self._graphs) >= MAX_RECORDED:  # ever-new buffers (prerecord='auto' on the caching allocator)
-                self._graphs.clear()
+            if len(self._graphs) >= MAX_RECORDED:  # ever-new buffers (prerecord='auto' on the caching allocator):
+                # the oldest goes, destroyed here and now, outside any capture (dicts keep insertion order)
+                self._graphs.pop(next(iter(self._graphs))).reset()
             graph = torch.cuda.CUDAGraph()
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))

@@ -198,6 +198,13 @@ def probes(machine: str) -> str:
     return "\n\n".join(parts)
 
 
+def call_cost(machine: str) -> str:
+    after, before = run(machine, "probes", "call_cost"), run(machine, "probes", "call_cost_before")
+    rows = load.read("probe", _abs([after]))
+    return "\n\n".join([_table(tables.call_cost_structure(rows, load.read("probe", _abs([before]))), [after, before]),
+                        _table(tables.call_cost_shared(rows), [after])])
+
+
 def check_cost(machine: str) -> str:
     paths = [run(machine, "check_calls", "check_cost")]
     return _table(tables.check_cost(load.read("check_cost", _abs(paths))), paths)
@@ -220,7 +227,7 @@ def sources(machine: str) -> str:
 BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "calibration": calibration,
     "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
-    "ficco": ficco, "e2e": e2e, "native": native, "probes": probes, "check_cost": check_cost,
+    "ficco": ficco, "e2e": e2e, "native": native, "probes": probes, "call_cost": call_cost, "check_cost": check_cost,
     "sources": sources,
 }
 

@@ -176,3 +176,38 @@ def check_cost(rows: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"off_us": off, "on_us": on, "added_us": (on - off).round(1), "correct": right}).reset_index()
     out.insert(1, "size", [human(int(b)) for b in out.pop("bytes_per_rank")])
     return out
+
+
+def call_cost_structure(after: pd.DataFrame, before: pd.DataFrame) -> pd.DataFrame:
+    """`dmacoll probe call_cost`'s structure setting, graph-replayed: per lowering (variant, handshake, signal, wait)
+    the time per call at each world, its graph nodes at the largest, the flag crossings on its critical path, and
+    the same lowering before this session's changes at the largest world (empty where it was not measured)."""
+    def graph(df: pd.DataFrame) -> pd.DataFrame:
+        return df[(df["setting"] == "structure") & (df["mode"] == "graph") & (df["world"] > 1)]
+
+    keys = ["variant", "handshake", "signal", "wait"]
+    now = graph(after)
+    table = now.pivot_table(index=keys, columns="world", values="per_call_us", aggfunc="first")
+    top = int(now["world"].max())
+    table.columns = [f"world {w} (us)" for w in table.columns]
+    last = now[now["world"] == top].set_index(keys)
+    table[f"nodes at world {top}"] = last["graph_nodes"]
+    table["crossings"] = last["crossings"]
+    was = graph(before)
+    was = was[was["world"] == top].set_index(keys)["per_call_us"]
+    table[f"world {top} before (us)"] = was.reindex(table.index)
+    return table.round(1).astype(object).fillna("").reset_index()
+
+
+def call_cost_shared(rows: pd.DataFrame) -> pd.DataFrame:
+    """The shared setting (ranks as processes on one GPU): per world, each variant and handshake's time per call and
+    its ratio to the floor of its handshake measured in the same run (one peer copy and one crossing with every
+    peer for lean, two for full)."""
+    shared = rows[rows["setting"] == "shared"]
+    floors = {(w, c): t for w, v, t in zip(shared["world"], shared["variant"], shared["per_call_us"])
+              for c in (1, 2) if v == f"floor: copy + {c} crossing{'s' if c > 1 else ''}"}
+    out = shared[["world", "variant", "handshake", "per_call_us", "per_call_us_p10", "per_call_us_p90"]].copy()
+    crossings = out["handshake"].map({"full": 2, "lean": 1})
+    out["over its floor"] = [t / floors[(w, c)] if c == c and (w, c) in floors else float("nan")
+                             for w, c, t in zip(out["world"], crossings, out["per_call_us"])]
+    return out.round(2).astype(object).fillna("").reset_index(drop=True)

@@ -348,7 +348,8 @@ def _family_rows(rank: int, world: int, args: dict, family: str, options: dict) 
 
     options = dict(options)
     sequence = options.pop("sequence", False)
-    comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S), **options)
+    comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S),
+                        **{"prerecord": False, **options})
     try:
         if rank == 0:
             print(f"  {family}", flush=True)
@@ -374,8 +375,9 @@ def check_rank(rank: int, world: int, args: dict) -> list[dict]:
 
     signal = args.get("signal", "memop")
     core = f"core (signal={signal}, wait={args.get('wait', 'memop')}, submit={args.get('submit', 'python')})"
+    # the core grid runs eager calls as they come (prerecorded ones are a family of their own, and the defaults')
     comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S), signal=signal,
-                        submit=args.get("submit", "python"), wait=args.get("wait", "memop"))
+                        submit=args.get("submit", "python"), wait=args.get("wait", "memop"), prerecord=False)
     syncs = [s for s in args["syncs"] if signal == "memop" or s == "reset"]  # copy signals carry a constant 1
     all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
                       seed=args["seed"], syncs=syncs)
