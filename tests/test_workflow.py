@@ -111,7 +111,7 @@ def test_amd_dmalatte_baseline_is_built_swept_and_parsed_when_configured(tmp_pat
                 config=(f"outdir={tmp_path}",))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rule amd_dmalatte_build:" in r.stdout and "rule amd_dmalatte_sweep:" in r.stdout
-    assert "dmacoll amd-dmalatte" in r.stdout and "--world 8 --op ag --variant 'pcpy'" in r.stdout
+    assert "dmacoll_lab amd-dmalatte" in r.stdout and "--world 8 --op ag --variant 'pcpy'" in r.stdout
 
 
 # Snakemake probes conda even in a dry run (`conda info --json`, `conda --version`, the channel priority) and stops
@@ -134,11 +134,11 @@ def interpreters(out):
 
 
 @pytest.mark.parametrize("platform_file, extra, module", [
-    (None, "platform: none\n", "dmacoll report index"),  # no GPU: build, host check, notebooks, claims, index
-    ("config/h200x2.yaml", "vllm: {enabled: true}\n", "dmacoll vllm results"),  # every GPU rule, vLLM's too
+    (None, "platform: none\n", "dmacoll_lab report index"),  # no GPU: build, host check, notebooks, claims, index
+    ("config/h200x2.yaml", "vllm: {enabled: true}\n", "dmacoll_lab vllm results"),  # every GPU rule, vLLM's too
     ("config/mi300x.yaml", "amd_dmalatte:\n  checkout: /opt/AMD-DMA-Latte\n  runs:\n"  # the AMD-DMA-Latte baseline
                            "    ag_pcpy: {op: ag, variant: pcpy, command: './build/sdma_collective --ag'}\n",
-     "dmacoll amd-dmalatte"),
+     "dmacoll_lab amd-dmalatte"),
 ], ids=["cpu", "cuda", "rocm"])
 def test_sdm_conda_runs_rules_in_their_environments(platform_file, extra, module, tmp_path):
     """Under --sdm conda no rule's command names the interpreter running snakemake (the .venv): each runs the
