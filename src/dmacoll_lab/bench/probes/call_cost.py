@@ -182,24 +182,8 @@ def time_structure(args, world: int, variant: str, handshake: str, signal: str, 
     drv.cuGraphDestroy(graph)
     torch.cuda.synchronize()
 
-    rows = []
-    k = args.calls_per_graph
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        for _ in range(k):
-            call()
-    g.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(args.repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        with torch.cuda.stream(stream):
-            g.replay()
-        end.record(stream)
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / k)
-    rows.append(row(*base, "graph", args.bytes, samples, graph_nodes=node_summary(kinds), **common))
+    rows = [row(*base, "graph", args.bytes, graph_per_call_us(call, args.calls_per_graph, args.repeats, stream),
+                graph_nodes=node_summary(kinds), **common)]
 
     host, device = [], []
     with torch.cuda.stream(stream):
@@ -218,22 +202,19 @@ def time_structure(args, world: int, variant: str, handshake: str, signal: str, 
     return rows
 
 
-def time_copy_alone(args) -> list[dict]:
-    """The floor of any call: one copy of ``--bytes`` on one stream, graph-replayed and eager."""
+def graph_per_call_us(call, k: int, repeats: int, stream) -> list[float]:
+    """Per-call microseconds of ``k`` calls captured in one CUDA graph on ``stream``, one sample per replay (after
+    one replay to warm up)."""
     import torch
 
-    src = torch.randint(0, 255, (args.bytes,), dtype=torch.uint8, device=0)
-    dst = torch.empty_like(src)
-    stream = torch.cuda.Stream()
-    k = args.calls_per_graph
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=stream):
         for _ in range(k):
-            dst.copy_(src)
+            call()
     g.replay()
     torch.cuda.synchronize()
     samples = []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(stream)
         with torch.cuda.stream(stream):
@@ -241,6 +222,16 @@ def time_copy_alone(args) -> list[dict]:
         end.record(stream)
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / k)
+    return samples
+
+
+def time_copy_alone(args) -> list[dict]:
+    """The floor of any call: one copy of ``--bytes`` on one stream, graph-replayed."""
+    import torch
+
+    src = torch.randint(0, 255, (args.bytes,), dtype=torch.uint8, device=0)
+    dst = torch.empty_like(src)
+    samples = graph_per_call_us(lambda: dst.copy_(src), args.calls_per_graph, args.repeats, torch.cuda.Stream())
     return [row("structure", 1, "floor: copy", "-", "-", "-", "graph", args.bytes, samples, graph_nodes="memcpy:1",
                 crossings=0)]
 
