@@ -208,6 +208,11 @@ def test_reduce_api_in_place_and_reduce_scatter_chunks():
 
 
 # -- handshake='lean': back-to-back calls into alternating outputs, one flag crossing each --------------
+def _pipeline_count(args, i):
+    """Pipeline i's count: owned (Communicator.result) sizes grow and shrink, so the buffers grow under them."""
+    return args["count"] * (1 + i % 3) if args["owned"] else args["count"]
+
+
 def _lean_pipelines(rank, world, args):
     from dmacoll import Communicator
     from dmacoll.verify.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
@@ -216,10 +221,8 @@ def _lean_pipelines(rank, world, args):
     buffers = pipeline_buffers(comm, 1 << 16, 1 << 16)
     results = []
     for i, (op, variant) in enumerate(itertools.product(PIPELINE_OPS, VARIANTS)):
-        # owned (Communicator.result): sizes that grow and shrink, so the buffers grow under the pipelines
-        count = args["count"] * (1 + i % 3) if args["owned"] else args["count"]
-        errors, lean = run_pipeline(comm, op, variant, args["dtype"], count, 5, args["seed"] + 100 * i,
-                                    late_consumer=True, buffers=buffers, owned=args["owned"])
+        errors, lean = run_pipeline(comm, op, variant, args["dtype"], _pipeline_count(args, i), 5,
+                                    args["seed"] + 100 * i, late_consumer=True, buffers=buffers, owned=args["owned"])
         results.append((op, variant, errors, lean))
     comm.close()
     return results
@@ -228,17 +231,42 @@ def _lean_pipelines(rank, world, args):
 @pytest.mark.parametrize("owned", [False, True], ids=["given", "owned"])
 @pytest.mark.parametrize("world,dtype,count", [(2, "bfloat16", 1023), (3, "int8", 1), (4, "float32", 64),
                                                (8, "int64", 5)])
-def test_lean_handshake_pipelines_are_correct_with_a_late_reader(world, dtype, count, owned):
-    """Two given alternating outputs, or the communicator's own (Communicator.result, no promise needed)."""
-    seed = random.randrange(1 << 20)
-    per_rank = run_ranks(_lean_pipelines, world, dict(dtype=dtype, count=count, seed=seed, owned=owned))
+def test_lean_handshake_pipelines_are_correct_with_a_late_reader(world, dtype, count, owned, seed):
+    """Two given alternating outputs, or the communicator's own (Communicator.result, no promise needed): every
+    output right, and every call skips READY with exactly the peers the protocol allows (``skipped_ready``)."""
+    from dmacoll.verify.check import pipeline_cases, skipped_ready
+
+    args = dict(dtype=dtype, count=count, seed=seed, owned=owned)
+    per_rank = run_ranks(_lean_pipelines, world, args)
     for rank, results in enumerate(per_rank):
+        last = None  # the previous pipeline's last call: owned outputs carry its proof into the next pipeline
         for i, (op, variant, errors, lean) in enumerate(results):
             assert errors == [None] * 5, f"seed {seed} rank {rank} {op} {variant}: {errors}"
-            # the first call has nobody to vouch for it; owned outputs carry the proof across pipelines
-            assert lean[0] == (owned and i > 0) and any(lean), (op, variant, lean)
-            if op != "all_to_all_v":  # every pair talks in every call
-                assert all(lean[1:]), (op, variant, lean)
+            cases = pipeline_cases(op, variant, dtype, _pipeline_count(args, i), 5, seed + 100 * i)
+            want = skipped_ready(cases, rank, world, last if owned else None)
+            assert lean == want, f"seed {seed} rank {rank} {op} {variant}: READY skipped with {lean}, want {want}"
+            last = cases[-1]
+
+
+def _after_a_silent_rank(rank, world, splits):
+    from dmacoll import Communicator
+
+    comm = Communicator(backend="host", timeout_s=30)
+    x = torch.arange(sum(splits[rank]), dtype=torch.int32) + 100 * rank
+    comm.result("all_to_all_v", x, splits)
+    got = comm.result("all_gather", torch.full((4,), rank, dtype=torch.int32)).tolist()
+    skipped = comm.last_handshake.ready_implied
+    comm.close()
+    return skipped, got
+
+
+def test_a_rank_that_exchanged_nothing_vouches_for_no_peer():
+    """The issue-31 case: rank 1 sends and receives nothing in an all_to_all_v, so the next (owned, lean) call
+    skips READY only between ranks 0 and 2; rank 1 and its peers run the full handshake with each other."""
+    splits = [[2, 0, 0], [0, 5, 0], [5, 0, 2]]
+    per_rank = run_ranks(_after_a_silent_rank, 3, splits)
+    assert [skipped for skipped, _ in per_rank] == [frozenset({2}), frozenset(), frozenset({0})]
+    assert all(got == [r for r in range(3) for _ in range(4)] for _, got in per_rank), per_rank
 
 
 def _reused_output(rank, world, broken_rule):
@@ -264,6 +292,6 @@ def test_lean_handshake_refuses_a_reused_output_and_the_check_sees_why():
         assert "overlaps the previous call's" in error and "handshake='full'" in error
     # control: skipping READY anyway lets the fast rank overwrite what the late one has not read yet
     per_rank = run_ranks(_reused_output, 2, True)
-    assert per_rank[0][1][1:] == [True] * 3
+    assert per_rank[0][1][1:] == [frozenset({1})] * 3
     late_errors = per_rank[1][0]
     assert any(e is not None for e in late_errors), late_errors
