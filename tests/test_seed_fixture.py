@@ -46,3 +46,9 @@ def test_the_variable_must_be_a_non_negative_integer(monkeypatch):
             fresh_seed()
     monkeypatch.setenv(SEED_VARIABLE, " 42")
     assert fresh_seed() == 42
+
+
+def test_the_readme_says_how_to_replay():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert f"replay with {SEED_VARIABLE}=<seed>" in readme  # what a failure prints
+    assert f"{SEED_VARIABLE}=<seed> .venv/bin/python -m pytest" in readme
