@@ -27,12 +27,12 @@ def _correctness(rank: int, world: int, seed: int) -> list[dict]:
     return run_cases(comm, cs, nccl=True)
 
 
-def test_every_op_variant_dtype_matches_nccl(seed):
+def test_every_op_variant_dtype_matches_nccl():
     # ~1200 cases with float64 reference sums: longer than the 150 s hang guard of the device script
-    results = run_ranks(_correctness, 2, seed, device="cuda", timeout_s=480)
+    results = run_ranks(_correctness, 2, int(time.time()), device="cuda", timeout_s=480)
     bad = [r for rank in results for r in rank if not r["ok"]]
-    assert len(results[0]) > 500, f"seed {seed}: {len(results[0])} cases"
-    assert not bad, f"seed {seed}: {bad[:5]}"
+    assert len(results[0]) > 500
+    assert not bad, bad[:5]
 
 
 def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
@@ -83,9 +83,9 @@ def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
 
 
 @pytest.mark.parametrize("signal", ["memop", "kernel"])
-def test_graph_capture_and_replay_with_fresh_data(signal, seed):
-    results = run_ranks(_graph, 2, seed, signal, device="cuda")
-    assert results == [[], []], f"seed {seed}"
+def test_graph_capture_and_replay_with_fresh_data(signal):
+    results = run_ranks(_graph, 2, int(time.time()) % 100000, signal, device="cuda")
+    assert results == [[], []]
 
 
 def _timeout(rank: int, world: int, signal: str) -> dict:
@@ -174,30 +174,28 @@ def test_prelaunched_gather_starts_when_the_producer_releases_it(kernels):
 
 
 @pytest.mark.parametrize("signal", ["copy", "kernel"])
-def test_constant_signals_match_nccl(signal, seed):
+def test_constant_signals_match_nccl(signal):
     from dmacoll.verify.check import check_rank as _check_rank
 
     args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"),
                 dtypes=["bfloat16", "int8"], counts=[1, 4099, 300001], ops=("all_gather", "all_to_all", "all_to_all_v"),
-                seed=seed, syncs=["reset"], reference="nccl", signal=signal)
+                seed=int(time.time()), syncs=["reset"], reference="nccl", signal=signal)
     results = run_ranks(_check_rank, 2, args, device="cuda")
-    bad = [r for rank in results for r in rank if not r["ok"]]
-    assert results[0] and not bad, f"seed {seed}: {bad[:3]}"
+    assert results[0] and not [r for rank in results for r in rank if not r["ok"]]
 
 
 @pytest.mark.parametrize("signal", ["memop", "copy"])
-def test_native_submission_matches_nccl(signal, seed):
+def test_native_submission_matches_nccl(signal):
     """submit='native' (the C library `dmacoll build` makes): every op, variant, direction, sync."""
     from dmacoll.verify.check import check_rank as _check_rank
 
     args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"),
                 dtypes=["bfloat16", "int32"], counts=[1, 4099, 300001],
                 ops=("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce"),
-                seed=seed, syncs=["reset", "epoch"] if signal == "memop" else ["reset"],
+                seed=int(time.time()), syncs=["reset", "epoch"] if signal == "memop" else ["reset"],
                 reference="nccl", signal=signal, submit="native")
     results = run_ranks(_check_rank, 2, args, device="cuda")
-    bad = [r for rank in results for r in rank if not r["ok"]]
-    assert results[0] and not bad, f"seed {seed}: {bad[:3]}"
+    assert results[0] and not [r for rank in results for r in rank if not r["ok"]]
 
 
 def _prerecorded(rank: int, world: int, seed: int) -> list:
@@ -222,8 +220,8 @@ def _prerecorded(rank: int, world: int, seed: int) -> list:
     return failures
 
 
-def test_prerecorded_eager_calls_replay_correctly(seed):
-    assert run_ranks(_prerecorded, 2, seed, device="cuda") == [[], []], f"seed {seed}: failed calls per rank"
+def test_prerecorded_eager_calls_replay_correctly():
+    assert run_ranks(_prerecorded, 2, int(time.time()) % 10000, device="cuda") == [[], []]
 
 
 def _reduce_graph(rank: int, world: int, seed: int) -> list[str]:
@@ -267,8 +265,8 @@ def _reduce_graph(rank: int, world: int, seed: int) -> list[str]:
     return failures
 
 
-def test_reduce_graph_capture_and_replay_with_fresh_data(seed):
-    assert run_ranks(_reduce_graph, 2, seed, device="cuda") == [[], []], f"seed {seed}"
+def test_reduce_graph_capture_and_replay_with_fresh_data():
+    assert run_ranks(_reduce_graph, 2, int(time.time()) % 100000, device="cuda") == [[], []]
 
 
 def _lean(rank: int, world: int, seed: int) -> list[str]:
@@ -303,5 +301,5 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     return failures
 
 
-def test_lean_handshake_pipelines_match_the_reference(seed):
-    assert run_ranks(_lean, 2, seed, device="cuda") == [[], []], f"seed {seed}"
+def test_lean_handshake_pipelines_match_the_reference():
+    assert run_ranks(_lean, 2, int(time.time()) % 100000, device="cuda") == [[], []]
