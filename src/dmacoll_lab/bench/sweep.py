@@ -162,18 +162,12 @@ def check_peer_copy(first: harness.Bound, rerun: Callable[[], None]) -> bool:
 def measure(rk: harness.Rank, cfg: SweepConfig, baselines: Baselines, pt: Point, nbytes: int, mode: str,
             seed: int) -> dict:
     b = Bound(rk, baselines, pt, nbytes, seed)
-    if mode == "graph":
-        graph = harness.capture(b.run, cfg.calls, warmup=cfg.warmup)
-        samples = rk.time_graph(graph, cfg.calls, cfg.repeats)
-        correct = b.check(harness.one_call(b, graph, cfg.calls))
-    else:
-        samples = rk.time_calls(b.run, cfg.calls, cfg.repeats, cfg.warmup)
-        correct = b.check(b.run)
+    timed = rk.bench(b.run, cfg.calls, cfg.repeats, mode, cfg.warmup, check=b)
     # what a call with no options ran: every option 'auto' chose
     last = rk.comm.last_options
     chosen = {name: getattr(last, name) for name in tuning.Choice._fields} \
         if pt.impl == "dma_default" else {}
-    return {"samples": samples, "correct": correct, "chosen": chosen}
+    return {"samples": timed.samples, "correct": timed.correct, "chosen": chosen}
 
 
 def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
