@@ -14,6 +14,7 @@ floor for one link pair, and at n = 2 for the whole collective): its algbw and b
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import traceback
@@ -60,6 +61,21 @@ class SweepConfig:
     warmup: int = 3
     seed: int = 0
     out: str = "results/sweep.csv"
+
+    @classmethod
+    def from_args(cls, args, **overrides) -> "SweepConfig":
+        """The configuration from parsed arguments (``dmacoll sweep``'s / ``tune``'s namespace, or a dict): each
+        field from the argument of its name (``overrides`` win), other arguments ignored; the conversions are here:
+        lists become tuples, ``--prerecord``'s no/yes become booleans. A field without an argument is an error (a
+        new field must get its option, not fall back to a default silently)."""
+        given = {**(args if isinstance(args, dict) else vars(args)), **overrides}
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise TypeError(f"SweepConfig.from_args: no argument for {missing}")
+        values = {n: tuple(given[n]) if isinstance(given[n], list) else given[n] for n in names}
+        values["prerecord"] = tuple(p in (True, "yes") for p in values["prerecord"])
+        return cls(**values)
 
     def sizes(self) -> list[int]:
         out, s = [], self.min_bytes
