@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = re.compile(r"run `(torchrun [^`]*example\.py)`")
 PYTHON = re.compile(r"```python\n(.*?)```", re.S)
-PRINTED = re.compile(r"rank \d+: gathered \[[^]]*\], summed [0-9.]+")  # the ranks' lines may interleave
+PRINTED = re.compile(r"rank \d+ on \w+: gathered \[[^]]*\], summed [0-9.]+")  # the ranks' lines may interleave
 
 
 def example() -> tuple[list[str], str, int]:
@@ -22,12 +22,12 @@ def example() -> tuple[list[str], str, int]:
     return shlex.split(launch.group(1)), code.group(1), launch.start()
 
 
-def run(command: list[str], code: str, tmp_path: Path) -> subprocess.CompletedProcess:
+def run(command: list[str], code: str, tmp_path: Path, gpus: bool = False) -> subprocess.CompletedProcess:
     """``command`` (torchrun ...) as the same program, ``python -m torch.distributed.run``, in a folder holding
-    ``code`` as example.py, with no GPU visible: the host emulator."""
+    ``code`` as example.py; unless ``gpus``, with no GPU visible: the host emulator."""
     assert command[0] == "torchrun" and command[-1] == "example.py", command
     (tmp_path / "example.py").write_text(code)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **({} if gpus else {"CUDA_VISIBLE_DEVICES": ""})}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", *command[1:]], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
 
@@ -43,14 +43,17 @@ def test_the_readme_example_is_on_the_first_screen():
     assert "Communicator()" in code
 
 
+def expected(world: int, backend: str) -> list[str]:
+    """What the example's ranks print: every rank's number gathered, their sum."""
+    gathered, summed = [float(r) for r in range(world)], float(sum(range(world)))
+    return [f"rank {r} on {backend}: gathered {gathered}, summed {summed}" for r in range(world)]
+
+
 def test_the_readme_example_runs_as_written_on_the_host_emulator(tmp_path):
     command, code, _ = example()
-    world = world_of(command)
     done = run(command, code, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    printed = sorted(PRINTED.findall(done.stdout))
-    gathered, summed = [float(r) for r in range(world)], float(sum(range(world)))
-    assert printed == [f"rank {r}: gathered {gathered}, summed {summed}" for r in range(world)], done.stdout
+    assert sorted(PRINTED.findall(done.stdout)) == expected(world_of(command), "host"), done.stdout
 
 
 def test_the_library_pages_calls_continue_the_example(tmp_path):
