@@ -342,13 +342,13 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     captured, with a late reader on the last rank: every call's output against the CPU reference
     (check.run_pipeline), and READY really skipped."""
     from dmacoll import Communicator
-    from dmacoll_lab.verify.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
+    from dmacoll_lab.verify.check import pipeline_buffers, pipeline_ops, run_pipeline
 
     comm = Communicator(timeout_s=30)
     buffers = pipeline_buffers(comm, 1 << 22, 1 << 22)
     failures = []
     for i, (op, variant, dtype, count, graph, owned) in enumerate(
-            (op, v, dt, n, g, o) for op in PIPELINE_OPS for v in VARIANTS
+            (op, v, dt, n, g, o) for op in pipeline_ops() for v in VARIANTS
             for dt, n in (("bfloat16", 1), ("float32", 65537), ("int8", sized(world, [300001, 4099])[0]))
             for g in (False, True)
             for o in (False, True)):
