@@ -54,14 +54,14 @@ def test_in_place_forms_and_dtypes():
     assert i is inp and o.data_ptr() == inp.data_ptr() + 8 * 4
 
 
-def _torch_matches_reference(rank, world):
+def _torch_matches_reference(rank, world, seed):
     """Every spec's torch.distributed call (gloo here) against its reference, on seeded inputs."""
     bad = []
     for name, spec in ops.REGISTRY.items():
         for dtype in (torch.float32, torch.int32, torch.bfloat16):
             chunk = 7
-            counts = spec.counts(chunk, world, seed=3)
-            inputs = [draw(spec, spec.numels(chunk, world, r, counts)[0], dtype, 11 + r, exact_sums=True)
+            counts = spec.counts(chunk, world, seed=seed)
+            inputs = [draw(spec, spec.numels(chunk, world, r, counts)[0], dtype, seed + 1 + r, exact_sums=True)
                       for r in range(world)]
             out = torch.empty(spec.numels(chunk, world, rank, counts)[1], dtype=dtype)
             spec.torch_call(out, inputs[rank].clone(), counts=counts)
@@ -72,8 +72,8 @@ def _torch_matches_reference(rank, world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_torch_call_and_reference_agree(world):
-    assert run_ranks(_torch_matches_reference, world) == [[]] * world
+def test_torch_call_and_reference_agree(world, seed):
+    assert run_ranks(_torch_matches_reference, world, seed) == [[]] * world, f"seed {seed}"
 
 
 def test_the_workflow_schema_keeps_no_list_of_collectives():
