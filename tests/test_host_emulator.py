@@ -220,7 +220,7 @@ def _lean_pipelines(rank, world, args):
     comm = Communicator(backend="host", timeout_s=30)
     buffers = pipeline_buffers(comm, 1 << 16, 1 << 16)
     results = []
-    for i, (op, variant) in enumerate(itertools.product(VARIANTS)):
+    for i, (op, variant) in enumerate(itertools.product(pipeline_ops(), VARIANTS)):
         errors, lean = run_pipeline(comm, op, variant, args["dtype"], _pipeline_count(args, i), 5,
                                     args["seed"] + 100 * i, late_consumer=True, buffers=buffers, owned=args["owned"])
         results.append((op, variant, errors, lean))
