@@ -362,7 +362,7 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     captured, with a late reader on the last rank: every call's output against the CPU reference
     (check.run_pipeline), and READY skipped with exactly the peers the protocol allows (check.skipped_ready)."""
     from dmacoll import Communicator
-    from dmacoll_lab.verify.check import PIPELINE_OPS, pipeline_buffers, pipeline_cases, run_pipeline, skipped_ready
+    from dmacoll_lab.verify.check import pipeline_buffers, pipeline_cases, pipeline_ops, run_pipeline, skipped_ready
 
     # prerecord off: a prerecorded call never skips READY, and 'auto' may pick it from a tuning table (H200x2's)
     comm = Communicator(timeout_s=30, prerecord=False)
@@ -370,7 +370,7 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     failures = []
     last = None  # the previous pipeline's last eager call (a captured one vouches for nothing eager)
     for i, (op, variant, dtype, count, graph, owned) in enumerate(
-            (op, v, dt, n, g, o) for op in PIPELINE_OPS for v in VARIANTS
+            (op, v, dt, n, g, o) for op in pipeline_ops() for v in VARIANTS
             for dt, n in (("bfloat16", 1), ("float32", 65537), ("int8", sized(world, [300001, 4099])[0]))
             for g in (False, True)
             for o in (False, True)):
