@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from dmacoll import ops
 from dmacoll.plan import VARIANTS
 from dmacoll_lab.verify.launch import nccl_usable, run_ranks
 
@@ -228,7 +229,7 @@ def test_constant_signals_match_the_reference(signal, world, seed):
 def test_native_submission_matches_the_reference(signal, world, seed):
     """submit='native' (the C library `dmacoll build` makes): every op, variant, direction, sync."""
     _check(world, seed, dtypes=["bfloat16", "int32"], counts=[1, 4099, 300001],
-           ops=("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce"),
+           ops=tuple(ops.names()),
            syncs=["reset", "epoch"] if signal == "memop" else ["reset"], signal=signal, submit="native")
 
 
@@ -245,7 +246,7 @@ def test_defaults_match_the_reference(world, seed):
     """Communicator() with no options: what the tuning table, a calibration or the fallback (eager calls
     prerecorded) picks per call, every op, variant and direction 'auto'."""
     _check(world, seed, dtypes=["bfloat16", "float32"], counts=[1, 4099, 300001],
-           ops=("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce"), syncs=["reset"],
+           ops=tuple(ops.names()), syncs=["reset"],
            variants=("auto",), directions=("auto",), prerecord="auto")
 
 
