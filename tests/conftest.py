@@ -14,7 +14,11 @@ SEED_VARIABLE = "DMACOLL_TEST_SEED"  # set it to replay a failed randomized test
 def fresh_seed() -> int:
     """A seed for a test's random data: $DMACOLL_TEST_SEED when set (replay), else a fresh one."""
     value = os.environ.get(SEED_VARIABLE)
-    return int(value) if value else random.randrange(1 << 30)
+    if not value:
+        return random.randrange(1 << 30)
+    if not value.strip().isdigit():  # numpy takes no negative seed
+        raise ValueError(f"{SEED_VARIABLE}={value!r}: a seed is a non-negative integer (the one a failed test named)")
+    return int(value)
 
 
 @pytest.fixture
@@ -31,4 +35,8 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     seeds = [v for k, v in item.user_properties if k == "seed"]
     if report.failed and seeds:
-        report.sections.append(("seed", f"replay with {SEED_VARIABLE}={seeds[-1]}"))
+        replay = f"replay with {SEED_VARIABLE}={seeds[-1]}"
+        report.sections.append(("seed", replay))
+        crash = getattr(report.longrepr, "reprcrash", None)
+        if crash is not None:  # the short summary line too (-ra: what a CI log keeps of a failure)
+            crash.message = f"[{replay}] {crash.message}"  # first: a narrow terminal trims the end

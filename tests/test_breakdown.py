@@ -6,11 +6,12 @@ import pytest
 from dmacoll_lab.bench.breakdown import CALL, HOST_WAIT, phases, trace_events
 
 
-def _trace(transfers, nbytes, dst=1):
+def _trace(seed, transfers, nbytes, dst=1):
+    rng = random.Random(seed)
     events, expected = [], []
     t = 1000.0
     for _ in range(transfers):
-        control, schedule, copy, sync, host = (random.uniform(1, 9) for _ in range(5))
+        control, schedule, copy, sync, host = (rng.uniform(1, 9) for _ in range(5))
         events += [
             {"ph": "X", "name": CALL, "cat": "user_annotation", "ts": t, "dur": control},
             {"ph": "X", "name": "Memcpy PtoP (Device -> Device)", "cat": "gpu_memcpy", "ts": t + control + schedule,
@@ -26,34 +27,31 @@ def _trace(transfers, nbytes, dst=1):
         ]
         expected.append((control, schedule, copy, sync, host))
         t += 100.0
-    random.shuffle(events)  # the exporter's order is not time order
+    rng.shuffle(events)  # the exporter's order is not time order
     return {"traceEvents": events}, expected
 
 
-def test_phases_recover_the_intervals():
-    trace, expected = _trace(7, 4096)
+def test_phases_recover_the_intervals(seed):
+    trace, expected = _trace(seed, 7, 4096)
     got = phases(*trace_events(trace, 4096, dst_gpu=1))
-    for i, (control, schedule, copy, sync, host) in enumerate(expected):
-        assert got["control"][i] == pytest.approx(control)
-        assert got["schedule"][i] == pytest.approx(schedule)
-        assert got["copy"][i] == pytest.approx(copy)
-        assert got["sync"][i] == pytest.approx(sync)
-        assert got["host_sync"][i] == pytest.approx(host)
+    for i, want in enumerate(expected):
+        for name, value in zip(("control", "schedule", "copy", "sync", "host_sync"), want):
+            assert got[name][i] == pytest.approx(value), f"seed {seed}: {name} of transfer {i}"
 
 
-def test_the_driver_record_of_the_call_replaces_the_annotation():
-    trace, expected = _trace(4, 4096)
+def test_the_driver_record_of_the_call_replaces_the_annotation(seed):
+    trace, expected = _trace(seed, 4, 4096)
     for e in [e for e in trace["traceEvents"] if e["name"] == CALL]:  # the driver call inside the annotation
         trace["traceEvents"].append({"ph": "X", "name": "cuMemcpyAsync", "cat": "cuda_driver", "ts": e["ts"] + 0.5,
                                      "dur": e["dur"] - 1.0})
     got = phases(*trace_events(trace, 4096, dst_gpu=1))
     for i, (control, schedule, *_) in enumerate(expected):
-        assert got["control"][i] == pytest.approx(control - 1.0)
-        assert got["schedule"][i] == pytest.approx(schedule + 0.5)
+        assert got["control"][i] == pytest.approx(control - 1.0), f"seed {seed}: transfer {i}"
+        assert got["schedule"][i] == pytest.approx(schedule + 0.5), f"seed {seed}: transfer {i}"
 
 
-def test_a_trace_that_does_not_pair_up_is_an_error():
-    trace, _ = _trace(3, 4096)
+def test_a_trace_that_does_not_pair_up_is_an_error(seed):
+    trace, _ = _trace(seed, 3, 4096)
     trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "gpu_memset"]
     with pytest.raises(RuntimeError, match="does not pair up"):
         phases(*trace_events(trace, 4096, dst_gpu=1))

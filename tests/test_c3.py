@@ -112,7 +112,7 @@ def test_sm_splits_round_to_hopper_granules():
         round_sms(5, 132)
 
 
-def test_collective_buffers_and_exact_references():
+def test_collective_buffers_and_exact_references(seed):
     import torch
     from types import SimpleNamespace
 
@@ -128,7 +128,7 @@ def test_collective_buffers_and_exact_references():
     for op in g.DEFAULT_OPS:
         spec = c3.ops.get(op)
         for impl in ("nccl", "dma"):
-            b = c3.collective(rk, op, impl, nbytes, 5)
+            b = c3.collective(rk, op, impl, nbytes, seed)
             assert torch.equal(b.inp, b.inputs[1]) and b.inp.numel() == spec.numels(
                 nbytes // 2 // spec.chunks(world)[0], world, 1, b.counts)[0]
             pools = (rk.sym_in, rk.sym_out) if impl == "dma" else (rk.priv_in, rk.priv_out)
@@ -138,13 +138,14 @@ def test_collective_buffers_and_exact_references():
                 assert b.out.data_ptr() <= b.inp.data_ptr() < b.out.data_ptr() + b.out.numel() * 2 or \
                     b.inp.data_ptr() <= b.out.data_ptr() < b.inp.data_ptr() + b.inp.numel() * 2
             if spec.reduces:  # sums of small integers: exact in bf16 in any order, so a byte comparison holds
-                assert all(float(x.abs().max()) <= 4 and torch.equal(x, x.round()) for x in b.inputs)
-    ar = c3.collective(rk, "all_reduce", "nccl", nbytes, 5)
+                assert all(float(x.abs().max()) <= 4 and torch.equal(x, x.round()) for x in b.inputs), \
+                    f"seed {seed}: {op} {impl}"
+    ar = c3.collective(rk, "all_reduce", "nccl", nbytes, seed)
     exact = sum(x.double() for x in ar.inputs)
     ar.out.copy_(exact.to(torch.bfloat16))
-    assert ar.right()
+    assert ar.right(), f"seed {seed}"
     ar.out[3] += 1
-    assert not ar.right()
+    assert not ar.right(), f"seed {seed}"
 
 
 # -- schema ------------------------------------------------------------------------------------------------------
@@ -235,6 +236,8 @@ def test_heuristic_fails_when_the_best_strategy_depends_on_nothing_it_sees():
     def coin(shape, op, target, rng):
         return ["baseline", "priority", "partition 96/132", "dma"][rng.integers(4)]
 
+    # one fixed draw, not the seed fixture: a rule may fit random labels by chance, so the bound below holds for
+    # a given draw, not for every one (60 draws: test accuracy at most 0.36)
     res = h.fit_and_evaluate(h.collapse(synthetic(coin, seed=3)))
     test = res["scores"].set_index(["model", "set"])
     assert test.loc[("rule", "test"), "accuracy"] < 0.6

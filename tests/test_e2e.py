@@ -106,28 +106,28 @@ def test_hf_config_matches_the_spec():
 
 
 # -- the model on one rank ---------------------------------------------------------------------------------------
-def _model(moe, world=1, rank=0, layers=2):
+def _model(seed, moe, world=1, rank=0, layers=2):
     s = tiny(moe, layers)
-    return s, Model(s, rank, world, "cpu", torch.float32, seed=3)
+    return s, Model(s, rank, world, "cpu", torch.float32, seed=seed)
 
 
 @pytest.mark.parametrize("moe", [False, True])
-def test_decode_continues_prefill(moe):
+def test_decode_continues_prefill(moe, seed):
     """Prefill of S tokens then one decode step == prefill of S+1 tokens (KV cache, RoPE, masking)."""
-    s, m = _model(moe)
+    s, m = _model(seed, moe)
     coll = make("none", "cpu", c.buffer_elements(s, 1, 64, 4), torch.float32)
-    prompts = torch.randint(0, s.vocab, (3, 9), generator=torch.Generator().manual_seed(0))
+    prompts = torch.randint(0, s.vocab, (3, 9), generator=torch.Generator().manual_seed(seed))
     cache = m.new_cache(3, 16)
     serial = Schedule()
     serial.prefill_batch(m, coll, prompts[:, :8], cache, [2, 1])
     step = serial.decode(m, coll, prompts[:, 8], torch.full((1,), 8), cache)
     whole = serial.prefill(m, coll, prompts, m.new_cache(3, 16))
-    assert torch.allclose(step, whole, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(step, whole, atol=1e-5, rtol=1e-5), f"seed {seed}: {(step - whole).abs().max()}"
     wrong = serial.decode(m, coll, prompts[:, 8], torch.full((1,), 9), cache)  # a position off: different logits
-    assert (wrong - whole).abs().max() > 1e-2
+    assert (wrong - whole).abs().max() > 1e-2, f"seed {seed}: {(wrong - whole).abs().max()}"
 
 
-def naive_logits(s: c.ModelSpec, ids: torch.Tensor, seed: int = 3) -> torch.Tensor:
+def naive_logits(s: c.ModelSpec, ids: torch.Tensor, seed: int) -> torch.Tensor:
     """An independent unsharded reference in float64, written from the Llama / Mixtral papers, not from model.py:
     per-head loops, explicit causal softmax, rotations per position. Same weight names and scales as Model
     (norm weights are ones). Logits of the last token of each sequence: [batch, vocab]."""
@@ -206,28 +206,32 @@ def naive_logits(s: c.ModelSpec, ids: torch.Tensor, seed: int = 3) -> torch.Tens
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["llama", "mixtral"])
-def test_world1_matches_an_independent_reference(moe):
+def test_world1_matches_an_independent_reference(moe, seed):
     """The world-1 model (the reference of the world-2 tests) against naive_logits: prefill and a decode step."""
-    s, m = _model(moe)
+    s, m = _model(seed, moe)
     coll = make("none", "cpu", c.buffer_elements(s, 1, 64, 4), torch.float32)
-    ids = torch.randint(0, s.vocab, (2, 7), generator=torch.Generator().manual_seed(5))
+    ids = torch.randint(0, s.vocab, (2, 7), generator=torch.Generator().manual_seed(seed))
     cache = m.new_cache(2, 12)
     pre = Schedule().prefill_batch(m, coll, ids[:, :6], cache, [1, 1])
     dec = Schedule().decode(m, coll, ids[:, 6], torch.full((1,), 6), cache)
-    ref_pre, ref_dec = naive_logits(s, ids[:, :6]), naive_logits(s, ids)
-    assert ref_pre.abs().max() > 0.1  # not trivially small
-    assert torch.allclose(pre.double(), ref_pre, atol=1e-4, rtol=1e-4)
-    assert torch.allclose(dec.double(), ref_dec, atol=1e-4, rtol=1e-4)
+    ref_pre, ref_dec = naive_logits(s, ids[:, :6], seed), naive_logits(s, ids, seed)
+    assert ref_pre.abs().max() > 0.1, f"seed {seed}"  # not trivially small
+    assert torch.allclose(pre.double(), ref_pre, atol=1e-4, rtol=1e-4), f"seed {seed}"
+    assert torch.allclose(dec.double(), ref_dec, atol=1e-4, rtol=1e-4), f"seed {seed}"
 
 
-def test_dense_and_routed_expert_paths_agree():
-    torch.manual_seed(0)
-    x, router = torch.randn(10, 16), torch.randn(4, 16)
+def test_dense_and_routed_expert_paths_agree(seed):
+    # float64: the two paths sum in different orders, and in float32 that alone exceeded atol=1e-5 for 3 of 2000
+    # seeds (outputs ~100); not torch.manual_seed: the global generator is other tests' too
+    gen = torch.Generator().manual_seed(seed)
+    randn = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    x, router = randn(10, 16), randn(4, 16)
     gates = route(x, router, 2)
-    assert torch.equal((gates != 0).sum(1), torch.full((10,), 2)) and torch.allclose(gates.sum(1), torch.ones(10))
-    w13, w2 = torch.randn(4, 2 * 8, 16), torch.randn(4, 16, 8)
+    assert torch.equal((gates != 0).sum(1), torch.full((10,), 2)) and torch.allclose(
+        gates.sum(1), torch.ones(10, dtype=torch.float64)), f"seed {seed}"
+    w13, w2 = randn(4, 2 * 8, 16), randn(4, 16, 8)
     dense, routed = expert_mix(x, gates, w13, w2, True), expert_mix(x, gates, w13, w2, False)
-    assert torch.allclose(dense, routed, atol=1e-5)
+    assert torch.allclose(dense, routed, atol=1e-5), f"seed {seed}: {(dense - routed).abs().max()}"
     none = expert_mix(x, torch.zeros_like(gates), w13, w2, False)
     assert torch.equal(none, torch.zeros_like(none))
 
@@ -244,7 +248,7 @@ def test_collectives_buffers_are_reused_views():
 PROMPT, PIECES = 7, 3  # odd: seqpar pads its pieces, a one-prompt micro-batch split is uneven (4 + 3 tokens)
 
 
-def _logits_rank(rank, world, impls, moe, batches):
+def _logits_rank(rank, world, impls, moe, batches, seed):
     """Per (impl, schedule): per batch, (prefill logits, decode logits, what differs from the expected calls).
     Prompts of PROMPT tokens in chunks of at most 16 tokens (batch 3: chunks of 2 and 1 prompts)."""
     import torch
@@ -253,7 +257,7 @@ def _logits_rank(rank, world, impls, moe, batches):
     from dmacoll_lab.e2e.calls import check_calls, expected_calls, merged_schedule_buffers
     from dmacoll_lab.e2e.schedule import Schedule
 
-    s, m = _model(moe, world, rank)
+    s, m = _model(seed, moe, world, rank)
     out = {}
     for impl in impls:
         coll = make(impl, "cpu", merged_schedule_buffers([s], world, 16, 4, SCHEDULES, PIECES), torch.float32)
@@ -261,7 +265,8 @@ def _logits_rank(rank, world, impls, moe, batches):
             for name in SCHEDULES:
                 out[impl, name] = []
                 for batch in batches:
-                    prompts = torch.randint(0, s.vocab, (batch, PROMPT + 1), generator=torch.Generator().manual_seed(batch))
+                    prompts = torch.randint(0, s.vocab, (batch, PROMPT + 1),
+                                            generator=torch.Generator().manual_seed(seed + batch))
                     chunks = c.prefill_chunks(batch, PROMPT, 16)
                     pre_s, dec_s = Schedule(name, PIECES, log=[]), Schedule(decode_schedule(name), log=[])
                     cache = m.new_cache(batch, 12)
@@ -286,21 +291,21 @@ def assert_same_as(ref, got, what):
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["llama", "mixtral"])
-def test_every_schedule_equals_serial_at_world1(moe):
-    out = _logits_rank(0, 1, ["none"], moe, [1, 3])
+def test_every_schedule_equals_serial_at_world1(moe, seed):
+    out = _logits_rank(0, 1, ["none"], moe, [1, 3], seed)
     for name in SCHEDULES:
-        assert_same_as(out["none", "serial"], out["none", name], name)
+        assert_same_as(out["none", "serial"], out["none", name], (seed, name))
 
 
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("moe", [False, True], ids=["llama", "mixtral"])
-def test_every_schedule_of_the_sharded_model_equals_the_unsharded_model(moe, world):
+def test_every_schedule_of_the_sharded_model_equals_the_unsharded_model(moe, world, seed):
     batches = [1, 3]  # batch 1: some ranks' MoE token slices are empty, seqpar pads
-    ref = _logits_rank(0, 1, ["none"], moe, batches)["none", "serial"]
+    ref = _logits_rank(0, 1, ["none"], moe, batches, seed)["none", "serial"]
     # gloo through torch.distributed; dmacoll's host emulator
-    for rank_out in run_ranks(_logits_rank, world, ["nccl", "dma"], moe, batches, timeout_s=300):
+    for rank_out in run_ranks(_logits_rank, world, ["nccl", "dma"], moe, batches, seed, timeout_s=300):
         for (impl, name), got in rank_out.items():
-            assert_same_as(ref, got, (impl, name, world))
+            assert_same_as(ref, got, (seed, impl, name, world))
 
 
 def _check_rank(rank, world, moe):
@@ -346,7 +351,7 @@ def synthetic_rows(dma_gain=1.2, schedules=SCHEDULES):
     rows, cfg = [], dict(c.DEFAULTS)
     rn = SimpleNamespace(cfg=cfg, world=2)
     rates = {"copy_GBps": 4000.0, "gemm_TFLOPs": 700.0}
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(0)  # fixed: the rows are designed (the tests read their ratios), 1% jitter only
     for name in c.MODELS:
         s = c.spec(name, 2)
         for batch in cfg["batches"]:

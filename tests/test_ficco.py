@@ -104,6 +104,8 @@ def test_heuristic_learns_on_some_models_and_generalizes_to_the_held_out_one():
 
 def test_heuristic_fails_when_the_best_schedule_depends_on_nothing_it_sees():
     opts = [g.option_label(i, d) for i, d in g.schedules(2, g.DEFAULTS["factors"], g.IMPLS)]
+    # one fixed draw, not the seed fixture: a rule may fit random labels by chance, so the bound below holds for
+    # a given draw, not for every one (60 draws: test accuracy up to 0.5)
     res = fh.fit_and_evaluate(fh.collapse(synthetic(lambda sc, rng: opts[rng.integers(len(opts))], seed=5)))
     scores = res["scores"].set_index(["model", "set"])
     assert scores.loc[("rule", "test"), "accuracy"] < 0.6

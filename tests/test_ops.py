@@ -55,14 +55,14 @@ def test_in_place_forms_and_dtypes():
     assert i is inp and o.data_ptr() == inp.data_ptr() + 8 * 4
 
 
-def _torch_matches_reference(rank, world):
+def _torch_matches_reference(rank, world, seed):
     """Every spec's torch.distributed call (gloo here) against its reference, on seeded inputs."""
     bad = []
     for name, spec in ops.REGISTRY.items():
         for dtype in (torch.float32, torch.int32, torch.bfloat16):
             chunk = 7
-            counts = spec.counts(chunk, world, seed=3)
-            inputs = [draw(spec, spec.numels(chunk, world, r, counts)[0], dtype, 11 + r, exact_sums=True)
+            counts = spec.counts(chunk, world, seed=seed)
+            inputs = [draw(spec, spec.numels(chunk, world, r, counts)[0], dtype, seed + 1 + r, exact_sums=True)
                       for r in range(world)]
             out = torch.empty(spec.numels(chunk, world, rank, counts)[1], dtype=dtype)
             spec.torch_call(out, inputs[rank].clone(), counts=counts)
@@ -73,8 +73,8 @@ def _torch_matches_reference(rank, world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_torch_call_and_reference_agree(world):
-    assert run_ranks(_torch_matches_reference, world) == [[]] * world
+def test_torch_call_and_reference_agree(world, seed):
+    assert run_ranks(_torch_matches_reference, world, seed) == [[]] * world, f"seed {seed}"
 
 
 def test_workflow_schema_offers_every_collective_where_ops_are_chosen():
@@ -124,7 +124,7 @@ def _broadcast_spec():
     return Broadcast()
 
 
-def _run_a_sixth_collective(rank, world):
+def _run_a_sixth_collective(rank, world, seed):
     from dmacoll_lab.verify.check import cases, run_cases
 
     spec = _broadcast_spec()
@@ -132,7 +132,7 @@ def _run_a_sixth_collective(rank, world):
     comm = Communicator(backend="host", timeout_s=60)
     try:
         rows = run_cases(comm, cases(["pcpy", "b2b", "multi"], ["push", "pull"], ["float32", "int8"], [1, 33],
-                                     ops=["broadcast"], seed=5), nccl=True)
+                                     ops=["broadcast"], seed=seed), nccl=True)
         x = comm.empty(4)
         x.fill_(rank + 1)
         y = comm.empty(4)
@@ -143,8 +143,9 @@ def _run_a_sixth_collective(rank, world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_a_sixth_collective_needs_only_its_spec_and_plan_builder(world):
-    per_rank = run_ranks(_run_a_sixth_collective, world)
+def test_a_sixth_collective_needs_only_its_spec_and_plan_builder(world, seed):
+    per_rank = run_ranks(_run_a_sixth_collective, world, seed)
     for rows, y in per_rank:
-        assert len(rows) == 3 * 2 * 2 * 2 * 2 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]][:2]
+        assert len(rows) == 3 * 2 * 2 * 2 * 2 and all(r["ok"] for r in rows), \
+            f"seed {seed}: {[r for r in rows if not r['ok']][:2]}"
         assert y == [1.0] * 4

@@ -12,8 +12,8 @@ LAYOUTS = {"sym": Layout(input_sym=1 << 20, output_sym=2 << 20, staging=512),
            "private": Layout(None, None, 512)}
 
 
-def exchanges(world):
-    rng = random.Random(world)
+def exchanges(world, seed):
+    rng = random.Random(seed)
     yield "all_gather", all_gather_exchange(world, 1000)
     yield "all_gather_in_place", all_gather_exchange(world, 1000, in_place=True)
     yield "all_to_all", all_to_all_exchange([[300] * world for _ in range(world)])
@@ -53,38 +53,39 @@ def test_small_multi_gives_each_copy_a_queue_of_its_own(world):
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 @pytest.mark.parametrize("variant,direction,layout", list(itertools.product(VARIANTS, ("push", "pull"), LAYOUTS)))
-def test_every_signal_has_a_matching_wait(world, variant, direction, layout):
-    for name, ex in exchanges(world):
+def test_every_signal_has_a_matching_wait(world, variant, direction, layout, seed):
+    for name, ex in exchanges(world, seed):
         plans = [build_plan(ex, r, variant, direction, LAYOUTS[layout]) for r in range(world)]
         sent = sorted((r, c.peer, c.phase) for r, p in enumerate(plans) for c in p.commands()
                       if isinstance(c, Signal))
         waited = sorted((c.peer, r, c.phase) for r, p in enumerate(plans) for c in p.commands()
                         if isinstance(c, Wait))
-        assert sent == waited, name
-        assert {s[2] for s in sent} <= {READY, DONE}
+        assert sent == waited, f"seed {seed}: {name}"
+        assert {s[2] for s in sent} <= {READY, DONE}, f"seed {seed}: {name}"
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_lean_handshake_drops_ready_only_with_vouched_peers(world, variant):
+def test_lean_handshake_drops_ready_only_with_vouched_peers(world, variant, seed):
     """Each rank vouches for a different set of peers (symmetric, as the communicator's rule gives):
     READY goes only between pairs outside it, DONE uses the call's word, and signals still balance."""
-    rng = random.Random(world)
+    rng = random.Random(seed)
     vouched = {frozenset(pair) for pair in itertools.combinations(range(world), 2) if rng.random() < 0.5}
     for done in (DONE, DONE_ALT):
-        for name, ex in exchanges(world):
+        for name, ex in exchanges(world, seed):
             plans = [build_plan(ex, r, variant, "push", LAYOUTS["sym"], handshake=Handshake(
                 frozenset(p for p in range(world) if frozenset((r, p)) in vouched), done)) for r in range(world)]
             sent = sorted((r, c.peer, c.phase) for r, p in enumerate(plans) for c in p.commands()
                           if isinstance(c, Signal))
             waited = sorted((c.peer, r, c.phase) for r, p in enumerate(plans) for c in p.commands()
                             if isinstance(c, Wait))
-            assert sent == waited, name
-            assert {phase for *_, phase in sent} <= {READY, done}
-            assert not any(phase == READY and frozenset((a, b)) in vouched for a, b, phase in sent), name
+            what = f"seed {seed}: {name}"
+            assert sent == waited, what
+            assert {phase for *_, phase in sent} <= {READY, done}, what
+            assert not any(phase == READY and frozenset((a, b)) in vouched for a, b, phase in sent), what
             full = [build_plan(ex, r, variant, "push", LAYOUTS["sym"]) for r in range(world)]
             copies = [[c for c in p.commands() if isinstance(c, Copy)] for p in plans]
-            assert copies == [[c for c in p.commands() if isinstance(c, Copy)] for p in full], name
+            assert copies == [[c for c in p.commands() if isinstance(c, Copy)] for p in full], what
 
 
 def test_lean_handshake_is_push_only():
@@ -97,10 +98,10 @@ def test_lean_handshake_is_push_only():
 
 @pytest.mark.parametrize("world", [2, 3, 5, 8])
 @pytest.mark.parametrize("variant,direction", list(itertools.product(VARIANTS, ("push", "pull"))))
-def test_every_output_byte_is_written_exactly_once(world, variant, direction):
+def test_every_output_byte_is_written_exactly_once(world, variant, direction, seed):
     """Follow the copies of all ranks: each byte of each rank's output comes from the
     right rank's input, once (symmetric buffers, so no staging)."""
-    for name, ex in exchanges(world):
+    for name, ex in exchanges(world, seed):
         layout = LAYOUTS["sym"]
         written = {}
         for r in range(world):
@@ -108,7 +109,7 @@ def test_every_output_byte_is_written_exactly_once(world, variant, direction):
                 if isinstance(c, Copy) and c.dst.space == "sym" and c.dst.offset >= layout.output_sym:
                     for b in range(c.nbytes):
                         key = (c.dst.rank, c.dst.offset - layout.output_sym + b)
-                        assert key not in written, (name, key)
+                        assert key not in written, (seed, name, key)
                         written[key] = (c.src.rank, c.src.offset + b)
         for p in range(world):
             for q in range(world):
@@ -116,7 +117,7 @@ def test_every_output_byte_is_written_exactly_once(world, variant, direction):
                     continue
                 for b in range(ex.nbytes[q][p]):
                     src = written[(p, ex.dst[q][p] + b)]
-                    assert src[0] == q, name
+                    assert src[0] == q, f"seed {seed}: {name}"
         expected = sum(ex.nbytes[q][p] for p in range(world) for q in range(world)
                        if not (ex.in_place_self and p == q))
         assert len(written) == expected, name
@@ -232,8 +233,8 @@ def simulate(per_rank, inputs, out_elems, layout, in_place=False):
     return outs
 
 
-def run_reduce(op, world, count, variant, direction, layout, mutate=None, in_place=False):
-    rng = np.random.default_rng(world * 1000 + count)
+def run_reduce(seed, op, world, count, variant, direction, layout, mutate=None, in_place=False):
+    rng = np.random.default_rng(seed)
     n_in = world * count if op == "reduce_scatter" else count
     inputs = [rng.integers(-1000, 1000, n_in, dtype=np.int64) for _ in range(world)]
     per_rank = reduce_plans(op, world, count, variant, direction, layout)
@@ -248,19 +249,19 @@ def run_reduce(op, world, count, variant, direction, layout, mutate=None, in_pla
 @pytest.mark.parametrize("world", [2, 3, 5, 8])
 @pytest.mark.parametrize("op", REDUCE_PLAN_OPS)
 @pytest.mark.parametrize("variant,direction", list(itertools.product(VARIANTS, ("push", "pull"))))
-def test_reduce_plans_compute_the_sum(world, op, variant, direction):
+def test_reduce_plans_compute_the_sum(world, op, variant, direction, seed):
     for layout_name, count in itertools.product(REDUCE_LAYOUTS, (1, world - 1, 7, 3 * world + 1)):
-        _, got, want = run_reduce(op, world, count, variant, direction, REDUCE_LAYOUTS[layout_name])
+        _, got, want = run_reduce(seed + count, op, world, count, variant, direction, REDUCE_LAYOUTS[layout_name])
         for r in range(world):
-            assert np.array_equal(got[r], want[r]), (layout_name, count, r)
+            assert np.array_equal(got[r], want[r]), (seed, layout_name, count, r)
 
 
 @pytest.mark.parametrize("layout", [Layout(1 << 17, 1 << 17, 512), Layout(None, None, 512)], ids=["sym", "private"])
 @pytest.mark.parametrize("variant,direction", list(itertools.product(VARIANTS, ("push", "pull"))))
 @pytest.mark.parametrize("op", ["all_reduce", "all_reduce_one_shot"])
-def test_all_reduce_plans_in_place(layout, variant, direction, op):
-    _, got, want = run_reduce(op, 4, 11, variant, direction, layout, in_place=True)
-    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+def test_all_reduce_plans_in_place(layout, variant, direction, op, seed):
+    _, got, want = run_reduce(seed, op, 4, 11, variant, direction, layout, in_place=True)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want)), f"seed {seed}"
 
 
 def test_one_shot_limit_is_larger_at_two_ranks():
@@ -294,9 +295,9 @@ def _drop_last_rank(plan):
 
 @pytest.mark.parametrize("mutate", [_shift_reduce_source, _drop_last_rank])
 @pytest.mark.parametrize("op", REDUCE_PLAN_OPS)
-def test_the_simulation_catches_a_wrong_reduction(op, mutate):
-    _, got, want = run_reduce(op, 3, 6, "b2b", "push", REDUCE_LAYOUTS["sym"], mutate=mutate)
-    assert not all(np.array_equal(g, w) for g, w in zip(got, want))
+def test_the_simulation_catches_a_wrong_reduction(op, mutate, seed):
+    _, got, want = run_reduce(seed, op, 3, 6, "b2b", "push", REDUCE_LAYOUTS["sym"], mutate=mutate)
+    assert not all(np.array_equal(g, w) for g, w in zip(got, want)), f"seed {seed}"
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])

@@ -359,17 +359,17 @@ def statuses(sides, legs=LEGS):
 SIGNAL_COMMAND = {"memop": "write", "copy": "copy", "kernel": "kernel"}
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("draw", [0, 1, 2])  # three interleavings each
 @pytest.mark.parametrize("wait", ["memop", "spin", "fold"])
 @pytest.mark.parametrize("send", crossing.SENDS)
-def test_every_gated_pair_delivers_each_leg_to_its_consumer(send, wait, seed, monkeypatch):
+def test_every_gated_pair_delivers_each_leg_to_its_consumer(send, wait, draw, seed, monkeypatch):
     drv, sides, _ = cpu_sides(monkeypatch)
     for s in sides.values():
         s.queue(Pair("eager", send, wait), LEGS)
-    emu = Emulator(drv, seed)
+    emu = Emulator(drv, seed + draw)
     emu.run()
-    assert emu.drained()
-    assert statuses(sides) == {"missing": 0, "ok": LEGS, "wrong": 0, "timeout": 0}
+    assert emu.drained(), f"seed {seed + draw}"
+    assert statuses(sides) == {"missing": 0, "ok": LEGS, "wrong": 0, "timeout": 0}, f"seed {seed + draw}"
     for s in sides.values():
         cmds = drv.streams[s.index + 1]
         flag_sends = [c for c in cmds if c[0] == SIGNAL_COMMAND[send] and (c[0] != "copy" or c[3] == 4)]
@@ -381,9 +381,9 @@ def test_every_gated_pair_delivers_each_leg_to_its_consumer(send, wait, seed, mo
 
 
 @pytest.mark.parametrize("send", crossing.SENDS)
-def test_host_waits_deliver_each_leg_to_a_consumer_the_cpu_launches(send, monkeypatch):
+def test_host_waits_deliver_each_leg_to_a_consumer_the_cpu_launches(send, monkeypatch, seed):
     drv, sides, page = cpu_sides(monkeypatch)
-    emu = Emulator(drv, seed=3)
+    emu = Emulator(drv, seed)
 
     def poll(word, value):
         emu.run(until=lambda: page.words[word] >= value)
@@ -392,7 +392,8 @@ def test_host_waits_deliver_each_leg_to_a_consumer_the_cpu_launches(send, monkey
     assert crossing_device.drive_host_legs(sides, Pair("eager", send, "host"), LEGS, poll,
                                            lambda s: contextlib.nullcontext())
     emu.run()
-    assert emu.drained() and statuses(sides) == {"missing": 0, "ok": LEGS, "wrong": 0, "timeout": 0}
+    assert emu.drained() and statuses(sides) == {"missing": 0, "ok": LEGS, "wrong": 0, "timeout": 0}, \
+        f"seed {seed}"
     assert page.words[crossing_device.HOST_FLAG[0]] == LEGS and page.words[crossing_device.HOST_FLAG[1]] == LEGS - 1
     assert not any(c[0] == "wait" for cmds in drv.streams.values() for c in cmds)  # the CPU waited, no stream
 
@@ -410,14 +411,14 @@ def test_one_process_of_an_ipc_pair_polls_only_for_its_own_legs(monkeypatch):
     assert polled == [(crossing_device.HOST_FLAG[1], 1)] and not drv.streams  # side 1 sends nothing before leg 0
 
 
-def test_the_baseline_consumes_every_leg_on_one_stream(monkeypatch):
+def test_the_baseline_consumes_every_leg_on_one_stream(monkeypatch, seed):
     drv, sides, _ = cpu_sides(monkeypatch)
     sides[0].queue_baseline(LEGS)
-    emu = Emulator(drv, seed=0)
+    emu = Emulator(drv, seed)
     emu.run()
-    assert emu.drained() and list(drv.streams) == [1]
+    assert emu.drained() and list(drv.streams) == [1], f"seed {seed}"
     assert crossing_legs.counts(sides[0].status.tolist(), None, LEGS) == {"missing": 0, "ok": LEGS, "wrong": 0,
-                                                                     "timeout": 0}
+                                                                     "timeout": 0}, f"seed {seed}"
 
 
 def test_a_consumer_queued_ahead_of_its_wait_is_caught(monkeypatch):
@@ -430,19 +431,19 @@ def test_a_consumer_queued_ahead_of_its_wait_is_caught(monkeypatch):
     assert statuses(sides)["wrong"] > 0
 
 
-def test_a_leg_with_another_legs_data_is_caught(monkeypatch):
+def test_a_leg_with_another_legs_data_is_caught(monkeypatch, seed):
     drv, sides, _ = cpu_sides(monkeypatch)
     monkeypatch.setattr(sides[0], "src_ptr", sides[0].src_ptr + sides[0].nbytes)  # side 0 sends the next leg's
     for s in sides.values():
         s.queue(Pair("eager", "copy", "fold"), LEGS)
-    Emulator(drv, seed=1).run()
-    assert statuses(sides)["wrong"] == LEGS // 2
+    Emulator(drv, seed).run()
+    assert statuses(sides)["wrong"] == LEGS // 2, f"seed {seed}"
 
 
 # -- the summary table and the docs block -----------------------------------------------------------------------------
-def synthetic_rows() -> list[dict]:
+def synthetic_rows(seed: int) -> list[dict]:
     pairs = crossing_legs.pair_matrix(crossing.SENDS, crossing.WAITS, crossing.MODES)
-    rng = random.Random(7)
+    rng = random.Random(seed)
     got = {crossing_legs.baseline(m): Measured([800.0 + rng.random()], ok_counts(6), 6, "") for m in crossing.MODES}
     for p in pairs:
         got[p] = Measured([LEGS * (100.0 + 10 * rng.random()) for _ in range(5)], ok_counts(6), 6, "")
@@ -451,10 +452,10 @@ def synthetic_rows() -> list[dict]:
     return rows + crossing.placement_rows("ipc", pairs[:2], LEGS, 64, {})
 
 
-def test_the_crossing_table_has_a_row_per_pair_in_the_probes_order():
+def test_the_crossing_table_has_a_row_per_pair_in_the_probes_order(seed):
     import pandas as pd
 
-    rows = synthetic_rows()
+    rows = synthetic_rows(seed)
     t = tables.crossing(pd.DataFrame(rows))
     assert len(t) == 21 + 2 and "none" not in set(t["send"])
     assert list(t.columns) == ["placement", "mode", "send", "wait", "leg_us", "base_leg_us", "crossing_us",
@@ -464,12 +465,12 @@ def test_the_crossing_table_has_a_row_per_pair_in_the_probes_order():
     row = t[(t["placement"] == "streams") & (t["send"] == "copy") & (t["wait"] == "fold") & (t["mode"] == "graph")]
     src = next(r for r in rows if (r["placement"], r["mode"], r["send"], r["wait"]) == ("streams", "graph", "copy",
                                                                                          "fold"))
-    assert float(row["crossing_us"].iloc[0]) == round(src["crossing_us"], 2)
+    assert float(row["crossing_us"].iloc[0]) == round(src["crossing_us"], 2), f"seed {seed}"
     refused = t[t["note"] == "memop send refused"]
     assert len(refused) == 1 and refused["crossing_us"].iloc[0] == ""
 
 
-def test_the_probes_block_shows_the_crossing_table_when_its_results_exist(tmp_path, monkeypatch):
+def test_the_probes_block_shows_the_crossing_table_when_its_results_exist(tmp_path, monkeypatch, seed):
     monkeypatch.setattr(docs, "ROOT", tmp_path)
     assert docs.probes("m") == ""
     run = tmp_path / "results/m/probes/crossing"
@@ -477,12 +478,12 @@ def test_the_probes_block_shows_the_crossing_table_when_its_results_exist(tmp_pa
     with open(run / "data.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=crossing.COLUMNS)
         w.writeheader()
-        w.writerows(synthetic_rows())
+        w.writerows(synthetic_rows(seed))
     (run / "data.json").write_text(json.dumps({"git_sha": "0123456789abc", "hardware": {"gpus": ["NVIDIA H100"]},
                                                "software": {"torch": "2.11.0", "nccl": "2.28.9"}}))
     block = docs.probes("m")
     assert block.startswith("Source: `results/m/probes/crossing/data.csv` (code 0123456789, 1x NVIDIA H100")
-    assert block.count("\n| streams") == 21 and "memop send refused" in block
+    assert block.count("\n| streams") == 21 and "memop send refused" in block, f"seed {seed}"
 
 
 # -- the runs of a pair, in one process or two (threads here), on an emulated GPU ----------------------------------
@@ -543,7 +544,7 @@ class FakeGPU:
             monkeypatch.setattr(torch.cuda, name, value)
 
 
-def run_pairs(monkeypatch, processes, pairs, refuse_memop=False, seed=0):
+def run_pairs(monkeypatch, processes, pairs, seed, refuse_memop=False):
     """Every pair of ``pairs`` measured by Runners as the placement's processes (threads) run them: the rows."""
     cfg = {**CFG, "repeats": 2, "wait_timeout_ms": 5000.0}
     drv, sides, page = cpu_sides(monkeypatch)
@@ -586,19 +587,19 @@ def run_pairs(monkeypatch, processes, pairs, refuse_memop=False, seed=0):
 
 
 @pytest.mark.parametrize("processes", [[(0, 1)], [(0,), (1,)]], ids=["one process", "two processes"])
-def test_every_pair_runs_in_step_and_checks_out(processes, monkeypatch):
+def test_every_pair_runs_in_step_and_checks_out(processes, monkeypatch, seed):
     pairs = crossing_legs.pair_matrix(crossing.SENDS, crossing.WAITS, crossing.MODES)
-    rows = run_pairs(monkeypatch, processes, pairs)
+    rows = run_pairs(monkeypatch, processes, pairs, seed)
     assert len(rows) == 23
     for r in rows:
-        assert (r["correct"], r["timeouts"], r["note"], r["leg_us"]) == (True, 0, "", 1000.0 / LEGS), r
+        assert (r["correct"], r["timeouts"], r["note"], r["leg_us"]) == (True, 0, "", 1000.0 / LEGS), (seed, r)
         assert r["crossing_us"] == ("" if r["send"] == "none" else 0.0)
 
 
 @pytest.mark.parametrize("processes", [[(0, 1)], [(0,), (1,)]], ids=["one process", "two processes"])
-def test_a_refused_send_is_a_row_with_its_reason_and_the_rest_still_run(processes, monkeypatch):
+def test_a_refused_send_is_a_row_with_its_reason_and_the_rest_still_run(processes, monkeypatch, seed):
     pairs = crossing_legs.pair_matrix(crossing.SENDS, ["memop", "host"], ["eager"])
-    rows = {(r["send"], r["wait"]): r for r in run_pairs(monkeypatch, processes, pairs, refuse_memop=True)}
+    rows = {(r["send"], r["wait"]): r for r in run_pairs(monkeypatch, processes, pairs, seed, refuse_memop=True)}
     refused = rows[("memop", "memop")]
     assert refused["leg_us"] == "" and refused["correct"] is False
     assert refused["note"].startswith("memop send refused: cuStreamWriteValue32: error 801")
@@ -618,16 +619,16 @@ def test_a_page_is_one_memory_for_every_process_that_maps_it(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("wait", ["memop", "spin", "fold"])
-def test_a_stalled_side_is_released_and_its_legs_count_as_wrong(wait, monkeypatch):
+def test_a_stalled_side_is_released_and_its_legs_count_as_wrong(wait, monkeypatch, seed):
     drv, sides, page = cpu_sides(monkeypatch)
     sides[1].queue(Pair("eager", "copy", wait), LEGS)  # side 0 never sends: side 1 waits for leg 0 for good
-    emu = Emulator(drv, seed=0)
+    emu = Emulator(drv, seed)
     emu.run()
     assert not emu.drained()
     sides[1].release()
     emu.run()
     assert emu.drained() and page.words[crossing_device.GATE] == 1
-    assert crossing_legs.counts(sides[1].status.tolist(), 1, LEGS)["wrong"] == LEGS // 2
+    assert crossing_legs.counts(sides[1].status.tolist(), 1, LEGS)["wrong"] == LEGS // 2, f"seed {seed}"
 
 
 def test_host_polls_give_up_later_than_gpu_waits():

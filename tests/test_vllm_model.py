@@ -29,7 +29,7 @@ def test_vocabulary_has_the_special_ids_the_config_names():
 
 @needs_tokenizers
 @pytest.mark.parametrize("name,layers", [("llama-3.1-8b", None), ("llama-3.1-70b", 3), ("mixtral-8x7b", 1)])
-def test_folder_round_trips_random_ids(tmp_path, name, layers):
+def test_folder_round_trips_random_ids(tmp_path, name, layers, seed):
     folder = vllm_model.write(tmp_path / name, name, layers)
     hf = json.loads((folder / "config.json").read_text())
     assert hf == config.hf_config(config.spec(name, layers))
@@ -37,9 +37,9 @@ def test_folder_round_trips_random_ids(tmp_path, name, layers):
 
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert tok.get_vocab_size() == hf["vocab_size"]
-    ids = np.random.default_rng(7).integers(3, hf["vocab_size"], size=200).tolist()
+    ids = np.random.default_rng(seed).integers(3, hf["vocab_size"], size=200).tolist()
     text = tok.decode(ids)
-    assert tok.encode(text).ids == ids and len(text.split()) == len(ids)
+    assert tok.encode(text).ids == ids and len(text.split()) == len(ids), f"seed {seed}"
 
 
 @needs_vllm

@@ -316,10 +316,10 @@ def test_wrapper_routes_and_keeps_vllms_layouts(vllm_class, on_gpu):
     assert comm.all_gather(x, 0) == "vllm"  # dmacoll off for this group
 
 
-def test_wrapper_sends_only_data_movement_with_route_moves(vllm_class, on_gpu):
+def test_wrapper_sends_only_data_movement_with_route_moves(vllm_class, on_gpu, seed):
     comm = _wrapper(vllm_class[0], how="moves")
-    x = torch.randn(4, 6)
-    assert torch.equal(comm.all_gather(x, 0), torch.cat([x, x + 100]))
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(comm.all_gather(x, 0), torch.cat([x, x + 100])), f"seed {seed}"
     assert comm.all_reduce(x) == "vllm" and comm.reduce_scatter(x, 0) == "vllm"
 
 
@@ -332,18 +332,20 @@ def _table(rows, margin=0.1, world=2, gpu="NVIDIA H200"):
                    "tables": [{"machine": "m", "world": world, "gpu": gpu, "entries": entries}]})
 
 
-def test_measured_policy_routes_only_where_dmacoll_is_faster(vllm_class, on_gpu, monkeypatch, caplog):
+def test_measured_policy_routes_only_where_dmacoll_is_faster(vllm_class, on_gpu, monkeypatch, caplog, seed):
     table = _table([("all_gather", "graph", 1024, 20.0, 10.0), ("all_gather", "graph", 4096, 8.0, 10.0),
                     ("all_gather", "graph", 16384, 8.0, 10.0), ("all_gather", "eager", 16384, 50.0, 40.0)])
     comm = _wrapper(vllm_class[0], how="measured", routes=table)
     assert plug.capture_mode() == "eager"  # no capture here
-    small, mid, big = torch.randn(64, 4), torch.randn(256, 4), torch.randn(1024, 4)  # 1 KB, 4 KB, 16 KB fp32
+    gen = torch.Generator().manual_seed(seed)
+    small, mid, big = (torch.randn(n, 4, generator=gen) for n in (64, 256, 1024))  # 1 KB, 4 KB, 16 KB fp32
     monkeypatch.setattr(plug, "capture_mode", lambda: "graph")
     with caplog.at_level(logging.INFO, logger="dmacoll.vllm"):
         assert comm.all_gather(small, 0) == "vllm"  # 20 us vs 10: slower
-        assert torch.equal(comm.all_gather(big, 0), torch.cat([big, big + 100]))  # 8 vs 10: 20% faster
-        assert torch.equal(comm.all_gather(mid, 0), torch.cat([mid, mid + 100]))
-        assert comm.all_gather(torch.randn(128, 4), 0) == "vllm"  # 2 KB: between a slower and a faster size
+        # 8 vs 10 us: 20% faster
+        assert torch.equal(comm.all_gather(big, 0), torch.cat([big, big + 100])), f"seed {seed}"
+        assert torch.equal(comm.all_gather(mid, 0), torch.cat([mid, mid + 100])), f"seed {seed}"
+        assert comm.all_gather(torch.zeros(128, 4), 0) == "vllm"  # 2 KB: between a slower and a faster size
         assert comm.all_reduce(big) == "vllm"  # deferred op
         monkeypatch.setattr(plug, "capture_mode", lambda: "eager")
         assert comm.all_gather(big, 0) == "vllm"  # eager is measured slower

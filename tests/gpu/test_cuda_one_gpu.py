@@ -102,11 +102,12 @@ def test_gates_prerecorded_replays_and_forked_queues():
                     "parallel": [1, 2, 3]}
 
 
-def test_sm_carveout_applies_inside_and_restores_outside():
+def test_sm_carveout_applies_inside_and_restores_outside(seed):
     from dmacoll_lab.bench.green import SmCarveout
 
     before = (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental())
-    a = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(512, 512, generator=torch.Generator("cuda").manual_seed(seed), device="cuda",
+                    dtype=torch.bfloat16)
     seen = []
 
     def gemm():
@@ -116,4 +117,5 @@ def test_sm_carveout_applies_inside_and_restores_outside():
     carved = SmCarveout(8).wrap(gemm)()
     assert seen == [(torch._C._BlasBackend.Cublaslt, 8)]
     assert (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()) == before
-    torch.testing.assert_close(carved, a @ a)  # the same product, whichever library computed it
+    # the same product, whichever library computed it
+    torch.testing.assert_close(carved, a @ a, msg=lambda m: f"seed {seed}: {m}")

@@ -153,10 +153,28 @@ def pipeline_cases(op: str, variant: str, dtype: str, count: int, calls: int, se
             for k in range(calls)]
 
 
+def exchange_peers(case: Case, rank: int, world: int) -> frozenset:
+    """The peers ``rank`` sends data to or receives data from in the case's call (an exchange op): those a push
+    waits DONE from, so those whose READY a lean call right after it may skip."""
+    counts = send_counts(case, world)  # None: equal splits, every pair moves a chunk of ``count`` elements
+    return frozenset(p for p in range(world) if p != rank and (
+        case.count > 0 if counts is None else counts[rank][p] > 0 or counts[p][rank] > 0))
+
+
+def skipped_ready(cases: list[Case], rank: int, world: int, before: Optional[Case] = None) -> list[frozenset]:
+    """What ``run_pipeline`` must report per call: the peers whose READY ``rank`` skips, i.e. those it exchanged
+    data with in the call before (their DONE of it proves they had issued it, hence read the output before).
+    ``before``: the call right before the first one, when that first call may skip READY too (owned outputs,
+    every call lean, after an exchange in the same context: eager, or the same capture); None: the first call
+    runs the full handshake."""
+    return [frozenset() if previous is None else exchange_peers(previous, rank, world)
+            for previous in [before, *cases[:-1]]]
+
+
 def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int, seed: int,
                  late_consumer: bool = False, same_output: bool = False, graph: bool = False,
                  buffers: Optional[tuple[list[torch.Tensor], list[torch.Tensor]]] = None, owned: bool = False
-                 ) -> tuple[list[Optional[str]], list[bool]]:
+                 ) -> tuple[list[Optional[str]], list[frozenset]]:
     """``handshake='lean'`` used as promised: ``calls`` back-to-back push calls (``pipeline_cases``) into two
     alternating symmetric outputs (one, with ``same_output``: a broken promise), each output read (copied out)
     right after its call and before the next one; every copy compared with the CPU reference. ``late_consumer``: the last
@@ -164,7 +182,7 @@ def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int
     input refills and reads captured once, replayed on fresh inputs. ``buffers``: from ``pipeline_buffers``
     (default: allocated here). ``owned``: the outputs are the communicator's (``Communicator.result``, the
     handshake left to it) instead of the two given ones. Returns an error or None per call, and per call (of the
-    last pass) whether it skipped READY with some peer."""
+    last pass) the peers it skipped READY with (``skipped_ready`` says which it must)."""
     world, rank = comm.world, comm.rank
     cases = pipeline_cases(op, variant, dtype, count, calls, seed)
     sizes = [numels(c, rank, world) for c in cases]
@@ -177,7 +195,7 @@ def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int
     sources = [torch.empty(n, dtype=torch_dtype, device=comm.device) for n, _ in sizes]
     results = [torch.empty(n, dtype=torch_dtype, device=comm.device) for _, n in sizes]
     late = late_consumer and rank == world - 1
-    lean: list[bool] = []
+    lean: list[frozenset] = []
     returned: list[torch.Tensor] = []  # owned: the outputs the communicator gave
 
     def one_pass() -> None:
@@ -194,7 +212,7 @@ def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int
                 returned.append(out)
             else:
                 call(comm, case, out, inp, counts)
-            lean.append(bool(comm.last_handshake.ready_implied))
+            lean.append(comm.last_handshake.ready_implied)
             if late:  # a slow reader: the next call must not overwrite what it has not read yet
                 torch.cuda._sleep(100_000_000) if comm.device.type == "cuda" else time.sleep(0.05)
             results[k].copy_(out)
