@@ -341,11 +341,11 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     """handshake='lean' on two alternating outputs, and the communicator's own (Communicator.result), eager and
     captured, with a late reader on the last rank: every call's output against the CPU reference
     (check.run_pipeline), and READY skipped with exactly the peers the protocol allows (check.skipped_ready)."""
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
     from dmacoll_lab.verify.check import PIPELINE_OPS, pipeline_buffers, pipeline_cases, run_pipeline, skipped_ready
 
     # prerecord off: a prerecorded call never skips READY, and 'auto' may pick it from a tuning table (H200x2's)
-    comm = Communicator(timeout_s=30, prerecord=False)
+    comm = Communicator(timeout_s=30, options=Options(prerecord=False))
     buffers = pipeline_buffers(comm, 1 << 22, 1 << 22)
     failures = []
     last = None  # the previous pipeline's last eager call (a captured one vouches for nothing eager)
