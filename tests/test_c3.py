@@ -321,7 +321,7 @@ class _FakeBound:
         self.impl, self.run, self.spec = impl, (lambda: None), ops.get(op)
         self.sums_in_place = False
 
-    def check(self, replay, stream) -> bool:
+    def check(self, rerun) -> bool:
         return True
 
 
@@ -366,7 +366,7 @@ def _fake_point_gpu(monkeypatch) -> list:
 
     monkeypatch.setattr(c3.Rank, "time_parts", fake_time_parts)
     monkeypatch.setattr(c3, "collective", _FakeBound)
-    monkeypatch.setattr(c3.harness, "capture", lambda fn, calls, stream=None, warmup=1: type("G", (), {"replay": "graph"})())
+    monkeypatch.setattr(c3, "capture", lambda fn, calls, stream=None, warmup=1: type("G", (), {"replay": "graph"})())
     return launched
 
 

@@ -117,3 +117,47 @@ def test_timeouts_mean_the_same_everywhere():
                 assert "one wait of a collective" in a.help, name
             if a.dest == "deadline_s":
                 assert "ranks may run in all" in a.help, name
+
+
+SWEEP_ARGS = ["--ops", "all_reduce", "--impls", "nccl", "dma", "--variants", "b2b", "--directions", "pull",
+              "--places", "in", "--signals", "kernel", "--waits", "spin", "--prerecord", "no", "yes", "--submit",
+              "native", "--handshakes", "lean", "--min-bytes", "2K", "--max-bytes", "4M", "--modes", "eager",
+              "--dtype", "float32", "--calls", "7", "--repeats", "2", "--warmup", "1", "--seed", "5", "--out", "x.csv"]
+
+
+def test_the_sweep_configuration_is_the_sweep_commands_arguments():
+    from dataclasses import fields
+
+    from dmacoll_lab.bench.sweep import SweepConfig
+
+    cfg = SweepConfig.from_args(build_parser().parse_args(["sweep", *SWEEP_ARGS]))
+    assert cfg == SweepConfig(ops=("all_reduce",), impls=("nccl", "dma"), variants=("b2b",), directions=("pull",),
+                              places=("in",), signals=("kernel",), waits=("spin",), prerecord=(False, True),
+                              submit=("native",), handshakes=("lean",), min_bytes=2048, max_bytes=4 << 20,
+                              modes=("eager",), dtype="float32", calls=7, repeats=2, warmup=1, seed=5, out="x.csv")
+    # every field came from its argument (none is its default): a new field must be added to SWEEP_ARGS
+    assert [f.name for f in fields(SweepConfig) if getattr(cfg, f.name) == f.default] == []
+
+
+def test_a_sweep_configuration_field_without_an_argument_is_an_error():
+    from dmacoll_lab.bench.sweep import SweepConfig
+
+    a = vars(build_parser().parse_args(["sweep"]))
+    del a["warmup"]
+    with pytest.raises(TypeError, match=r"no argument for \['warmup'\]"):
+        SweepConfig.from_args(a)
+
+
+def test_tune_measures_the_dma_sweep_of_its_arguments_without_changing_them(monkeypatch, tmp_path):
+    from dmacoll_lab.cli import bench
+
+    a = build_parser().parse_args(["tune", *[x for x in SWEEP_ARGS[5:] if x not in ("--out", "x.csv")],
+                                   "--backend", "host", "--world", "2", "--out", str(tmp_path / "t.json")])
+    before = dict(vars(a))
+    seen = []
+    monkeypatch.setattr(bench, "sweep", lambda cfg, args, host: seen.append((cfg, args, host)) or 3)
+    assert bench.cmd_tune(a) == 3  # the sweep's failure is tune's
+    (cfg, args, host), = seen
+    assert cfg.impls == ("dma",) and cfg.out == str(tmp_path / "t.sweep.csv") and host
+    assert (cfg.variants, cfg.calls, cfg.prerecord) == (("b2b",), 7, (False, True))
+    assert args is a and vars(a) == before

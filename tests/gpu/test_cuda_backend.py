@@ -194,13 +194,24 @@ def test_prelaunched_gather_starts_when_the_producer_releases_it(kernels, world)
     assert run_ranks(_prelaunch, world, kernels == "warm", device="cuda") == [True] * world
 
 
-def _check(world: int, seed: int, **args) -> None:
-    from dmacoll_lab.verify.check import check_rank as _check_rank
+def _grid(rank: int, world: int, seed: int, options: dict, grid: dict, nccl: bool) -> list[dict]:
+    """One family's grid on a communicator with its options, eager calls as they come (the lean pipelines and
+    the defaults have tests of their own: ``dmacoll check`` runs all of them)."""
+    from dmacoll import Communicator
+    from dmacoll_lab.verify.check import cases, run_cases
 
-    args = dict(backend="cuda", timeout_s=30, variants=VARIANTS, directions=("push", "pull"), seed=seed,
-                reference=reference(world), **args)
-    args["counts"] = sized(world, args["counts"])
-    results = run_ranks(_check_rank, world, args, device="cuda")
+    comm = Communicator(timeout_s=30, **{"prerecord": False, **options})
+    try:
+        return run_cases(comm, cases(seed=seed, **grid), nccl=nccl)
+    finally:
+        comm.close()
+
+
+def _check(world: int, seed: int, dtypes: list[str], counts: list[int], ops: tuple, syncs: list[str],
+           variants=VARIANTS, directions=("push", "pull"), **options) -> None:
+    grid = dict(variants=variants, directions=directions, dtypes=dtypes, counts=sized(world, counts), ops=ops,
+                syncs=syncs)
+    results = run_ranks(_grid, world, seed, options, grid, reference(world) == "nccl", device="cuda")
     bad = [r for rank in results for r in rank if not r["ok"]]
     assert results[0] and not bad, (seed, bad[:5])
 
@@ -227,6 +238,15 @@ def test_kernel_waits_match_the_reference(wait, world, seed):
     _check(world, seed, dtypes=["bfloat16", "float32"], counts=[1, 4099, 65537],
            ops=("all_gather", "all_to_all", "reduce_scatter", "all_reduce"), syncs=["reset"], signal="memop",
            wait=wait)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_defaults_match_the_reference(world, seed):
+    """Communicator() with no options: what the tuning table, a calibration or the fallback (eager calls
+    prerecorded) picks per call, every op, variant and direction 'auto'."""
+    _check(world, seed, dtypes=["bfloat16", "float32"], counts=[1, 4099, 300001],
+           ops=("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce"), syncs=["reset"],
+           variants=("auto",), directions=("auto",), prerecord="auto")
 
 
 def _forced_copy_flags(rank: int, world: int, seed: int) -> dict:

@@ -20,21 +20,52 @@ def _harness(rank: int, world: int) -> dict:
     rk.priv_out = torch.empty(1 << 20, dtype=torch.uint8, device=rk.device)
     out = {"device": rk.device.type, "hold": rk.hold}
     x = torch.ones(1 << 22, device=rk.device)
-    graph = harness.capture(lambda: x.add_(1), calls=4)
-    out["graph_us"] = rk.time_graph(graph, 4, 3)
-    out["eager_us"] = rk.time_calls(lambda: x.add_(1), 4, 3)
+    out["graph_us"] = rk.bench(lambda: x.add_(1), 4, 3, "graph").samples
+    out["eager_us"] = rk.bench(lambda: x.add_(1), 4, 3).samples
     side = torch.cuda.Stream()
     parts = rk.time_parts([("a", lambda: x.mul_(1), torch.cuda.current_stream()), ("b", lambda: x.add_(0), side)], 3)
     out["parts"] = sorted(parts)
     out["total_is_last"] = parts["total"] >= max(parts["a"], parts["b"])
     out["checks"] = {}
     for name, spec in ops.REGISTRY.items():
+        # graph-replayed in place (an in-place sum of several calls is checked by a graph of one) and eager
         right = harness.Bound(rk, spec, 4096, 7, harness.torch_caller(spec), symmetric=False, in_place=True)
-        g = harness.capture(right.run, 1)
         lazy = harness.Bound(rk, spec, 4096, 7, lambda o, i, c: (lambda: None), symmetric=False)
-        out["checks"][name] = (right.check(g.replay), lazy.check(lazy.run))
+        out["checks"][name] = (rk.bench(right.run, 3, 2, "graph", check=right).correct,
+                               rk.bench(lazy.run, 1, 1, check=lazy).correct)
     rk.close()
     return out
+
+
+def _loop_on_a_stream(rank: int, world: int) -> dict:
+    """The timing loop's graph mode on a stream of its own, and its check: the rerun of an in-place sum is one call
+    (a graph of one), of anything else the timed graph."""
+    from dmacoll.timing import bench_time
+
+    stream = torch.cuda.Stream()
+    x = torch.zeros(1 << 20, device="cuda")
+    seen = {}
+
+    class Adds:
+        def __init__(self, sums_in_place):
+            self.sums_in_place = sums_in_place
+
+        def check(self, rerun):
+            before = x.clone()
+            rerun()
+            torch.cuda.synchronize()
+            seen[self.sums_in_place] = float((x - before).max())
+            return True
+
+    samples = {sums: bench_time(lambda: x.add_(1), 5, 3, mode="graph", warmup=2, stream=stream,
+                                check=Adds(sums)).samples for sums in (True, False)}
+    return {"samples": samples, "added": seen}
+
+
+def test_the_timing_loop_on_a_gpu_stream_and_its_check():
+    out = run_ranks(_loop_on_a_stream, 1, device="cuda", timeout_s=300)[0]
+    assert all(len(s) == 3 and all(t > 0 for t in s) for s in out["samples"].values())
+    assert out["added"] == {True: 1.0, False: 5.0}  # one call for an in-place sum, the timed graph otherwise
 
 
 def test_harness_times_and_checks_on_a_gpu():

@@ -6,7 +6,6 @@ ranks exchange them and every rank keeps the slowest rank's (a collective is don
 rank holds the same numbers and makes the same next request."""
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from typing import Callable, Optional
@@ -49,7 +48,7 @@ class Bench:
     def measure(self, points: list[Point]) -> dict[Point, float]:
         """Microseconds per call of each point, the slowest rank's median (the same dict on every rank)."""
         local, error = [], ""
-        with self._on_stream():
+        with timing.on_stream(self.stream):
             for p in points:
                 try:
                     local.append(self._one(p) if not error else 0.0)
@@ -80,17 +79,9 @@ class Bench:
         out, inp = self._buffers(spec, p)
         options = p.choice._asdict()
         call = lambda: self.comm.collective(p.op, out, inp, **options)  # noqa: E731
-        if p.mode == "graph":
-            graph = timing.capture(call, s.calls, self.stream, warmup=s.warmup)
-            run = graph.replay
-            run()  # the first replay uploads the graph
-        else:
-            run = lambda: [call() for _ in range(s.calls)]  # noqa: E731
-            for _ in range(s.warmup):
-                call()
-        timing.synchronize(self.device)
-        self._gather(None)  # every rank starts its samples together
-        return statistics.median(timing.elapsed_us(run, s.calls, self.device) for _ in range(s.repeats))
+        timed = timing.bench_time(call, s.calls, s.repeats, mode=p.mode, warmup=s.warmup, stream=self.stream,
+                                  device=self.device, start=lambda: self._gather(None))  # every rank together
+        return statistics.median(timed.samples)
 
     def _buffers(self, spec: ops.OpSpec, p: Point) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's output and input of ``p.size`` bytes per rank (bfloat16, as the sweeps), in place where
@@ -106,6 +97,3 @@ class Bench:
         out: list = [None] * self.world
         dist.all_gather_object(out, value, group=self.group)
         return out
-
-    def _on_stream(self):
-        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()

@@ -45,7 +45,7 @@ Every op is called in place where it has an in-place form (``OpSpec.in_place``),
 After the strategies of a (shape, op, target) are timed, every collective graph is checked (``harness.Bound``):
 outputs poisoned, replayed once, compared with the op spec's reference of every rank's seeded input (sums use
 small integers, exact in bf16 in any order; an in-place sum whose graph holds several calls, which would sum
-again, is checked with a one-call graph: ``harness.one_call``). Rows are per rank.
+again, is checked with a one-call graph: ``dmacoll.timing.check_after``). Rows are per rank.
 
 ``sizes`` (the ``dmacoll interference`` view) replaces the targets: each of those collective sizes, called
 often enough to span the compute (target 1).
@@ -57,6 +57,7 @@ from typing import Callable, Optional
 import torch
 
 from dmacoll import ops
+from dmacoll.timing import capture, check_after
 from . import harness
 from .c3_grid import (C3_COLUMNS, CARVEOUT, CARVEOUT_STRATEGIES, COMM_FIRST, GRAPH_OF, NAN, NCCL_STRATEGIES, Shape,
                       comm_points, comp_reps, compute_setting, metrics_row, option_fields, options, scenario_fields,
@@ -171,7 +172,7 @@ def probe_ladder(rk: Rank, op: str) -> dict[int, float]:
     per_rank = {}
     for i, size in enumerate(sizes):
         b = collective(rk, op, "nccl", size, 31 * (i + 1))
-        graph = harness.capture(b.run, 10, rk.comm_stream)
+        graph = capture(b.run, 10, rk.comm_stream)
         per_rank[size] = rk.alone(graph.replay, rk.comm_stream, 3) / 10
     merged = rk.gather(per_rank)
     return {s: max(r[s] for r in merged) for s in sizes}
@@ -247,7 +248,7 @@ def measure_point(rk: Rank, op: str, size: int, calls: int, base: dict, placemen
 
         def setup(impl=impl, name=name, stream=stream):
             b = collective(rk, op, impl, size, seed, rk.hi_group if name == "nccl_hi" else None)
-            return b, harness.capture(b.run, calls, stream), stream
+            return b, capture(b.run, calls, stream), stream
 
         got, err = rk.agreed(setup)
         if err:
@@ -275,7 +276,7 @@ def measure_point(rk: Rank, op: str, size: int, calls: int, base: dict, placemen
                                           together), "correct": None, "skipped": ""})
     checks = {}
     for name, (b, graph, stream) in graphs.items():
-        checks[name] = b.check(harness.one_call(b, graph, calls, stream), stream)
+        checks[name] = check_after(b, b.run, calls, graph, stream)
     for r in rows:
         if not r["skipped"]:
             r["correct"] = checks[GRAPH_OF[r["strategy"]]]

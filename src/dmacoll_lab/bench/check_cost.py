@@ -30,7 +30,7 @@ def run_check_cost(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
             for _ in range(cfg["repeats"]):
                 for on in samples:
                     rk.comm.check_calls = on  # on every rank alike
-                    samples[on] += rk.time_calls(bound.run, cfg["calls"], repeats=1, warmup=1)
+                    samples[on] += rk.bench(bound.run, cfg["calls"], 1, warmup=1).samples
             for on, times in samples.items():
                 rk.comm.check_calls = on
                 ok = all(rk.gather(bound.check(bound.run)))

@@ -31,8 +31,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from dmacoll import ops
+from dmacoll.timing import capture
 from ..verify.reference import POISON
-from .harness import Rank, capture
+from .harness import Rank
 from .ficco_grid import (BAND, FICCO_COLUMNS, NAN, Scenario, heap_top, metrics, option_label, piece_major_order,
                          scenarios, schedules, skipped_row, split_rows)
 

@@ -5,10 +5,10 @@ use, e2e; breakdown its timing summary and writer).
   applications use their own), a gloo group for host-side agreement, the dmacoll communicator and buffer pools
   when a benchmark needs them; ``barrier``, ``gather``, ``agreed`` (a value, or the same error on every rank)
   and ``slowest`` (a collective step ends when its slowest rank does).
-* Timing (``dmacoll.timing``: CUDA events on GPUs): ``time_calls`` (back-to-back calls issued from Python:
-  eager, host cost included), ``time_graph`` (a captured graph's replays) and ``time_parts`` (several streams
-  released together after a GPU sleep, so the host has queued every part before any starts: C3, FiCCO).
-  ``summarize``: median, p10, p90.
+* Timing: ``Rank.bench`` is the one timing loop (``dmacoll.timing.bench_time``: warm-up, back-to-back calls
+  graph-replayed or eager, CUDA events on GPUs, an optional check after timing) with every rank starting each
+  repeat together; ``Rank.time_parts`` is the other measurement (several streams released together after a GPU
+  sleep, so the host has queued every part before any starts: C3, FiCCO). ``summarize``: median, p10, p90.
 * ``Bound``: one collective on this rank's buffers with seeded inputs (``verify.reference.draw``), and its
   ``check`` after timing: outputs poisoned, the collective run once more (a call or a replay), compared with
   the op spec's exact reference.
@@ -20,7 +20,6 @@ uses to run the benchmarks' plumbing (every op, every check) end to end.
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -29,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from dmacoll import ops
-from dmacoll.timing import capture, elapsed_us, synchronize  # noqa: F401 - the harness's timing
+from dmacoll.timing import Timed, bench_time, elapsed_us, synchronize
 from ..verify.reference import draw, mismatch, poison
 from . import provenance
 
@@ -40,11 +39,6 @@ def summarize(samples_us: Sequence[float]) -> dict[str, float]:
     s = sorted(samples_us)
     pick = lambda q: s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]  # noqa: E731
     return {"time_us": statistics.median(s), "time_us_p10": pick(0.1), "time_us_p90": pick(0.9)}
-
-
-def on_stream(stream):
-    """``torch.cuda.stream(stream)``, or nothing on the host (where a stream is None)."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def sleep_cycles_per_us() -> float:
@@ -124,26 +118,12 @@ class Rank:
         return self._inputs[1]
 
     # -- timing on this rank -------------------------------------------------------------------------------
-    def time_calls(self, fn: Callable[[], object], calls: int, repeats: int, warmup: int = 3) -> list[float]:
-        """Per-call microseconds of ``calls`` back-to-back calls issued from Python, ``repeats`` times."""
-        for _ in range(warmup):
-            fn()
-        synchronize()
-        samples = []
-        for _ in range(repeats):
-            self.barrier()
-            samples.append(elapsed_us(lambda: [fn() for _ in range(calls)], calls))
-        return samples
-
-    def time_graph(self, graph: torch.cuda.CUDAGraph, calls: int, repeats: int) -> list[float]:
-        """Per-call microseconds of a graph holding ``calls`` calls, replayed ``repeats`` times."""
-        graph.replay()  # the first replay uploads the graph
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(repeats):
-            self.barrier()
-            samples.append(elapsed_us(graph.replay, calls))
-        return samples
+    def bench(self, call: Callable[[], object], calls: int, repeats: int, mode: str = "eager", warmup: int = 3,
+              check=None) -> Timed:
+        """This rank's per-call microseconds of ``call`` (``dmacoll.timing.bench_time``), every rank starting each
+        repeat together; ``check``: a ``Bound`` checked after timing."""
+        return bench_time(call, calls, repeats, mode=mode, warmup=warmup, device=self.device, each=self.barrier,
+                          check=check)
 
     def time_parts(self, parts: Sequence[tuple[str, Callable[[], None], object]], repeats: int) -> dict:
         """Medians over repeats of each part's end (name -> us) and of the last end ('total'), from one start.
@@ -231,7 +211,7 @@ class Bound:
     @property
     def sums_in_place(self) -> bool:
         """Whether a call changes its own input (an in-place sum): calls repeated in one graph sum again, so a
-        check must rerun one call (``one_call``), not a graph of several."""
+        check must rerun one call (``dmacoll.timing.check_after``), not a graph of several."""
         return self.in_place and self.spec.reduces
 
     def restore(self) -> None:
@@ -247,28 +227,19 @@ class Bound:
         """After a checked run: whether the output is the op spec's exact reference (byte for byte)."""
         return mismatch(self.spec, self.result, self.inputs, self.rk.rank, self.counts, exact_sums=True) is None
 
-    def check(self, rerun: Callable[[], None], stream=None) -> bool:
-        """Poison the output, restore the input, ``rerun`` once (on ``stream``), compare."""
-        checked_run(self.rk, self.prepare, rerun, stream)
+    def check(self, rerun: Callable[[], None]) -> bool:
+        """Poison the output, restore the input, ``rerun`` once, compare (``dmacoll.timing.Check``)."""
+        checked_run(self.rk, self.prepare, rerun)
         return self.right()
 
 
-def one_call(bound, graph: torch.cuda.CUDAGraph, calls: int, stream=None) -> Callable[[], None]:
-    """What a check after timing reruns: the timed graph's replay, or a graph of one call where ``calls`` repeated
-    calls would give another result (``Bound.sums_in_place``)."""
-    if bound.sums_in_place and calls > 1:
-        return capture(bound.run, 1, stream, warmup=0).replay
-    return graph.replay
-
-
-def checked_run(rk: Rank, prepare: Callable[[], None], rerun: Callable[[], None], stream=None) -> None:
-    """``prepare`` (poison outputs, restore inputs), then ``rerun`` once on ``stream`` with every rank in step, and
-    wait for the peers' writes."""
+def checked_run(rk: Rank, prepare: Callable[[], None], rerun: Callable[[], None]) -> None:
+    """``prepare`` (poison outputs, restore inputs), then ``rerun`` once with every rank in step, and wait for the
+    peers' writes."""
     prepare()
     synchronize()
     rk.barrier()
-    with on_stream(stream):
-        rerun()
+    rerun()
     synchronize()
     rk.barrier()  # peers' writes into us are complete
 

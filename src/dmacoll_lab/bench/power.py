@@ -186,6 +186,7 @@ def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
     import torch
 
     from dmacoll import ops
+    from dmacoll.timing import capture, check_after
     from . import harness
     from .baselines import Baselines
     from .sweep import Bound, point_fields
@@ -204,11 +205,10 @@ def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
             sent = round(ops.get(op).bus_bytes(nbytes, world))
             for pt in power_points(op, cfg["impls"]):
                 b = Bound(rk, baselines, pt, nbytes, 7919 * (i + 1))
-                probe = harness.capture(b.run, 10, warmup=3)
-                per_call_us = statistics.median(rk.time_graph(probe, 10, 3))
+                per_call_us = statistics.median(rk.bench(b.run, 10, 3, "graph").samples)
                 # one replay ~ 20 ms of back-to-back calls; the same count on every rank (collectives must match)
                 calls = min(rk.gather(max(10, min(2000, int(20e3 / max(per_call_us, 1e-3))))))
-                graph = harness.capture(b.run, calls)
+                graph = capture(b.run, calls)
                 steps = rk.most(max(1, int(cfg["seconds"] / max(calls * per_call_us * 1e-6, 1e-6))))
                 for rep in range(cfg["repeats"]):
                     rk.barrier()
@@ -216,7 +216,7 @@ def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                     rows.append({**point_fields(pt), "world": world, "rank": rank, "gpu": meter.name,
                                  "bytes_per_rank": nbytes, "bytes_sent_per_call": sent, "repeat": rep, **res,
                                  **dynamic_energy(res, idle_w, sent)})
-                ok = b.check(harness.one_call(b, graph, calls))
+                ok = check_after(b, b.run, calls, graph)  # the energy loop is the timing: its check after
                 for r in rows[-cfg["repeats"]:]:
                     r["correct"] = ok
                 if rank == 0:

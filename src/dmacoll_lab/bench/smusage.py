@@ -58,6 +58,7 @@ def gpu_activities(fn, calls: int) -> list[tuple[str, float]]:
 
 
 def run_sm_usage(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
+    from dmacoll.timing import capture
     from . import harness
     from .baselines import Baselines
     from .power import power_points
@@ -74,7 +75,7 @@ def run_sm_usage(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
                 for mode in cfg["modes"]:
                     rk.barrier()
                     if mode == "graph":
-                        graph = harness.capture(b.run, calls, warmup=3)
+                        graph = capture(b.run, calls, warmup=3)
                         acts = gpu_activities(graph.replay, 1)
                     else:
                         for _ in range(3):

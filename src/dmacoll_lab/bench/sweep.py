@@ -14,6 +14,7 @@ floor for one link pair, and at n = 2 for the whole collective): its algbw and b
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import traceback
@@ -60,6 +61,21 @@ class SweepConfig:
     warmup: int = 3
     seed: int = 0
     out: str = "results/sweep.csv"
+
+    @classmethod
+    def from_args(cls, args, **overrides) -> "SweepConfig":
+        """The configuration from parsed arguments (``dmacoll sweep``'s / ``tune``'s namespace, or a dict): each
+        field from the argument of its name (``overrides`` win), other arguments ignored; the conversions are here:
+        lists become tuples, ``--prerecord``'s no/yes become booleans. A field without an argument is an error (a
+        new field must get its option, not fall back to a default silently)."""
+        given = {**(args if isinstance(args, dict) else vars(args)), **overrides}
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise TypeError(f"SweepConfig.from_args: no argument for {missing}")
+        values = {n: tuple(given[n]) if isinstance(given[n], list) else given[n] for n in names}
+        values["prerecord"] = tuple(p in (True, "yes") for p in values["prerecord"])
+        return cls(**values)
 
     def sizes(self) -> list[int]:
         out, s = [], self.min_bytes
@@ -162,18 +178,12 @@ def check_peer_copy(first: harness.Bound, rerun: Callable[[], None]) -> bool:
 def measure(rk: harness.Rank, cfg: SweepConfig, baselines: Baselines, pt: Point, nbytes: int, mode: str,
             seed: int) -> dict:
     b = Bound(rk, baselines, pt, nbytes, seed)
-    if mode == "graph":
-        graph = harness.capture(b.run, cfg.calls, warmup=cfg.warmup)
-        samples = rk.time_graph(graph, cfg.calls, cfg.repeats)
-        correct = b.check(harness.one_call(b, graph, cfg.calls))
-    else:
-        samples = rk.time_calls(b.run, cfg.calls, cfg.repeats, cfg.warmup)
-        correct = b.check(b.run)
+    timed = rk.bench(b.run, cfg.calls, cfg.repeats, mode, cfg.warmup, check=b)
     # what a call with no options ran: every option 'auto' chose
     last = rk.comm.last_options
     chosen = {name: getattr(last, name) for name in tuning.Choice._fields} \
         if pt.impl == "dma_default" else {}
-    return {"samples": samples, "correct": correct, "chosen": chosen}
+    return {"samples": timed.samples, "correct": timed.correct, "chosen": chosen}
 
 
 def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:

@@ -16,24 +16,24 @@ from .common import (add_out, add_ranks, add_sizes, apply_timeout, existing_file
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
-    from ..bench.sweep import HEAP_IMPLS, SweepConfig, run_sweep
+    from ..bench.sweep import SweepConfig
+
+    return sweep(SweepConfig.from_args(a), a, host=a.backend == "host")
+
+
+def sweep(cfg, a: argparse.Namespace, host: bool) -> int:
+    """Run the sweep ``cfg`` on the ranks ``a`` asks for (--world; --timeout-s, --deadline-s), on the host emulator
+    or the GPUs: what `dmacoll sweep` does, and `dmacoll tune` where it measures."""
+    from ..bench.sweep import HEAP_IMPLS, run_sweep
     from ..verify.launch import run_ranks
 
-    if "nccl_ce" in a.impls and set(HEAP_IMPLS) & set(a.impls):
+    if "nccl_ce" in cfg.impls and set(HEAP_IMPLS) & set(cfg.impls):
         print("dmacoll sweep: run nccl_ce in a sweep of its own: it switches torch's symmetric-memory backend to "
               "NCCL for the whole process", file=sys.stderr)
         return 2
-    host = getattr(a, "backend", "gpu") == "host"  # `dmacoll tune` measures on the GPUs
     if host and (a.world or 0) < 2:
         raise InvalidArgument("--backend host needs --world N (N >= 2 CPU ranks)")
     world = a.world if host else gpu_world(a)
-    cfg = SweepConfig(ops=tuple(a.ops), impls=tuple(a.impls), variants=tuple(a.variants),
-                      directions=tuple(a.directions), places=tuple(a.places), signals=tuple(a.signals),
-                      waits=tuple(a.waits),
-                      prerecord=tuple(p == "yes" for p in a.prerecord), submit=tuple(a.submit),
-                      handshakes=tuple(a.handshakes), min_bytes=a.min_bytes,
-                      max_bytes=a.max_bytes, modes=tuple(a.modes), dtype=a.dtype, calls=a.calls, repeats=a.repeats,
-                      warmup=a.warmup, seed=a.seed, out=a.out)
     apply_timeout(a)
     run_ranks(run_sweep, world, cfg, device="cpu" if host else "cuda", timeout_s=a.deadline_s)
     return 0
@@ -55,9 +55,11 @@ def cmd_tune(a: argparse.Namespace) -> int:
             raise InvalidArgument(f"--from-sweep {csv}: its provenance sidecar {Path(csv).with_suffix('.json')} "
                                   "is missing (every sweep CSV is written with one beside it)")
     if not csvs:
+        from ..bench.sweep import SweepConfig
+
         sweep_csv = str(out.with_suffix(".sweep.csv"))
-        a.impls, a.out = ["dma"], sweep_csv
-        rc = cmd_sweep(a)
+        # --backend host: the sweep on the host emulator (mechanics only); every other backend: the GPUs
+        rc = sweep(SweepConfig.from_args(a, impls=("dma",), out=sweep_csv), a, host=a.backend == "host")
         if rc:
             return rc
         csvs = [sweep_csv]

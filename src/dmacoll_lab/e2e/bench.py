@@ -40,8 +40,9 @@ import math
 import statistics
 from typing import Callable, Optional
 
+from dmacoll.timing import bench_time
 from ..bench.c3_grid import c3_metrics
-from ..bench.harness import Rank, elapsed_us
+from ..bench.harness import Rank
 from .calls import PREFILL_ONLY, check_calls, expected_calls, merged_schedule_buffers, split
 from .config import (E2E_COLUMNS, MEASURED_COLUMNS, ModelSpec, decode_bytes, max_tokens, prefill_chunks,
                      prefill_gemm_flops, spec)
@@ -158,14 +159,9 @@ def measure(rn: Runner, model, impl: str, schedule: str, batch: int, prompt: int
     sched = Schedule(schedule, cfg["pieces"])
     nan = float("nan")
 
-    def timed(fn) -> float:
-        rn.barrier()
-        return elapsed_us(fn) / 1e3  # ms
-
-    def times(fn, warm: bool = True) -> list[float]:
-        if warm:
-            fn()
-        return rn.slowest([timed(fn) for _ in range(repeats)])
+    def times(fn) -> list[float]:
+        """ms of one ``fn`` (after one warm-up), the slowest rank's per repeat."""
+        return rn.slowest([t / 1e3 for t in rn.bench(fn, 1, repeats, warmup=1).samples])
 
     prefill = lambda c: sched.prefill_batch(model, c, prompts, cache, chunks)  # noqa: E731
     ttft = times(lambda: prefill(coll))  # the warm-up is NCCL's eager call before any capture, too
@@ -195,11 +191,13 @@ def measure(rn: Runner, model, impl: str, schedule: str, batch: int, prompt: int
             return out
 
         def per_step(run) -> list[float]:
-            samples = []
-            for _ in range(repeats):
+            """ms per step of ``steps`` replays back to back from the prompt's end, the slowest rank's per repeat."""
+            def each() -> None:
                 pos.fill_(prompt)
-                samples.append(timed(lambda: [run() for _ in range(steps)]) / steps)
-            return rn.slowest(samples)
+                rn.barrier()
+
+            timed = bench_time(run, steps, repeats, warmup=0, device=rn.device, each=each)
+            return rn.slowest([t / 1e3 for t in timed.samples])
 
         def recorded_step():
             sched.log = []  # what the last call (the captured one) issued

@@ -10,19 +10,19 @@ import statistics
 
 import torch
 
-from ..bench.harness import elapsed_us
+from dmacoll.timing import bench_time
 
 
-def _median_us(fn, repeats: int) -> float:
-    fn()  # warm-up: kernels chosen, memory touched
-    return statistics.median(elapsed_us(fn) for _ in range(repeats))
+def _median_us(fn, repeats: int, device: torch.device) -> float:
+    """The median time of ``fn`` after one warm-up call (kernels chosen, memory touched)."""
+    return statistics.median(bench_time(fn, 1, repeats, warmup=1, device=device).samples)
 
 
 def copy_GBps(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     """Read + write traffic of one device-local copy of ``nbytes``, GB/s."""
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    t = _median_us(lambda: dst.copy_(src), repeats)
+    t = _median_us(lambda: dst.copy_(src), repeats, device)
     return 2 * nbytes / t / 1e3
 
 
@@ -31,7 +31,7 @@ def gemm_TFLOPs(device: torch.device, dtype: torch.dtype, n: int = 8192, repeats
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
-    t = _median_us(lambda: torch.matmul(a, b, out=out), repeats)
+    t = _median_us(lambda: torch.matmul(a, b, out=out), repeats, device)
     return 2 * n ** 3 / t / 1e6
 
 

@@ -21,6 +21,7 @@ Usage: dmacoll probe call_cost [--worlds 2 4 8] [--bytes 1K] [--settings structu
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import time
@@ -185,6 +186,7 @@ def time_structure(args, world: int, variant: str, handshake: str, signal: str, 
     rows = [row(*base, "graph", args.bytes, graph_per_call_us(call, args.calls_per_graph, args.repeats, stream),
                 graph_nodes=node_summary(kinds), **common)]
 
+    # not the timing loop: the host clock and the events bracket the same calls, for the host's share of each
     host, device = [], []
     with torch.cuda.stream(stream):
         for _ in range(max(1, args.repeats // 4)):
@@ -203,26 +205,11 @@ def time_structure(args, world: int, variant: str, handshake: str, signal: str, 
 
 
 def graph_per_call_us(call, k: int, repeats: int, stream) -> list[float]:
-    """Per-call microseconds of ``k`` calls captured in one CUDA graph on ``stream``, one sample per replay (after
-    one replay to warm up)."""
-    import torch
+    """Per-call microseconds of ``k`` calls captured in one CUDA graph on ``stream``, one sample per replay (the
+    timing loop, ``dmacoll.timing.bench_time``; no eager warm-up: the copies and the loopback's calls need none)."""
+    from dmacoll.timing import bench_time
 
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        for _ in range(k):
-            call()
-    g.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        with torch.cuda.stream(stream):
-            g.replay()
-        end.record(stream)
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / k)
-    return samples
+    return bench_time(call, k, repeats, mode="graph", warmup=0, stream=stream).samples
 
 
 def time_copy_alone(args) -> list[dict]:
@@ -263,6 +250,7 @@ def _shared_rank(rank: int, world: int, cfg: dict) -> list[dict]:
     from dmacoll import Communicator, Options
     from dmacoll.executor import critical_crossings, lower, run
     from dmacoll.plan import VARIANTS
+    from dmacoll.timing import bench_time
 
     comm = Communicator(timeout_s=60, options=Options(signal="memop", wait="memop", submit="python", prerecord=False))
     nbytes = cfg["bytes"]
@@ -271,34 +259,19 @@ def _shared_rank(rank: int, world: int, cfg: dict) -> list[dict]:
     outs = [comm.empty(world * nbytes, dtype=torch.uint8) for _ in range(2)]
     stream = torch.cuda.Stream()
 
-    def timed(call) -> tuple[list[float], object]:
-        """Per-call us of ``k`` calls captured in a graph, per replay (after an eager warm-up)."""
-        with torch.cuda.stream(stream):
-            for i in range(2):
-                call(i)
-        torch.cuda.synchronize()
-        dist.barrier()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for i in range(k):
-                call(i)
-        samples = []
-        for _ in range(cfg["repeats"] + 1):
-            dist.barrier()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            with torch.cuda.stream(stream):
-                g.replay()
-            end.record(stream)
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3 / k)
-        return samples[1:], g
+    def timed(call) -> list[float]:
+        """Per-call us of ``k`` calls captured in a graph, per replay (after two eager calls, every rank starting
+        each replay together); call i is ``call(i)``, i counting from the warm-up on (``k`` is even, so the
+        captured calls alternate as from 0)."""
+        index = itertools.count()
+        return bench_time(lambda: call(next(index)), k, cfg["repeats"], mode="graph", warmup=2, stream=stream,
+                          each=dist.barrier).samples
 
     rows = []
     for variant in VARIANTS:
         for handshake in ("full", "lean"):
-            samples, _ = timed(lambda i: comm.all_gather(outs[i % 2], x, variant=variant, direction="push",
-                                                         handshake=handshake))
+            samples = timed(lambda i: comm.all_gather(outs[i % 2], x, variant=variant, direction="push",
+                                                      handshake=handshake))
             rows.append({"variant": variant, "handshake": handshake, "samples": samples,
                          "lean": bool(comm.last_handshake.ready_implied)})
     base = comm.engine.sym_offset(x)
@@ -310,7 +283,7 @@ def _shared_rank(rank: int, world: int, cfg: dict) -> list[dict]:
         def call(i, programs=programs):
             comm.engine.main_queue = torch.cuda.current_stream()
             run(programs[i % len(programs)], comm.engine, {}, 1)
-        samples, _ = timed(call)
+        samples = timed(call)
         rows.append({"variant": name, "handshake": "-", "samples": samples, "lean": None,
                      "crossings": critical_crossings(programs[:1], rank, world)})
     torch.cuda.synchronize()

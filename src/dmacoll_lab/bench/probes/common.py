@@ -63,18 +63,14 @@ def gemm_and_side_operands(copy_bytes: int, add_elements: int) -> tuple:
     return a, torch.empty_like(a), src, torch.empty_like(src), x, y, torch.empty_like(x)
 
 
-def stream_time_us(fn: Callable[[], None], stream) -> float:
-    """Microseconds of ``fn``'s work on ``stream`` alone (the GPU idle before it), by CUDA events."""
+def idle_gpu_us(fn: Callable[[], None], stream, repeats: int = 1, warmup: int = 0) -> list[float]:
+    """Microseconds of ``fn``'s work on ``stream`` alone, the GPU idle before each of ``repeats`` samples (the
+    timing loop, ``dmacoll.timing.bench_time``: CUDA events), after ``warmup`` calls."""
     import torch
 
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(stream)
-    with torch.cuda.stream(stream):
-        fn()
-    end.record(stream)
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3
+    from dmacoll.timing import bench_time
+
+    return bench_time(fn, 1, repeats, warmup=warmup, stream=stream, each=torch.cuda.synchronize).samples
 
 
 def next_to_gemms(side: Callable[[], None], side_stream, gemms: Optional[Callable[[], None]], comp, hold: int,
@@ -82,7 +78,8 @@ def next_to_gemms(side: Callable[[], None], side_stream, gemms: Optional[Callabl
     """(side issue -> side end, release -> GEMMs' end) in us: both streams sleep from one instant (``hold`` GPU
     cycles, one block each on an idle GPU), so both sides are queued before either starts, with no cross-stream
     wait (which would need an SM while the GEMMs hold them all); the side sleeps ``delay`` cycles longer, so it
-    arrives while a GEMM runs. ``gemms`` None: the side alone (the second time is nan)."""
+    arrives while a GEMM runs. ``gemms`` None: the side alone (the second time is nan). Not the timing loop: two
+    streams timed from their own starts, the harness's ``time_parts`` without its cross-stream wait."""
     import torch
 
     torch.cuda.synchronize()

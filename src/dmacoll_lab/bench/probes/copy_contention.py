@@ -4,7 +4,9 @@ C3 (results/h200x2/c3) found the dma all-gather unaffected by a concurrent GEMM 
 all-to-all / reduce collectives slowed ~1.6-1.9x, although none of their data movement launches a kernel
 here. Their difference: a device-local copy (own chunk -> own output or staging slot). This times, on
 each GPU, 64 MB copies (torch copy_, i.e. cudaMemcpyAsync) alone and next to a bf16 GEMM (8192^3) on another
-stream: device-local (D2D on one GPU) vs to the peer over NVLink, 1 and 4 back to back; medians of 7.
+stream: device-local (D2D on one GPU) vs to the peer over NVLink, 1 and 4 back to back; medians of 7. The
+copies' time runs from one event that also releases the GEMM's stream (two streams from one start: not the timing
+loop, which times one stream).
 
 Usage: dmacoll probe copy_contention [--bytes 64M] [--copies 1 4] [--repeats 7] [--out CSV]
 """

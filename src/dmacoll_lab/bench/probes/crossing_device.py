@@ -416,7 +416,8 @@ class Runner:
     # -- one run --------------------------------------------------------------------------------------------------
     def gated_run(self, pair: crossing_legs.Pair, graphs, solo: bool) -> tuple:
         """Both halves (or the baseline) queued behind the gate, then released at once: (side 0's total in us or
-        None, the status counts, a note)."""
+        None, the status counts, a note). Its own events, not the timing loop's: the start waits behind the gate,
+        and a side that never finishes must end in a timeout, not a hang."""
         import torch
 
         sides = self.solo_or_all(solo)

@@ -5,7 +5,8 @@ wait on the receiver), ~7 us each on 2x H200 (`dmacoll breakdown`), which is mos
 rest of the gap to one peer copy at 64 MB. This ping-pongs a flag between two streams of one GPU: stream B
 writes f0 = i and waits for f1 >= i; stream A waits for f0 >= i and writes f1 = i; ``--rounds`` round trips,
 queued behind a gate (a host-memory flag the CPU sets once everything is queued), so the host does not pace
-them. One crossing = total / (2 x rounds), median of ``--repeats``. Ways:
+them. One crossing = total / (2 x rounds), median of ``--repeats`` (its own events, not the timing loop's: the
+start event waits behind the gate too, so only the released work is timed). Ways:
 
 * ``memop_device``: flags in device memory (cudaMalloc), ``cuStreamWriteValue32`` / ``cuStreamWaitValue32``
   GEQ, the write with its default memory barrier (what dmacoll issues);

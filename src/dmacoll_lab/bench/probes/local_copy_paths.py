@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from .common import Table, add_repeats, driver, next_to_gemms, size_multiple_of, stream_time_us
+from .common import Table, add_repeats, driver, idle_gpu_us, next_to_gemms, size_multiple_of
 
 NAME = "local_copy_paths"
 HELP = "a device-local copy issued several ways (driver calls, graph, VMM, host bounce) next to GEMMs (1 GPU)"
@@ -155,11 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
         return next_to_gemms(lambda: issue(copy_stream), copy_stream, None if order == "alone" else gemms, comp,
                              hold, delay if order.startswith("gemm_running") else 0)
 
-    def gemms_alone() -> float:
-        return stream_time_us(gemms, comp)
-
-    gemms_alone()  # warm-up
-    gemm_alone_us = statistics.median(gemms_alone() for _ in range(args.repeats))
+    gemm_alone_us = statistics.median(idle_gpu_us(gemms, comp, args.repeats, warmup=1))
     print(f"three GEMMs alone: {gemm_alone_us:.1f} us", flush=True)
     rows = []
     for name in args.ways:

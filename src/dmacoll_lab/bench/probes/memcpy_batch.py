@@ -146,7 +146,8 @@ def probe_rank(rank: int, world: int, cfg: dict) -> list[dict]:
         # push cases: the peer's call of the same case wrote our slot; pull: our own call did
         arrived = bool((heap_out[peer * n:(peer + 1) * n] == value).all().item())
         rows.append(case_row(rank, sname, mem, order, hint, flags, mode, err, arrived))
-    # submission cost: k copies (to the peer) as k calls vs one batch call, on the created stream
+    # submission cost: k copies (to the peer) as k calls vs one batch call, on the created stream (the host clock
+    # around each submission: its host cost, not the device time the timing loop measures)
     attrs = _attrs(drv, "stream", "none", 0, rank, peer)
     chunk = n // max(KS)
     for k in KS:

@@ -27,7 +27,7 @@ import argparse
 import statistics
 
 from dmacoll.sizes import human
-from .common import Table, add_repeats, count, gemm_and_side_operands, next_to_gemms, size_multiple_of, stream_time_us
+from .common import Table, add_repeats, count, gemm_and_side_operands, idle_gpu_us, next_to_gemms, size_multiple_of
 
 NAME = "sm_carveout"
 HELP = "SM carveouts, green contexts: does a copy / bf16 add next to GEMMs find free SMs; their GEMM cost (1 GPU)"
@@ -98,8 +98,6 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
             for _ in range(3):
                 torch.mm(a, a, out=c)
 
-    timed = stream_time_us
-
     def side_by_side(side, comp) -> tuple[float, float]:
         return next_to_gemms(side, side_stream, lambda: gemms(comp), comp, hold, delay)
 
@@ -109,10 +107,10 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
         for name, green_sms, carveout in SETTINGS:
             torch._C._set_sm_carveout_experimental(carveout)
             comp = greens[green_sms].stream if green_sms else torch.cuda.Stream()
-            timed(lambda: gemms(comp), comp)  # warm-up (and cuBLAS's choice for this setting)
-            gemm_alone = statistics.median(timed(lambda: gemms(comp), comp) for _ in range(args.repeats))
+            # the warm-up call: cuBLAS's choice for this setting
+            gemm_alone = statistics.median(idle_gpu_us(lambda: gemms(comp), comp, args.repeats, warmup=1))
             for side_name, side in sides.items():
-                side_alone = statistics.median(timed(side, side_stream) for _ in range(args.repeats))
+                side_alone = statistics.median(idle_gpu_us(side, side_stream, args.repeats))
                 together = [side_by_side(side, comp) for _ in range(args.repeats)]
                 rows.append(setting_row(blas, name, green_sms, carveout, total, side_name, gemm_alone, side_alone,
                                         together, expected[side_name]()))
@@ -123,13 +121,13 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
     torch._C._set_sm_carveout_experimental(None)
     config = {"gemm": "3x bf16 8192^3", "repeats": args.repeats, "sms": total, "side_delay_us": SIDE_DELAY_US,
               "copy_bytes": args.copy_bytes, "add_elements": args.add_elements}
-    cost = gemm_cost(timed, args.rounds)
+    cost = gemm_cost(args.rounds)
     torch.backends.cuda.preferred_blas_library("cublas")
     return {NAME: Table(rows, config),
             COST: Table(cost, {"shapes": COST_SHAPES, "rounds": args.rounds, "gemms_per_time": 3})}
 
 
-def gemm_cost(timed, rounds: int) -> list[dict]:
+def gemm_cost(rounds: int) -> list[dict]:
     """Per shape: every COST_SETTINGS timed in turn for ``rounds`` rounds (3 GEMMs each time): ``cost_rows``."""
     import torch
 
@@ -149,7 +147,7 @@ def gemm_cost(timed, rounds: int) -> list[dict]:
             for blas, carveout in COST_SETTINGS:
                 torch.backends.cuda.preferred_blas_library(blas)
                 torch._C._set_sm_carveout_experimental(carveout)
-                t = timed(three, stream)
+                t = idle_gpu_us(three, stream)[0]
                 if r:  # round 0 warms every setting up
                     times[(blas, carveout)].append(t)
         torch._C._set_sm_carveout_experimental(None)
