@@ -197,10 +197,10 @@ def test_prelaunched_gather_starts_when_the_producer_releases_it(kernels, world)
 def _grid(rank: int, world: int, seed: int, options: dict, grid: dict, nccl: bool) -> list[dict]:
     """One family's grid on a communicator with its options, eager calls as they come (the lean pipelines and
     the defaults have tests of their own: ``dmacoll check`` runs all of them)."""
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
     from dmacoll_lab.verify.check import cases, run_cases
 
-    comm = Communicator(timeout_s=30, **{"prerecord": False, **options})
+    comm = Communicator(timeout_s=30, options=Options(**{"prerecord": False, **options}))
     try:
         return run_cases(comm, cases(seed=seed, **grid), nccl=nccl)
     finally:
