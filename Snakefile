@@ -3,10 +3,13 @@
 # on an NVIDIA machine it runs the experiments first and renders from the fresh results.
 from snakemake.utils import min_version, validate
 
+from dmacoll_lab import workflow_config
+
 min_version("9.0")
 
 configfile: "config/config.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
+workflow_config.check(config)  # the collective names: the op registry's, not a copy in the schema
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/build.smk"

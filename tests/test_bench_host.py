@@ -10,14 +10,14 @@ from dmacoll_lab.verify.launch import run_ranks
 
 def test_host_sweep_runs_and_checks_every_collective(tmp_path):
     out = tmp_path / "sweep" / "data.csv"
-    cfg = SweepConfig(ops=ops.NAMES, impls=("nccl", "dma_default", "dma", "peer_copy"), variants=("pcpy", "b2b"),
+    cfg = SweepConfig(ops=ops.names(), impls=("nccl", "dma_default", "dma", "peer_copy"), variants=("pcpy", "b2b"),
                       directions=("push", "pull"), places=("out", "in"), handshakes=("full", "lean"),
                       min_bytes=1 << 10, max_bytes=3 << 10, modes=("eager",), dtype="bfloat16", calls=2,
                       repeats=2, warmup=1, out=str(out))
     rows = run_ranks(run_sweep, 3, cfg, timeout_s=600)[0]
     df = pd.read_csv(out)
     assert list(df.columns) == COLUMNS and len(df) == len(rows) and out.with_suffix(".json").exists()
-    assert set(df["op"]) == set(ops.NAMES) and set(df["impl"]) == {"nccl", "dma_default", "dma", "peer_copy"}
+    assert set(df["op"]) == set(ops.names()) and set(df["impl"]) == {"nccl", "dma_default", "dma", "peer_copy"}
     # the no-options call says what it ran (no tuning table on the host: the fallback, flags as copies)
     default = df[df["impl"] == "dma_default"]
     ran = zip(*(default[name] for name in ("variant", "direction", "signal", "wait", "prerecord", "submit")))
@@ -60,7 +60,7 @@ def test_check_cost_times_every_op_with_the_check_off_and_on(tmp_path):
     assert main(["check-cost", "--world", "3", "--sizes", "1K", "4K", "--calls", "2", "--repeats", "2",
                  "--out", str(out)]) == 0
     df = load.read("check_cost", [out])
-    assert len(df) == len(ops.NAMES) * 2 * 2 and df["ok"].all() and set(df["world"]) == {3}
+    assert len(df) == len(ops.names()) * 2 * 2 and df["ok"].all() and set(df["world"]) == {3}
     summary = tables.check_cost(df)
-    assert len(summary) == len(ops.NAMES) * 2 and summary["correct"].all()
+    assert len(summary) == len(ops.names()) * 2 and summary["correct"].all()
     assert (summary["added_us"] == (summary["on_us"] - summary["off_us"]).round(1)).all()

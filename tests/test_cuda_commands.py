@@ -288,3 +288,20 @@ def test_all_reduce_gathers_the_summed_chunk_after_the_kernel(kernels):
     gather = [c for c in calls[kernel:] if c[0] == "copy"]
     assert gather == [("copy", HEAPS[1] + 16384, HEAPS[0] + 16384, 8, 7)]  # our summed chunk 0 to rank 1
     assert kernels.heap[16384: 16392].view(torch.float32).tolist() == [4, 6]
+
+
+def test_a_timed_out_engine_refuses_to_replay_a_recorded_call(engine):
+    """After the watchdog's timeout every call raises it: a prerecorded call too, whose replay runs no ``work`` (and
+    so no begin_call). Found on one H100: the second call of a timed-out communicator replayed silently."""
+    from dmacoll import DmaCollTimeoutError
+    from dmacoll.backends.watchdog import Watchdog
+
+    replayed, worked = [], []
+    engine.watchdog = Watchdog(engine, "test", start=False)
+    engine._graphs = {"key": SimpleNamespace(replay=lambda: replayed.append(1))}
+    engine.watchdog.error = DmaCollTimeoutError("rank 0: all_gather call #1 did not complete within 2 s")
+    with pytest.raises(DmaCollTimeoutError, match="did not complete"):
+        engine.replay_recorded("key", lambda: worked.append(1), "all_gather call #2", "reset")
+    with pytest.raises(DmaCollTimeoutError):
+        engine.begin_call("all_gather call #3")
+    assert replayed == [] and worked == []

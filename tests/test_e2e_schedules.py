@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
+from dmacoll import ops
+from dmacoll.errors import InvalidArgument
 from dmacoll_lab.analysis import load
 from dmacoll_lab.e2e import calls as k
 from dmacoll_lab.e2e import config as c
@@ -146,8 +148,11 @@ def test_no_comm_keeps_the_buffers_and_moves_nothing():
     assert quiet.buffer("reduce", 2, 4).data_ptr() == coll.buffer("reduce", 8).data_ptr()
     x = quiet.buffer("logits", 8).fill_(3.0)
     y = quiet.buffer("reduce", 8).fill_(1.0)
-    for out in (quiet.all_reduce(x), quiet.all_gather(x, y[:4]), quiet.all_to_all(x, y), quiet.reduce_scatter(x, y)):
-        assert out.data_ptr() == x.data_ptr() and torch.equal(x, torch.full((8,), 3.0))
+    for op in ops.names():  # every collective of the registry, in place (no input) and not
+        for out in (quiet.collective(op, x), quiet.collective(op, x, y)):
+            assert out.data_ptr() == x.data_ptr() and torch.equal(x, torch.full((8,), 3.0)), op
+    with pytest.raises(InvalidArgument, match="unknown collective 'broadcast'"):
+        quiet.collective("broadcast", x)
 
 
 # -- the runner on the host emulator ---------------------------------------------------------------------------

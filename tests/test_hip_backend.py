@@ -22,6 +22,7 @@ import types
 import pytest
 import torch
 
+from dmacoll import ops
 from dmacoll import plan as plan_mod
 from dmacoll.backends import cuda as cuda_backend
 from dmacoll.backends import hip as hip_backend
@@ -31,7 +32,7 @@ from dmacoll.backends.hip_api import HipApi, HipError
 from dmacoll.errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError, InvalidArgument
 from dmacoll.executor import MemOp, flag_words, gate_index, lower, one_index, run
 from test_cuda_commands import FakeDriver as CudaFakeDriver
-from dmacoll.plan import DIRECTIONS, VARIANTS, Layout, Plan, all_gather_exchange, all_to_all_exchange, build_plan
+from dmacoll.plan import DIRECTIONS, VARIANTS, Layout, all_gather_exchange, all_to_all_exchange, build_plan
 
 MAIN = 7  # the caller's stream
 SPAN = 1 << 32
@@ -254,15 +255,13 @@ def cases(world, rank, nbytes=256):
             yield f"all_to_all_v {variant}/{direction} sym", [plan(all_to_all_exchange(uneven), sym)]
             if variant == "multi":  # large copies are split over the queues
                 yield f"all_gather multi/{direction} split", [plan(all_gather_exchange(world, 3 << 20), sym)]
-            rs, ar = getattr(plan_mod, "reduce_scatter_plans", None), getattr(plan_mod, "all_reduce_plans", None)
             for layout, kind in ((sym, "sym"), (priv, "private")):
-                if rs is not None:
-                    yield (f"reduce_scatter {variant}/{direction} {kind}",
-                           list(rs(world, 64, rank, "float32", variant, direction, layout, 2)[0]))
-                if ar is not None:
-                    chunks = [4 * c for c in plan_mod.chunk_elements(37, world)]
-                    yield (f"all_reduce {variant}/{direction} {kind}",
-                           list(ar(chunks, rank, "float32", variant, direction, layout, 2)[0]))
+                yield (f"reduce_scatter {variant}/{direction} {kind}",
+                       list(plan_mod.reduce_scatter_plans(world, 64, rank, "float32", variant, direction, layout,
+                                                          2)[0]))
+                chunks = [4 * c for c in plan_mod.chunk_elements(37, world)]
+                yield (f"all_reduce {variant}/{direction} {kind}",
+                       list(plan_mod.all_reduce_plans(chunks, rank, "float32", variant, direction, layout, 2)[0]))
 
 
 def issue(backend, plans, world, rank, sync, signal, fresh, monkeypatch):
@@ -725,8 +724,20 @@ def test_flag_mode_follows_gpu_streamops_cp_wait():
         hip_memory.resolve_flag_mode(env={"DMACOLL_HIP_FLAGS": "uncached"})
 
 
-def test_plans_still_have_the_shape_this_file_assumes():
-    assert isinstance(build_plan(all_gather_exchange(2, 8), 0), Plan)
+def test_the_compared_programs_cover_every_collective_variant_and_direction():
+    """``cases`` (what the cuda / hip equivalence compares) holds every registered collective in every variant and
+    direction, each as plans that copy and signal, so a collective or a plan builder cannot drop out unseen."""
+    for world, rank in ((2, 1), (3, 0)):
+        seen = {}
+        for label, plans in cases(world, rank):
+            op, how = label.split()[:2]
+            kinds = {type(c).__name__ for p in plans for c in p.commands()}
+            assert plans and {"Copy", "Signal", "Wait"} <= kinds, (world, rank, label, kinds)
+            assert all(p.rank == rank and p.world == world for p in plans), (world, rank, label)
+            seen.setdefault(op, set()).add(tuple(how.split("/")))
+        assert set(seen) == set(ops.names()), (world, sorted(seen))
+        every = {(v, d) for v in VARIANTS for d in DIRECTIONS}
+        assert all(ways == every for ways in seen.values()), (world, seen)
 
 
 def test_check_command_says_why_hip_cannot_run_before_starting_ranks(capsys):

@@ -215,12 +215,12 @@ def _pipeline_count(args, i):
 
 def _lean_pipelines(rank, world, args):
     from dmacoll import Communicator
-    from dmacoll_lab.verify.check import PIPELINE_OPS, pipeline_buffers, run_pipeline
+    from dmacoll_lab.verify.check import pipeline_buffers, pipeline_ops, run_pipeline
 
     comm = Communicator(backend="host", timeout_s=30)
     buffers = pipeline_buffers(comm, 1 << 16, 1 << 16)
     results = []
-    for i, (op, variant) in enumerate(itertools.product(PIPELINE_OPS, VARIANTS)):
+    for i, (op, variant) in enumerate(itertools.product(pipeline_ops(), VARIANTS)):
         errors, lean = run_pipeline(comm, op, variant, args["dtype"], _pipeline_count(args, i), 5,
                                     args["seed"] + 100 * i, late_consumer=True, buffers=buffers, owned=args["owned"])
         results.append((op, variant, errors, lean))
@@ -314,7 +314,7 @@ def test_every_option_family_of_dmacoll_check_runs_on_the_host(seed):
     assert {r["family"] for r in per_rank[0]} == {"core (signal=memop, wait=memop, submit=python)", "lean pipelines",
                                                   "defaults", *names}
     sequence = [r for r in per_rank[0] if r["family"] == "multi-op"]
-    assert {r["op"] for r in sequence} == set(ops.NAMES) and all("sequence" in r["buffers"] for r in sequence)
+    assert {r["op"] for r in sequence} == set(ops.names()) and all("sequence" in r["buffers"] for r in sequence)
 
 
 def _multi_op_skipping(rank, world, seed):
@@ -333,5 +333,5 @@ def _multi_op_skipping(rank, world, seed):
 
 def test_a_multi_op_sequence_catches_an_op_that_wrote_nothing(seed):
     rows = run_ranks(_multi_op_skipping, 2, seed)[0]
-    assert {r["op"]: r["ok"] for r in rows} == {op: op != "all_to_all" for op in ops.NAMES}, seed
+    assert {r["op"]: r["ok"] for r in rows} == {op: op != "all_to_all" for op in ops.names()}, seed
     assert [r["error"] for r in rows if not r["ok"]][0].startswith("pass 1:")

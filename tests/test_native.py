@@ -151,3 +151,24 @@ def test_the_library_is_built_on_first_use_into_the_cache(tmp_path, monkeypatch)
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with pytest.raises(native.BackendUnavailable, match="from Python"):
         native.ensure_built()
+
+
+def _build_and_load(out: str) -> int:
+    return native.load(native.build(out)["library"]).dmacoll_submit_abi()
+
+
+def test_ranks_building_on_first_use_at_once_each_load_a_whole_library(tmp_path, monkeypatch):
+    """The ranks of one machine build into the same cache directory at the same time: each compiles under a name of
+    its own and moves it into place atomically, so none loads (or moves) a file another's compiler is writing. A
+    compiler that lingers 3 s after writing its output makes the builds overlap whatever the processes' start-up."""
+    import multiprocessing
+
+    cc = next(shutil.which(n) for n in ("cc", "gcc", "clang") if shutil.which(n))
+    slow = tmp_path / "slow-cc"
+    slow.write_text(f'#!/bin/sh\n"{cc}" "$@" || exit $?\ncase "$*" in *" -o "*) sleep 3;; esac\n')
+    slow.chmod(0o755)
+    monkeypatch.setenv("CC", str(slow))  # inherited by the spawned builders
+    out = tmp_path / "cache"
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        assert pool.map(_build_and_load, [str(out)] * 3) == [native.ABI] * 3
+    assert sorted(p.name for p in out.iterdir()) == sorted([native.LIBRARY_NAME, "toolchain.json"])

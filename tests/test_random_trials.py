@@ -51,7 +51,7 @@ class Trials:
         rng, rank, world = self.rng, self.rank, self.world
         which = rng.randrange(2)
         comm, (sym_in, sym_out) = self.comms[which], self.pools[which]
-        op = rng.choice(ops.NAMES)
+        op = rng.choice(ops.names())
         spec = ops.get(op)
         dtype = rng.choice([d for d in DTYPES.values() if spec.accepts(d)])
         count, counts = rng.choice(COUNTS), None
@@ -98,7 +98,7 @@ class Trials:
         rng, rank, world = self.rng, self.rank, self.world
         which = rng.randrange(2)
         comm = self.comms[which]
-        op = rng.choice(ops.NAMES)
+        op = rng.choice(ops.names())
         spec = ops.get(op)
         count = rng.choice((3, 17))  # a one-element all_reduce can only overlap in place
         counts = [[count] * world for _ in range(world)] if op == "all_to_all_v" else None
@@ -122,7 +122,7 @@ class Trials:
         from dmacoll_lab.verify.reference import DTYPES
 
         rng, rank, world = self.rng, self.rank, self.world
-        op = rng.choice(ops.NAMES)
+        op = rng.choice(ops.names())
         spec = ops.get(op)
         dtypes = [d for d in DTYPES.values() if spec.accepts(d)]
         dtype, count, odd = rng.choice(dtypes), rng.choice((1, 3, 17)), rng.randrange(world)

@@ -6,7 +6,7 @@ import pytest
 
 from dmacoll.backends import cuda as cuda_backend
 from dmacoll.backends import cuda_kernels
-from dmacoll.ops import NAMES, get
+from dmacoll.ops import get, names
 from dmacoll.executor import Folded, MemOp, execute, flag_index, lower
 from dmacoll.plan import (DONE, READY, VARIANTS, Layout, Reduce, Ref, all_gather_exchange, all_reduce_one_shot_plans,
                           build_plan, reduce_scatter_plans)
@@ -180,7 +180,7 @@ def test_the_kernels_compile_with_nvrtc():
                                                (6, "spin", "memop"), (8, "fold", "memop")])
 def test_every_collective_is_right_through_the_waits(world, wait, signal, seed):
     args = dict(backend="host", timeout_s=60, variants=VARIANTS, directions=("push", "pull"),
-                dtypes=["float32", "bfloat16", "int64"], counts=[1, world + 2], ops=NAMES, seed=seed,
+                dtypes=["float32", "bfloat16", "int64"], counts=[1, world + 2], ops=names(), seed=seed,
                 syncs=("reset", "epoch") if signal == "memop" else ("reset",), reference="cpu", signal=signal,
                 wait=wait)
     if world > 4:
@@ -195,9 +195,9 @@ def test_every_collective_is_right_through_the_waits(world, wait, signal, seed):
 def test_sweep_points_offer_spin_everywhere_and_fold_where_there_is_a_sum():
     from dmacoll_lab.bench.sweep import SweepConfig, points
 
-    cfg = SweepConfig(ops=NAMES, variants=("b2b",), directions=("push",), places=("out",),
+    cfg = SweepConfig(ops=names(), variants=("b2b",), directions=("push",), places=("out",),
                       signals=("memop", "kernel"), waits=("memop", "spin", "fold"), submit=("python", "native"))
-    for op in NAMES:
+    for op in names():
         dma = [p for p in points(cfg, op, 2) if p.impl == "dma"]
         waits = {(s, sub): sorted({p.wait for p in dma if (p.signal, p.submit) == (s, sub)})
                  for s, sub in {(p.signal, p.submit) for p in dma}}

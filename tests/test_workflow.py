@@ -45,6 +45,18 @@ def test_bad_config_value_is_rejected_clearly():
     assert "tpu" in (r.stdout + r.stderr)
 
 
+@pytest.mark.parametrize("section", ["operator", "c3"])
+def test_a_collective_the_registry_lacks_is_rejected_when_the_workflow_loads(section, tmp_path):
+    """The schema keeps no list of collectives: the Snakefile checks the config's against the op registry."""
+    cfg = tmp_path / "ops.yaml"
+    cfg.write_text(f"{section}:\n  ops: [all_gather, broadcast]\n")
+    r = dry_run("--configfile", "config/config.yaml", str(cfg))
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert f"config {section}.ops: unknown collective(s) broadcast; the registered ones are all_gather, " in out, \
+        out[-2000:]
+
+
 def test_lint_is_clean():
     for platform in ("none", "cuda"):
         r = subprocess.run([SNAKEMAKE, "--lint", "--config", f"platform={platform}"], cwd=ROOT, capture_output=True,

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from dmacoll import ops
 from dmacoll.plan import VARIANTS
 from dmacoll_lab.verify.launch import nccl_usable, run_ranks
 
@@ -228,7 +229,7 @@ def test_constant_signals_match_the_reference(signal, world, seed):
 def test_native_submission_matches_the_reference(signal, world, seed):
     """submit='native' (the C library `dmacoll build` makes): every op, variant, direction, sync."""
     _check(world, seed, dtypes=["bfloat16", "int32"], counts=[1, 4099, 300001],
-           ops=("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce"),
+           ops=tuple(ops.names()),
            syncs=["reset", "epoch"] if signal == "memop" else ["reset"], signal=signal, submit="native")
 
 
@@ -245,7 +246,7 @@ def test_defaults_match_the_reference(world, seed):
     """Communicator() with no options: what the tuning table, a calibration or the fallback (eager calls
     prerecorded) picks per call, every op, variant and direction 'auto'."""
     _check(world, seed, dtypes=["bfloat16", "float32"], counts=[1, 4099, 300001],
-           ops=("all_gather", "all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce"), syncs=["reset"],
+           ops=tuple(ops.names()), syncs=["reset"],
            variants=("auto",), directions=("auto",), prerecord="auto")
 
 
@@ -362,7 +363,7 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     captured, with a late reader on the last rank: every call's output against the CPU reference
     (check.run_pipeline), and READY skipped with exactly the peers the protocol allows (check.skipped_ready)."""
     from dmacoll import Communicator, Options
-    from dmacoll_lab.verify.check import PIPELINE_OPS, pipeline_buffers, pipeline_cases, run_pipeline, skipped_ready
+    from dmacoll_lab.verify.check import pipeline_buffers, pipeline_cases, pipeline_ops, run_pipeline, skipped_ready
 
     # prerecord off: a prerecorded call never skips READY, and 'auto' may pick it from a tuning table (H200x2's)
     comm = Communicator(timeout_s=30, options=Options(prerecord=False))
@@ -370,7 +371,7 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     failures = []
     last = None  # the previous pipeline's last eager call (a captured one vouches for nothing eager)
     for i, (op, variant, dtype, count, graph, owned) in enumerate(
-            (op, v, dt, n, g, o) for op in PIPELINE_OPS for v in VARIANTS
+            (op, v, dt, n, g, o) for op in pipeline_ops() for v in VARIANTS
             for dt, n in (("bfloat16", 1), ("float32", 65537), ("int8", sized(world, [300001, 4099])[0]))
             for g in (False, True)
             for o in (False, True)):

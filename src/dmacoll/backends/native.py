@@ -112,7 +112,9 @@ def build(out_dir: str | Path, cc: Optional[str] = None) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lib_path = out / LIBRARY_NAME
-    tmp = lib_path.with_suffix(".so.tmp")
+    # a temporary name of this process's own: the ranks of a machine build on first use at the same time, and
+    # each must load a whole library (os.replace is atomic), never one another rank's compiler is still writing
+    tmp = lib_path.with_suffix(f".so.{os.getpid()}.tmp")
     done = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
     if done.returncode != 0:
         raise DmaCollError(f"{cc} could not build {SOURCE.name}:\n{done.stdout}{done.stderr}")

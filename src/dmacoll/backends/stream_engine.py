@@ -82,6 +82,7 @@ class StreamEngine:
     def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
         """Replay the graph recorded for ``key`` (recording it on first use, on a side stream that waits
         for the current one) on the current stream, then bracket the call as usual."""
+        self.raise_timeout()  # a replay does not run ``work`` (whose begin_call raises it): never replay after one
         graph = self._graphs.get(key)
         if graph is None:
             if len(self._graphs) >= MAX_RECORDED:  # ever-new buffers (prerecord='auto' on the caching allocator):
@@ -105,9 +106,13 @@ class StreamEngine:
         """None: this engine cannot tell captures apart (the cuda engine can)."""
         return None
 
-    def begin_call(self, label: str) -> None:
+    def raise_timeout(self) -> None:
+        """Raise a timeout the watchdog saw since the last call: every later call does, replays included."""
         if self.watchdog.error is not None:
-            raise self.watchdog.error  # a timeout the watchdog saw since the last call
+            raise self.watchdog.error
+
+    def begin_call(self, label: str) -> None:
+        self.raise_timeout()
         self.main_queue = torch.cuda.current_stream(self.device)
 
     def end_call(self, label: str, sync: str, value: int) -> None:

@@ -42,6 +42,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from .vllm_routes import SERVED_BY  # vLLM's calls -> the dmacoll collective that serves each
+
 VLLM_RANGE = ("0.26.0", "0.33.0")  # oldest and newest vLLM tested (pyproject extra `vllm`, envs/vllm.yaml)
 VLLM_REQUIREMENT = f"vllm>={VLLM_RANGE[0]},<={VLLM_RANGE[1]}"
 SWITCH = "DMACOLL_VLLM"
@@ -51,9 +53,6 @@ DEFAULT_MAX_BYTES = 32 << 20
 CUDA_COMMUNICATOR = "vllm.distributed.device_communicators.cuda_communicator.CudaCommunicator"
 QUALNAME = f"{__name__}.DmaCudaCommunicator"
 ROUTED_GROUPS = ("tp", "ep", "dp")  # PP only sends and receives
-# vLLM's device-communicator calls -> the dmacoll collective that serves them (``dmacoll.ops``)
-SERVED_BY = {"all_reduce": "all_reduce", "all_gather": "all_gather", "all_gatherv": "all_gather",
-             "reduce_scatter": "reduce_scatter", "reduce_scatterv": "reduce_scatter"}
 # overrides of methods that only some supported vLLM versions have: added only where the parent defines them
 OPTIONAL_OVERRIDES = ("reduce_scatterv_into_output",)  # 0.33's EP combine; absent in 0.26 - 0.32
 

@@ -7,11 +7,12 @@ stand-in for vLLM's path (NCCL: vLLM's ``all_gather`` / ``reduce_scatter`` go to
 its size class, the measured sizes around it, is faster on dmacoll at both ends by ``margin`` (the plugin
 stages vLLM's tensors, which the sweep did not, and small-size times move between runs). Anything else, an op
 the table defers (all-reduce: vLLM's is custom all-reduce / symmetric memory / PyNccl by size, none of them
-measured against dmacoll), a world size or GPU without a table, stays on vLLM's path.
+measured against dmacoll), a world size or GPU without a table, stays on vLLM's path. A collective that no vLLM
+call maps to (``SERVED_BY``: all-to-all, any newly registered op) is never routed.
 
 ``DMACOLL_VLLM_ROUTE`` picks the policy: ``measured`` (the default, the table), ``moves`` (every eligible
 all-gather, no sums: outputs must match vLLM's bit for bit) or ``all`` (every eligible call); the last two
-exist for the output checks, not for speed. Pure Python: no torch, no vLLM, no pandas.
+exist for the output checks, not for speed. No vLLM, no pandas; torch only where ``moves`` asks the op registry.
 """
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ from ..sizes import human
 ROUTE_ENV = "DMACOLL_VLLM_ROUTE"
 POLICIES = ("measured", "moves", "all")
 TABLE_FILE = "vllm_routes.json"  # package data beside this module
-MOVES = ("all_gather",)  # dmacoll ops that only move data (bit-exact); the rest sum
+# vLLM's device-communicator calls -> the dmacoll collective (``dmacoll.ops``) that serves them
+SERVED_BY = {"all_reduce": "all_reduce", "all_gather": "all_gather", "all_gatherv": "all_gather",
+             "reduce_scatter": "reduce_scatter", "reduce_scatterv": "reduce_scatter"}
+SERVED = tuple(dict.fromkeys(SERVED_BY.values()))  # the dmacoll collectives some vLLM call reaches
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,13 @@ def policy(environ: Optional[dict] = None) -> str:
     if value not in POLICIES:
         raise ValueError(f"{ROUTE_ENV}={value!r}: expected one of {', '.join(POLICIES)}")
     return value
+
+
+def moves(op: str) -> bool:
+    """Whether dmacoll's ``op`` only moves data (bit-exact outputs), as its spec says; the rest sum."""
+    from .. import ops
+
+    return not ops.get(op).reduces
 
 
 def faster(entry: dict, margin: float) -> bool:
@@ -77,10 +88,12 @@ class Routes:
                how: str = "measured") -> Decision:
         """Whether a call of dmacoll ``op`` (``nbytes`` of input per rank, ``mode`` graph or eager) goes to dmacoll
         under policy ``how``, and why."""
+        if op not in SERVED:
+            return Decision(False, "any size", f"no vLLM call is served by dmacoll's {op} (vllm_routes.SERVED_BY)")
         if how == "all":
             return Decision(True, "any size", f"{ROUTE_ENV}=all: every eligible call")
         if how == "moves":
-            ok = op in MOVES
+            ok = moves(op)
             return Decision(ok, "any size", f"{ROUTE_ENV}=moves: " + ("data movement is routed" if ok
                                                                         else "sums stay on vLLM's path"))
         if op in self.deferred:

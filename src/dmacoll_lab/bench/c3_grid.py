@@ -6,9 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from dmacoll.ops import NAMES as OPS  # every collective can be measured
-
-DEFAULT_OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")  # the measured grid
+DEFAULT_OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")  # the measured grid (--ops: any)
 STRATEGIES = ("baseline", "priority", "partition", "carveout", "dma", "dma_priority", "dma_partition", "dma_carveout")
 NCCL_STRATEGIES = ("baseline", "priority", "partition", "carveout")
 GREEN_STRATEGIES = ("partition", "dma_partition")

@@ -205,12 +205,12 @@ def cmd_amd_dmalatte(a: argparse.Namespace) -> int:
 def register(sub) -> None:
     from ..bench.sweep import IMPLS
     from dmacoll.executor import SIGNAL_MODES
-    from dmacoll.ops import NAMES
+    from dmacoll.ops import names
     from dmacoll.plan import DIRECTIONS, VARIANTS
 
     s = sub.add_parser("sweep", help="time collectives over message sizes (GPUs)")
     add_ranks(s, deadline_s=3600.0)
-    s.add_argument("--ops", nargs="+", choices=NAMES, default=["all_gather", "all_to_all"])
+    s.add_argument("--ops", nargs="+", choices=names(), default=["all_gather", "all_to_all"])
     s.add_argument("--impls", nargs="+", choices=IMPLS, default=["nccl", "dma_default", "dma", "symm_mem_lc",
                                                                  "peer_copy"],
                    help="dma_default: a call with no options on Communicator() (what a user gets); dma: every "
@@ -224,7 +224,7 @@ def register(sub) -> None:
 
     t = sub.add_parser("tune", help="measure the dma variants and write a tuning table for variant='auto'")
     add_ranks(t, deadline_s=3600.0)
-    t.add_argument("--ops", nargs="+", choices=NAMES, default=["all_gather", "all_to_all"])
+    t.add_argument("--ops", nargs="+", choices=names(), default=["all_gather", "all_to_all"])
     add_sweep_options(t, VARIANTS, DIRECTIONS, SIGNAL_MODES)
     t.add_argument("--from-sweep", nargs="+", type=existing_file,
                    help="derive from existing sweep CSV(s) instead of measuring")
@@ -239,7 +239,7 @@ def register(sub) -> None:
     t.set_defaults(func=cmd_tune)
 
     w = sub.add_parser("power", help="energy and power per collective (NVML / amdsmi), idle baseline subtracted")
-    add_gpu_tool(w, NAMES, ("1K", "1M", "256M"))
+    add_gpu_tool(w, names(), ("1K", "1M", "256M"))
     w.add_argument("--seconds", type=float, default=2.0, help="sustained run per measurement")
     w.add_argument("--idle-seconds", type=float, default=2.0)
     w.add_argument("--repeats", type=int, default=3)
@@ -248,7 +248,7 @@ def register(sub) -> None:
     w.set_defaults(func=cmd_power)
 
     m = sub.add_parser("sm-usage", help="GPU kernels vs copy-engine work per collective (PyTorch profiler)")
-    add_gpu_tool(m, NAMES, ("64K", "4M", "256M"))
+    add_gpu_tool(m, names(), ("64K", "4M", "256M"))
     m.add_argument("--modes", nargs="+", choices=("graph", "eager"), default=["graph", "eager"])
     m.add_argument("--calls", type=int, default=10)
     add_out(m, "results/local/power/sm_usage/data.csv")
@@ -276,7 +276,7 @@ def register(sub) -> None:
     k = sub.add_parser("check-cost", help="what the cross-rank check of each call (check_calls) adds to an eager "
                                           "call (GPUs; without one, the host emulator)")
     add_ranks(k)
-    k.add_argument("--ops", nargs="+", choices=NAMES, default=list(NAMES))
+    k.add_argument("--ops", nargs="+", choices=names(), default=list(names()))
     add_sizes(k, ("1K", "1M"))
     k.add_argument("--calls", type=positive, default=20, help="calls per timed batch")
     k.add_argument("--repeats", type=positive, default=15)
@@ -329,6 +329,7 @@ def add_gpu_tool(parser: argparse.ArgumentParser, ops: tuple, sizes: tuple[str, 
 
 
 def add_c3_parser(sub, name: str, d: dict, out: str, text: str) -> None:
+    from dmacoll.ops import names
     from ..bench import c3_grid as g
 
     def shape(value: str) -> str:
@@ -348,7 +349,7 @@ def add_c3_parser(sub, name: str, d: dict, out: str, text: str) -> None:
     add_ranks(p, deadline_s=3600.0)
     p.add_argument("--shapes", nargs="+", type=shape, default=d["shapes"],
                    help="gemm:MxNxK (bf16 (MxK)@(KxN)) or membound:MxN (bf16 add)")
-    p.add_argument("--ops", nargs="+", choices=g.OPS, default=d["ops"])
+    p.add_argument("--ops", nargs="+", choices=names(), default=d["ops"])
     p.add_argument("--strategies", nargs="+", choices=g.STRATEGIES, default=d["strategies"])
     p.add_argument("--targets", nargs="+", type=float, default=d["targets"], help="T_comm / T_comp to aim at")
     p.add_argument("--sizes", nargs="+", type=parse_size, default=d["sizes"],

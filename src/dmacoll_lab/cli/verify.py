@@ -77,14 +77,14 @@ def cmd_build(a: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from dmacoll.executor import SIGNAL_MODES, SYNC_MODES, WAIT_MODES
-    from dmacoll.ops import NAMES
+    from dmacoll.ops import names
     from dmacoll.plan import DIRECTIONS, VARIANTS
     from ..verify.reference import DTYPES
 
     c = sub.add_parser("check", help="run every op x variant on a backend and compare with the reference")
     c.add_argument("--backend", choices=("host", "cuda", "hip"), default="host")
     add_ranks(c, world_default=2, deadline_s=900.0)
-    c.add_argument("--ops", nargs="+", choices=NAMES, default=list(NAMES),
+    c.add_argument("--ops", nargs="+", choices=names(), default=list(names()),
                    help="reduce_scatter/all_reduce (sum) skip the dtypes they do not sum (bool, int8, uint8)")
     c.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     c.add_argument("--directions", nargs="+", choices=DIRECTIONS, default=list(DIRECTIONS))

@@ -1,5 +1,6 @@
 """The one interface the model calls for communication, so its code is the same for NCCL and dmacoll:
-``all_reduce``, ``all_gather``, ``all_to_all``, ``reduce_scatter`` on the current stream (schedule.py picks it).
+``collective(op, out, x)``, any collective of the op registry (``dmacoll.ops``) by name, on the current stream
+(schedule.py picks it). ``x`` None: ``out`` is input and output (an all-reduce in place).
 
 ``buffer(name, *shape)``: a reusable communication buffer (the first elements of a block reserved once per
 name). The model computes straight into it (``matmul(..., out=buffer)``) and runs the collective in place;
@@ -41,24 +42,11 @@ class Collectives:
             raise ValueError(f"buffer {name!r}: {shape} needs {n} elements, {block.numel()} reserved")
         return block[:n].view(shape)
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def all_gather(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``out`` = every rank's ``x`` concatenated along dim 0 (``x`` may be this rank's slice of ``out``)."""
-        if x.data_ptr() != out.data_ptr():
-            out.view(-1).copy_(x.view(-1))
-        return out
-
-    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Equal split along dim 0: chunk p of ``x`` goes to rank p, chunk p of ``out`` comes from rank p."""
-        out.copy_(x)
-        return out
-
-    def reduce_scatter(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``out`` = the sum over ranks of chunk ``rank`` of their ``x`` (world x out's elements)."""
-        if x.data_ptr() != out.data_ptr():
-            out.view(-1).copy_(x.view(-1))
+    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """At world 1 every collective's output is its input (``ops.get(op).reference`` of one rank)."""
+        ops.get(op)  # an unknown name fails here as it would on the other implementations
+        if x is not None and x.data_ptr() != out.data_ptr():
+            out.view(-1).copy_(x.reshape(-1))
         return out
 
     def close(self) -> None:
@@ -78,20 +66,8 @@ class TorchCollectives(Collectives):
         if self.device.type == "cpu":
             self.name = "gloo"
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        ops.get("all_reduce").torch_call(x, x, self.group)
-        return x
-
-    def all_gather(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        ops.get("all_gather").torch_call(out, x, self.group)
-        return out
-
-    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        ops.get("all_to_all").torch_call(out, x, self.group)
-        return out
-
-    def reduce_scatter(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        ops.get("reduce_scatter").torch_call(out, x, self.group)
+    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None) -> torch.Tensor:
+        ops.get(op).torch_call(out, out if x is None else x, self.group)
         return out
 
 
@@ -123,17 +99,8 @@ class DmaCollectives(Collectives):
     def _allocate(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         return self.comm.empty(n, dtype=dtype)
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_reduce(x)
-
-    def all_gather(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_gather(out, x)
-
-    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_to_all(out, x)
-
-    def reduce_scatter(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return self.comm.reduce_scatter(out, x)
+    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.comm.collective(op, out, x)
 
     def close(self) -> None:
         self.comm.close()

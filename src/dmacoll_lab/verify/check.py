@@ -15,7 +15,7 @@ import torch
 import torch.distributed
 
 from dmacoll.options import EngineCapabilities, Options
-from dmacoll.ops import NAMES, REGISTRY, OpSpec, get
+from dmacoll.ops import OpSpec, get, names
 from .reference import DTYPES, POISON, compare_bytes, compare_sum, draw, expected, fuzzy, mismatch, poison
 
 __all__ = ["DTYPES", "POISON", "Case", "cases", "run_case", "run_cases", "check_rank"]
@@ -68,10 +68,11 @@ def expected_output(case: Case, rank: int, world: int) -> torch.Tensor:
 
 
 def cases(variants: Iterable[str], directions: Iterable[str], dtypes: Iterable[str], counts: Iterable[int],
-          ops: Iterable[str] = NAMES, buffers: Iterable[str] = ("sym", "private"), seed: int = 0,
+          ops: Optional[Iterable[str]] = None, buffers: Iterable[str] = ("sym", "private"), seed: int = 0,
           syncs: Iterable[str] = ("reset",)) -> list[Case]:
-    """Every combination, in place too where the op has an in-place form; sums skip the dtypes
-    that dmacoll does not sum (bool, int8, ...)."""
+    """Every combination (``ops``: default every registered collective), in place too where the op has an in-place
+    form; sums skip the dtypes that dmacoll does not sum (bool, int8, ...)."""
+    ops = names() if ops is None else ops
     out = []
     for i, (op, v, d, dt, n, b, s) in enumerate(itertools.product(ops, variants, directions, dtypes, counts,
                                                                   buffers, syncs)):
@@ -136,8 +137,9 @@ def run_case(comm, bufs: Buffers, case: Case, nccl: bool = False) -> Optional[st
     return error
 
 
-# the ops a lean pipeline applies to: exchanges, not sums
-PIPELINE_OPS = tuple(name for name, spec in REGISTRY.items() if not spec.reduces)
+def pipeline_ops() -> tuple[str, ...]:
+    """The registered ops a lean pipeline applies to: exchanges, not sums."""
+    return tuple(name for name in names() if not get(name).reduces)
 
 
 def pipeline_buffers(comm, in_bytes: int, out_bytes: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -229,7 +231,7 @@ def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             one_pass()
-        offset = 7919 if op != "all_to_all_v" else 0  # a new seed would change all_to_all_v's splits
+        offset = 7919 if get(op).counts(count, world, 0) is None else 0  # a new seed would change seeded splits
         refill(offset)
         for out in returned if owned else outs:
             out.view(torch.uint8).fill_(POISON)  # the replay must move the data, whatever the seed
@@ -247,11 +249,12 @@ def run_pipelines(comm, ops: Iterable[str], variants: Iterable[str], dtypes: Ite
                   seed: int = 0, calls: int = 6) -> list[dict]:
     """``run_pipeline`` for every exchange op, variant, dtype and count, on two given outputs and on the
     communicator's own (``Communicator.result``: ``buffers`` 'owned'): a result row per call."""
-    grid = list(itertools.product([o for o in ops if o in PIPELINE_OPS], variants, dtypes, counts))
+    grid = list(itertools.product([o for o in ops if o in pipeline_ops()], variants, dtypes, counts))
     if not grid:
         return []
-    # all_to_all_v sends at most 2 x count + 1 elements per peer
-    most = max((2 * n + 1) * comm.world * DTYPES[dt].itemsize for _, _, dt, n in grid)
+    world = comm.world
+    most = max(max(numels(c, r, world)) * DTYPES[dt].itemsize for i, (op, v, dt, n) in enumerate(grid)
+               for c in pipeline_cases(op, v, dt, n, calls, seed + 1000 * i) for r in range(world))
     buffers = pipeline_buffers(comm, most, most)
     comm.reserve_results(most)  # the owned outputs at their largest once (growing would leave old pairs behind)
     rows = []
@@ -272,7 +275,7 @@ def run_multi_op(comm, variant: str, direction: str, dtype: str, count: int, see
     world, rank = comm.world, comm.rank
     torch_dtype = DTYPES[dtype]
     cs = [Case(op, variant, direction, dtype, count, ("sym", "private")[i % 2], seed=seed + i)
-          for i, op in enumerate(NAMES) if get(op).accepts(torch_dtype)]
+          for i, op in enumerate(names()) if get(op).accepts(torch_dtype)]
     counts = [send_counts(c, world) for c in cs]
     sizes = [numels(c, rank, world) for c in cs]
     tensors = []

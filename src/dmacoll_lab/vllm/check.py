@@ -119,10 +119,9 @@ def compare(off: list[dict], on: list[dict], kind: str, rtol: float = RTOL) -> d
 
 def routed_kinds(decisions: list[dict]) -> set[str]:
     """``moves`` and / or ``sums``: what the plugin sent to dmacoll in a run."""
-    from dmacoll.integrations.vllm import SERVED_BY
-    from dmacoll.integrations.vllm_routes import MOVES
+    from dmacoll.integrations.vllm_routes import SERVED_BY, moves
 
-    return {"moves" if SERVED_BY[d["op"]] in MOVES else "sums" for d in decisions if d["route"]}
+    return {"moves" if moves(SERVED_BY[d["op"]]) else "sums" for d in decisions if d["route"]}
 
 
 # -- the driver ------------------------------------------------------------------------------------------------------

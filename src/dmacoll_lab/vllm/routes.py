@@ -20,11 +20,12 @@ ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "src/dmacoll/integrations" / vllm_routes.TABLE_FILE
 MACHINES = ("h200x2", "h200x4")  # the reference result sets with operator sweeps
 MARGIN = 0.10  # dmacoll must be this much faster at both ends of a size class (staging, run-to-run spread)
-# dmacoll ops that serve vLLM's communicator calls, and what stands for vLLM's own path in the sweeps
-BASELINE = {"all_gather": "nccl", "reduce_scatter": "nccl"}
 NEVER = {"all_reduce": "vLLM's all-reduce is custom all-reduce, symmetric memory or PyNccl by size (its log line "
                        "'Using [...] all-reduce backends' names them); no committed measurement compares dmacoll "
                        "with those"}
+# the other dmacoll ops that serve vLLM's calls (vllm_routes.SERVED), and what stands for vLLM's own path in the
+# sweeps: vLLM's all_gather / reduce_scatter call PyNccl
+BASELINE = {op: "nccl" for op in vllm_routes.SERVED if op not in NEVER}
 
 
 def sweeps(machine: str, root: Path = ROOT) -> list[str]:
