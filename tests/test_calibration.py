@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dmacoll import tuning
+from dmacoll import options, tuning
+from dmacoll.backends.host import HostEngine
 from dmacoll.calibration import cache, platform, strategy
 from dmacoll_lab.verify.launch import run_ranks
 
@@ -23,7 +24,7 @@ MACHINES = ("h200x2", "h200x4")
 def _synthetic(seed: int):
     """Candidates whose time is a + size / b (a latency and a bandwidth each), without noise."""
     rng = random.Random(seed)
-    choices = tuning.choices(tuning.candidates(eager=False))
+    choices = options.choices(options.candidates(options.EngineCapabilities("cuda"), eager=False))
     params = {c: (rng.uniform(10, 40), rng.uniform(50, 400)) for c in choices}
     sizes = strategy.grid(64 << 20)
     times = {strategy.Point("all_gather", "out", "graph", c, s): a + s / b / 1e3 for c, (a, b) in params.items()
@@ -170,8 +171,8 @@ def _communicator_log(setting: str) -> tuple:
     comm.all_gather(y, x)
     right = y.tolist() == [float(i + 10 * r) for r in range(world) for i in range(6)]
     ran = tuple(getattr(comm.last_options, name) for name in tuning.Choice._fields)
-    expected = comm.tuning.select("all_gather", 12, "eager", False, comm._allowed(comm.options, False)) \
-        if comm.tuning else None
+    expected = comm.tuning.select("all_gather", 12, "eager", False,
+                                  options.allowed(comm.options, comm.capabilities, False)) if comm.tuning else None
     comm.close()
     return (comm.tuning.to_json() if comm.tuning else None), lines, ran, tuple(expected or ()), right
 
@@ -207,7 +208,7 @@ def test_calibration_end_to_end_on_the_host(world, monkeypatch, tmp_path):
     again = ranks[0]["again"]
     assert again[0] == first and not again[1]  # reused from the cache: no notice, no measurement
     assert ranks[0]["host default"][0] is None and ranks[0]["off"][0] is None  # emulator default / off: fallback
-    fallback = tuning.fallback(tuning.candidates(eager=True, graphs=False))
+    fallback = options.fallback(options.candidates(HostEngine.capabilities, eager=True))
     assert ranks[0]["off"][2] == tuple(fallback)
     forced = ranks[0]["forced"]  # measured again although a cached table fits, and cached in its place
     assert json.loads(forced[0])["calibration"]["setting"] == "force" and any("force" in line for line in forced[1])

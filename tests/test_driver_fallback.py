@@ -1,4 +1,5 @@
 """A driver that refuses stream-memop writes into peer memory (CUDA >= 13.1) gets copy-engine flags, not a crash."""
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -29,7 +30,7 @@ def test_the_refusal_is_found_from_the_version_or_the_self_test():
 def _refusing_host(rank, world, sync="reset"):
     """The host emulator with a driver that refuses memop writes into a peer's memory: every op, variant and
     direction must still give the right result, with no such write issued."""
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
     from dmacoll.backends.host import HostEngine
     from dmacoll_lab.verify.check import cases, run_cases
 
@@ -44,10 +45,11 @@ def _refusing_host(rank, world, sync="reset"):
         issue(self, queue, ops)
 
     HostEngine.memops = memops
-    HostEngine.remote_memop_writes = False
-    HostEngine.memop_refusal = "the fake driver does not take stream memory-operation writes to peer memory"
+    HostEngine.capabilities = dataclasses.replace(
+        HostEngine.capabilities, remote_memop_writes=False,
+        memop_refusal="the fake driver does not take stream memory-operation writes to peer memory")
     try:
-        comm = Communicator(backend="host", timeout_s=30, sync=sync)
+        comm = Communicator(backend="host", timeout_s=30, options=Options(sync=sync))
     except DmaCollError as e:
         return str(e)
     rows = run_cases(comm, cases(["pcpy", "b2b", "multi"], ["push", "pull"], ["float32", "int32"], [1, 33]))

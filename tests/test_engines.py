@@ -9,11 +9,11 @@ import torch.distributed as dist
 from dmacoll.backends import cuda as cuda_backend
 from dmacoll.backends import hip as hip_backend
 from dmacoll.backends.engine import Engine
+from dmacoll.options import EngineCapabilities
 from dmacoll_lab.verify.launch import run_ranks
 from test_hip_backend import CUDA_HEAPS, HIP_HEAPS, FakeHip, hip_flag_addrs
 
 MEMBERS = sorted({n for n in dir(Engine) if not n.startswith("_")} | set(Engine.__annotations__))
-CAPABILITIES = ("graphs", "native_submit", "kernel_signals", "spin_waits")
 
 
 def missing(engine) -> list[str]:
@@ -63,8 +63,8 @@ def test_the_cuda_engine_its_constructor_builds_has_every_member(no_gpu):
     heap = torch.zeros(1 << 12, dtype=torch.uint8)
     eng = cuda_engine(no_gpu, heap)
     assert isinstance(eng, Engine) and missing(eng) == []
-    assert (eng.rank, eng.world, eng.heap, eng.remote_memop_writes) == (1, 2, heap, True)
-    assert all(isinstance(getattr(eng, c), bool) for c in CAPABILITIES)
+    assert (eng.rank, eng.world, eng.heap, eng.capabilities.remote_memop_writes) == (1, 2, heap, True)
+    assert eng.capabilities == cuda_backend.CudaEngine.capabilities  # the driver took memop writes: as stated
 
 
 def test_the_hip_engine_its_constructor_builds_has_every_member(no_gpu):
@@ -75,7 +75,7 @@ def test_the_hip_engine_its_constructor_builds_has_every_member(no_gpu):
     eng = hip_backend.HipEngine(None, 1 << 12, 64, 1.0, device="cpu")
     assert isinstance(eng, Engine) and missing(eng) == []
     assert (eng.rank, eng.world, eng.heap.numel(), eng.ptrs) == (1, 2, 1 << 12, HIP_HEAPS[:2])
-    assert all(isinstance(getattr(eng, c), bool) for c in CAPABILITIES)
+    assert isinstance(eng.capabilities, EngineCapabilities) and eng.capabilities.backend == "hip"
 
 
 def test_a_member_the_constructor_forgets_is_caught(no_gpu):

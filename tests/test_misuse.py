@@ -167,9 +167,9 @@ def test_float_counts_are_refused_by_the_call_and_by_result():
 
 # -- ranks that disagree: the cross-rank check of each call ------------------------------------------------------
 def _disagreeing(rank, world, check_calls):
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
 
-    comm = Communicator(backend="host", timeout_s=3, check_calls=check_calls)
+    comm = Communicator(backend="host", timeout_s=3, options=Options(check_calls=check_calls))
     counts = [[1 + (i + j) % 2 for j in range(world)] for i in range(world)]
     mine = [row[:] for row in counts]
     if rank == world - 1:

@@ -23,12 +23,12 @@ def _in_place_at(op: str, out_at: int, in_at: int, n_in: int, n_out: int, rank: 
 
 class Trials:
     def __init__(self, rank: int, world: int, seed: int):
-        from dmacoll import Communicator
+        from dmacoll import Communicator, Options
 
         self.rank, self.world, self.seed = rank, world, seed
         self.rng = random.Random(seed)  # the same draws on every rank: the ranks agree on each call
         sizes = dict(backend="host", heap_bytes=1 << 20, staging_bytes=1 << 20, timeout_s=60)
-        self.comms = [Communicator(**sizes), Communicator(**sizes, check_calls=True)]
+        self.comms = [Communicator(**sizes), Communicator(**sizes, options=Options(check_calls=True))]
         self.pools = [(c.empty(POOL_BYTES, dtype=torch.uint8), c.empty(POOL_BYTES, dtype=torch.uint8))
                       for c in self.comms]
         self.chain = None  # (comm index, every rank's output, this rank's owned output) of an owned exchange

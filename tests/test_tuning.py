@@ -44,19 +44,6 @@ def test_select_picks_the_fastest_combination_the_call_allows():
     assert t.select("all_gather", 100, "graph", False, {"signal": {"kernel"}}) is None  # nothing measured
 
 
-def test_fallback_keeps_what_the_call_allows():
-    assert tuning.fallback({}) == tuning.FALLBACK
-    assert tuning.FALLBACK.signal == "copy"  # no stream-memop write into peer memory without a measurement
-    # eager calls prerecord where graphs are allowed; not under capture, on the emulator, or with sync='epoch'
-    assert tuning.fallback(tuning.candidates(eager=True)).prerecord is True
-    for runs in (tuning.candidates(eager=False), tuning.candidates(eager=True, graphs=False)):
-        assert tuning.fallback(runs) == tuning.FALLBACK._replace(prerecord=False)
-    assert tuning.fallback(tuning.candidates(eager=True, epoch=True)) == tuning.FALLBACK._replace(
-        prerecord=False, signal="memop")  # epoch flags carry sequence numbers: memop writes
-    assert tuning.fallback({"signal": {"memop"}, "wait": {"spin"}}) == tuning.FALLBACK._replace(
-        signal="memop", wait="spin")
-
-
 def test_shipped_table_is_derived_from_the_committed_sweep():
     shipped = tuning.find(tuning.Platform("NVIDIA H200", 2, "nvlink"))
     assert shipped is not None and shipped.meta["source"] == [str(p.relative_to(ROOT)) for p in SWEEPS]
@@ -91,11 +78,11 @@ def _ran(comm):
 
 
 def _auto(rank, world, table_path):
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
 
     out = {}
     for name, path in (("default", None), ("table", table_path)):
-        comm = Communicator(backend="host", tuning_table=path, timeout_s=10)
+        comm = Communicator(backend="host", timeout_s=10, options=Options(tuning_table=path))
         x = torch.arange(4, dtype=torch.float32) + 10 * rank
         y = torch.empty(4 * world)
         comm.all_gather(y, x)
@@ -118,9 +105,9 @@ def test_communicator_resolves_auto_from_the_table(tmp_path):
 
 def _uneven_auto(rank, world, table_path):
     """all_to_all_v whose rows differ per rank, variant 'auto' from a table whose choice flips with the size."""
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
 
-    comm = Communicator(backend="host", tuning_table=table_path, timeout_s=10)
+    comm = Communicator(backend="host", timeout_s=10, options=Options(tuning_table=table_path))
     counts = [[256, 256], [128, 128]]  # rank 0 sends 2 KB in all, rank 1 1 KB (float32)
     x = torch.arange(sum(counts[rank]), dtype=torch.float32) + 1000 * rank
     y = torch.full((sum(row[rank] for row in counts),), -1.0)

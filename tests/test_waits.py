@@ -228,14 +228,14 @@ def test_options_refuse_waits_a_backend_or_mode_cannot_run():
     from dmacoll.backends.cuda import CudaEngine
     from dmacoll.backends.hip import HipEngine
     from dmacoll.backends.host import HostEngine
-    from dmacoll.communicator import Options
     from dmacoll.errors import InvalidArgument
+    from dmacoll.options import Options, resolve
 
-    assert Options(wait="fold", signal="copy").checked(HostEngine).wait == "fold"
-    assert Options(wait="spin", signal="kernel").checked(CudaEngine).wait == "spin"  # kernel signals: any wait
+    assert resolve(Options(wait="fold", signal="copy"), HostEngine.capabilities).wait == "fold"
+    assert resolve(Options(wait="spin", signal="kernel"), CudaEngine.capabilities).wait == "spin"  # any wait
     for options, engine, why in ((Options(wait="spin"), HipEngine, "hip"),
                                  (Options(wait="fold", submit="native"), CudaEngine, "submit='native'"),
                                  (Options(wait="spin", signal="kernel"), HipEngine, "hip"),
                                  (Options(wait="poll"), CudaEngine, "wait='poll'")):
         with pytest.raises(InvalidArgument, match=why):
-            options.checked(engine)
+            resolve(options, engine.capabilities)

@@ -1,9 +1,10 @@
 """dmacoll: ML collectives on GPU DMA (copy) engines, with a host emulator."""
 from .errors import BackendUnavailable, DmaCollError, DmaCollTimeoutError, InvalidArgument
+from .options import Options
 
 __version__ = "0.1.0"
 
-__all__ = ["Communicator", "DmaCollError", "DmaCollTimeoutError", "InvalidArgument", "BackendUnavailable"]
+__all__ = ["Communicator", "Options", "DmaCollError", "DmaCollTimeoutError", "InvalidArgument", "BackendUnavailable"]
 
 
 def __getattr__(name):  # keep `import dmacoll` light: torch loads on first use

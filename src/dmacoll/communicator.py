@@ -9,9 +9,10 @@ are staged through the staging area when the protocol needs peer access
 (push into a private output, pull from a private input).
 
 A call goes through four steps, each a method below: its tensors are checked by the op's spec
-(``ops``) and its options resolved (``Options``); a plan is chosen (the tuning table for 'auto', the
-lean-handshake state for the flags, ``LeanState``) and lowered once per key (the program cache); then it is
-submitted to the engine (now, as a recorded graph's replay, or behind a prelaunch gate).
+(``ops``) and its options resolved (``options.resolve``: legality, and 'auto' from the tuning table), once per
+call shape; a plan is chosen (the lean-handshake state for the flags, ``LeanState``) and lowered once per key (the
+program cache); then it is submitted to the engine (now, as a recorded graph's replay, or behind a prelaunch
+gate).
 """
 from __future__ import annotations
 
@@ -20,24 +21,24 @@ import dataclasses
 import logging
 import os
 import warnings
-from dataclasses import dataclass
-from typing import Iterator, NamedTuple, Optional
+from typing import TYPE_CHECKING, Iterator, NamedTuple, NoReturn, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from . import consistency, ops, tuning, validate
+from . import backends, consistency, ops, validate
 from .calibration import lookup
-from .backends import engine_class, make_engine, resolve
 from .errors import BackendUnavailable, DmaCollError, InvalidArgument
-from .executor import GATES, SIGNAL_MODES, SYNC_MODES, WAIT_MODES, Program, flag_words, lower, run
-from .plan import DIRECTIONS, DONE, DONE_ALT, FULL, VARIANTS, Handshake, Layout, Wait
+from .executor import GATES, Program, flag_words, lower, run
+from .options import Call, CallOptions, Options, resolve
+from .plan import DONE, DONE_ALT, FULL, Handshake, Layout, Wait
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 ALIGN = 512
-HANDSHAKES = ("full", "lean")
 log = logging.getLogger("dmacoll")
 _REFUSALS_SAID: set[str] = set()  # each reason for a fallback is logged once per process
-SUBMITS = ("python", "native")
 DEFAULT_TIMEOUT_S = float(os.environ.get("DMACOLL_TIMEOUT_S", "120"))
 
 
@@ -45,79 +46,8 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-@dataclass(frozen=True)
-class Options:
-    """A call's options: the communicator's, overridden per call. ``checked`` is the one place they are
-    validated, against what the backend's engine can do."""
-
-    variant: str = "auto"
-    direction: str = "auto"
-    sync: str = "reset"
-    signal: str = "auto"
-    prerecord: object = "auto"  # True, False or "auto"
-    submit: str = "auto"
-    handshake: str = "full"
-    wait: str = "auto"
-
-    @property
-    def auto(self) -> bool:
-        """Whether the tuning table (or the fallback) still has something to choose."""
-        return "auto" in (self.variant, self.direction, self.signal, self.wait, self.prerecord, self.submit)
-
-    def override(self, changes: dict, engine) -> "Options":
-        if not changes:  # the common call: nothing to check again
-            return self
-        names = [f.name for f in dataclasses.fields(self)]
-        unknown = set(changes) - set(names)
-        if unknown:
-            raise InvalidArgument(f"unknown option(s) {sorted(unknown)}; use " + ", ".join(f"{n}=" for n in names))
-        return dataclasses.replace(self, **changes).checked(engine)
-
-    def checked(self, engine) -> "Options":
-        for name, allowed in (("variant", VARIANTS + ("auto",)), ("direction", DIRECTIONS + ("auto",)),
-                              ("sync", SYNC_MODES), ("signal", SIGNAL_MODES + ("auto",)),
-                              ("submit", SUBMITS + ("auto",)), ("handshake", HANDSHAKES),
-                              ("wait", WAIT_MODES + ("auto",)), ("prerecord", (False, True, "auto"))):
-            value = getattr(self, name)
-            wrong_type = isinstance(value, bool) != (name == "prerecord" and value != "auto")  # 1 == True: a bool
-            if wrong_type or value not in allowed:
-                raise InvalidArgument(f"{name}={value!r} is not one of {allowed}")
-        if self.signal in ("copy", "kernel") and self.sync == "epoch":
-            raise InvalidArgument(f"signal={self.signal!r} sends a constant 1: it needs sync='reset'")
-        if self.signal == "kernel" and not engine.kernel_signals:
-            raise InvalidArgument(f"signal='kernel' launches dmacoll's CUDA flag kernels; on backend={engine.name!r} "
-                                  "use signal='memop' or 'copy'")
-        if self.submit == "native" and not engine.native_submit:
-            raise InvalidArgument(f"submit='native' issues CUDA driver calls: it needs backend='cuda', not "
-                                  f"{engine.name!r}")
-        if self.submit == "native" and self.signal == "kernel":
-            raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy'")
-        if self.wait in ("spin", "fold"):
-            if not engine.spin_waits:
-                raise InvalidArgument(f"wait={self.wait!r} runs CUDA kernels; on backend={engine.name!r} use "
-                                      "wait='memop'")
-            if self.submit == "native":
-                raise InvalidArgument(f"submit='native' issues driver calls only, and wait={self.wait!r} launches "
-                                      "a kernel: use wait='memop'")
-        return self
-
-    def on(self, engine) -> "Options":
-        """These options as ``engine`` can run them: where its driver refuses stream-memop writes into peer memory
-        (``engine.memop_refusal``), memop flags travel as 4-byte copies instead (said once per process)."""
-        if self.signal not in ("memop", "auto") or engine.remote_memop_writes:
-            return self
-        if self.sync == "epoch":
-            raise InvalidArgument(f"sync='epoch' sends sequence numbers as stream-memop writes to peers, and "
-                                  f"{engine.memop_refusal}; use sync='reset'")
-        if engine.memop_refusal not in _REFUSALS_SAID:
-            _REFUSALS_SAID.add(engine.memop_refusal)
-            log.warning("dmacoll: %s: flags travel as 4-byte copy-engine copies (signal='copy')",
-                        engine.memop_refusal)
-        return self if self.signal == "auto" else dataclasses.replace(self, signal="copy")
-
-
 class LeanState:
-    """handshake='lean' bookkeeping (see the Communicator docstring): what the previous call proved.
+    """handshake='lean' bookkeeping (see ``Options``): what the previous call proved.
 
     ``previous`` is (context, output start, output end, peers we waited DONE from, its DONE phase) when the
     previous call was one exchange into a symmetric output, else None."""
@@ -196,62 +126,28 @@ def _result_shape(input: torch.Tensor, numel: int) -> tuple[int, ...]:
 class Communicator:
     """DMA collectives for the ranks of ``group`` (default: the world group).
 
-    The collectives (``all_gather``, ``all_to_all``, ``all_to_all_v``, ``reduce_scatter``, ``all_reduce``) are
-    methods made from their specs (``dmacoll.ops``); ``collective(name, ...)`` calls any of them by name.
+    ``backend``: ``cuda``, ``hip``, ``host`` (the CPU emulator) or ``auto`` (cuda or hip where torch sees a GPU,
+    else host), on ``device`` (default: the current one); ``heap_bytes``: the symmetric heap that ``empty()``
+    allocates from; ``staging_bytes``: where private tensors and reduced chunks are staged (a call that needs more
+    says how much to ask for); ``timeout_s``: how long a wait for a peer may take before it raises
+    ``DmaCollTimeoutError``; ``options``: how the collectives run (``Options``: variant, direction, flags, waits,
+    the tuning table, the cross-rank check...), each call option overridable per call by keyword.
 
-    ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue),
-    ``multi`` (one handshake, copies split over ``engines`` queues) or ``auto``;
-    ``direction``: ``push`` (write into peers), ``pull`` (read from peers) or ``auto``.
-    ``auto`` (the default of these and of ``signal``, ``wait``, ``prerecord``, ``submit``) takes the
-    fastest safe combination measured for the call's (op, size, graph/eager, in place) from a tuning
-    table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on this platform, else one
-    calibrated for it: cached, or measured now on GPUs, $DMACOLL_CALIBRATE, see ``calibration.lookup``;
-    without one: pcpy/push with copy-engine flags, eager calls prerecorded; see ``_resolve``);
-    ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers);
-    ``signal``: how a flag reaches a peer, ``memop`` (cuStreamWriteValue32), ``copy``
-    (a 4-byte copy-engine copy queued behind the data) or ``kernel`` (one one-thread kernel
-    writes a group of flags; it uses an SM, briefly); the last two need sync='reset';
-    ``wait``: how a rank waits for a flag, ``memop`` (cuStreamWaitValue32 on the stream), ``spin`` (a
-    one-thread kernel polls the flag words and re-arms them: a sliver of one SM while it waits) or ``fold``
-    (``spin``, and a pushed reduction's DONE waits done inside its sum kernel, each slot added as it arrives);
-    cuda only, not with submit='native' (see executor.py);
-    ``prerecord``: eager calls replay a CUDA graph recorded on first use per (op, size,
-    buffers, variant): one launch instead of a command per step (cuda; sync='reset');
-    ``submit``: ``python`` (a driver call from Python per step) or ``native`` (the call's
-    driver commands worked out once, then issued by one call into the C library that
-    ``dmacoll build`` compiles; cuda, signal memop or copy);
-    ``handshake``: ``full`` (every call: READY then DONE, two flag crossings) or ``lean``, a
-    promise by the caller, on every rank: *this call's output does not overlap the previous
-    call's, and the output of a call is read only before the next collective call of this
-    communicator is issued* (stream order), e.g. back-to-back calls into two alternating buffers,
-    each read before the next call. Then a push all-gather / all-to-all(-v) into a symmetric
-    output, following such a call in the same context (both eager, or both in one graph capture;
-    not prerecorded, not gated), skips the READY handshake with every peer it exchanged DONE
-    with in that call: the peer signalled that DONE after issuing the previous call, hence after
-    reading the output before it, the buffer this call writes. One flag crossing per call
-    instead of two. Other calls run the full handshake; an output that overlaps the previous
-    one raises (the decision must not depend on one rank's buffer sizes, or ranks would disagree).
-    ``result(op, input, ...)`` gives the lean handshake without a promise: the communicator owns the
-    outputs (two alternating buffers) and documents their lifetime.
-    Each may be overridden per call. Calls enqueue work on the current stream and
-    never block the host; they can be captured in a CUDA graph (sync='reset').
-
-    ``check_calls``: before each call, check across the ranks that every rank makes the same call (op, dtype,
-    sizes, send_counts, in place, buffers, protocol options, the call's number) and raise ``InvalidArgument`` on
-    every rank, naming the ranks that differ, when not (``dmacoll.consistency``). One small collective of the
-    process group per call (two for ``result``), so off by default; None: on under $DMACOLL_CHECK_CALLS=1 or
-    TORCH_DISTRIBUTED_DEBUG=DETAIL; the attribute ``check_calls`` may be changed between calls, on every rank
-    alike. Without it each rank still checks its own call (sizes against its own tensors, overlaps, integer
-    counts) but not that its peers made the same one.
-    After ``close()`` every use raises ``InvalidArgument``.
+    The collectives (``all_gather``, ``all_to_all``, ``all_to_all_v``, ``reduce_scatter``, ``all_reduce``) are the
+    methods below, each the registry's op (``dmacoll.ops``) by name; ``collective(name, ...)`` calls any registered
+    op. Calls enqueue work on the current stream and never block the host; they can be captured in a CUDA graph
+    (sync='reset'). ``result(op, input, ...)`` returns an output the communicator owns (the lean handshake without
+    a promise). After ``close()`` every use raises ``InvalidArgument``.
     """
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *, backend: str = "auto",
-                 heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20, variant: str = "auto",
-                 direction: str = "auto", sync: str = "reset", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 engines: int = 2, signal: str = "auto", prerecord: object = "auto", submit: str = "auto",
-                 handshake: str = "full", wait: str = "auto", tuning_table: Optional[str] = None,
-                 device: Optional[torch.device] = None, check_calls: Optional[bool] = None):
+                 device: Optional[torch.device] = None, heap_bytes: int = 64 << 20, staging_bytes: int = 16 << 20,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, options: Optional[Options] = None, **moved: NoReturn):
+        if moved:
+            raise TypeError(_moved_keywords(moved))
+        options = Options() if options is None else options
+        if not isinstance(options, Options):
+            raise TypeError(f"options must be dmacoll.Options(...), got {type(options).__name__}")
         if not dist.is_initialized():
             raise InvalidArgument("torch.distributed is not initialised; call dist.init_process_group first")
         self.group = group if group is not None else dist.group.WORLD
@@ -260,19 +156,18 @@ class Communicator:
         validate.check_world(self.world)
         if timeout_s <= 0:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
-        if not 1 <= engines <= 16:
-            raise InvalidArgument(f"engines must be between 1 and 16, got {engines}")
         self.backend = _agreed_backend(backend, self.group, self.world)
-        self.options = Options(variant, direction, sync, signal, prerecord, submit, handshake, wait).checked(
-            engine_class(self.backend))
-        self.engines = engines
+        resolve(options, backends.engine_class(self.backend).capabilities)  # refused before any memory is allocated
+        self.options = options
         self.staging = _align(flag_words(self.world) * 4)
         self.heap_start = self.staging + _align(staging_bytes)
         total = self.heap_start + _align(heap_bytes)
-        self.engine = make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
+        self.engine = backends.make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
+        self.capabilities = self.engine.capabilities  # the native library's loading: learned on first need
         try:
-            self.options = self.options.on(self.engine)
-            if self.options.wait in ("spin", "fold"):
+            resolve(options, self.capabilities)  # what the engine found at start (memop writes into peer memory)
+            self._say_copy_flags(options)
+            if options.wait in ("spin", "fold"):
                 self.engine.load_kernels()
         except DmaCollError:
             self.engine.close()
@@ -280,7 +175,7 @@ class Communicator:
         self.device = self.engine.device
         self._ops_group = ops.Group(self.world, self.rank, self.device)
         try:
-            self.tuning = lookup.table_for(self, tuning_table)  # given, shipped, cached or calibrated now
+            self.tuning = lookup.table_for(self, options.tuning_table)  # given, shipped, cached or calibrated now
         except DmaCollError:
             self.engine.close()
             raise
@@ -289,9 +184,7 @@ class Communicator:
         self._epoch = 0
         self._calls = 0
         self._programs: dict[tuple, Lowered] = {}
-        self._option_sets: dict[tuple, Options] = {}  # a call's option changes -> its checked Options
-        self._resolved: dict[tuple, Options] = {}  # (op, size, capturing, in place, Options) -> 'auto' resolved
-        self._native_ok: Optional[bool] = None  # whether the native library loads (or builds): found on first need
+        self._resolved: dict[tuple, Options] = {}  # (op, size, in place, capturing, a call's changes) -> its Options
         self._lean = LeanState()
         self._results = ResultBuffers(lambda n: self.empty(n, dtype=torch.uint8))
         self.last_handshake: Handshake = FULL  # the flags the last call used (for tests and logs)
@@ -299,7 +192,7 @@ class Communicator:
         self.error: Optional[DmaCollError] = None  # set by a failed call; every later call raises it
         self._gate: Optional[Gate] = None  # the open or pending prelaunch gate
         self._gates_used = 0
-        self.check_calls = consistency.enabled(check_calls)  # every rank alike (see the class docstring)
+        self.check_calls = consistency.enabled(options.check_calls)  # every rank alike (see Options)
         self.closed = False
 
     # -- memory ----------------------------------------------------------------
@@ -323,13 +216,46 @@ class Communicator:
         return flat[: torch.Size(shape).numel()].view(shape)
 
     # -- collectives -------------------------------------------------------------
-    def collective(self, op: str, output: torch.Tensor, input: Optional[torch.Tensor] = None, *args,
-                   **options) -> torch.Tensor:
-        """Run collective ``op`` (a name in ``dmacoll.ops``); the named methods call this."""
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, **options: Unpack[CallOptions]) -> torch.Tensor:
+        """``output`` = every rank's ``input``, concatenated in rank order (world x ``input``'s elements); in place
+        when ``input`` is this rank's chunk of ``output``. ``options``: this call's changes to the communicator's
+        call options (``Options``), e.g. ``variant='b2b'``. Returns ``output``."""
+        return self.collective("all_gather", output, input, **options)
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, **options: Unpack[CallOptions]) -> torch.Tensor:
+        """Equal splits: chunk p of ``input`` goes to rank p, where it lands as chunk r (this rank) of its ``output``
+        (both world x chunk elements). ``options`` as in ``all_gather``. Returns ``output``."""
+        return self.collective("all_to_all", output, input, **options)
+
+    def all_to_all_v(self, output: torch.Tensor, input: torch.Tensor, send_counts: Sequence[Sequence[int]],
+                     **options: Unpack[CallOptions]) -> torch.Tensor:
+        """Uneven splits: ``send_counts[i][j]`` elements go from rank i to rank j (the same matrix on every rank,
+        ints or integer tensors); ``input`` holds this rank's row back to back, ``output`` receives its column in
+        rank order. ``options`` as in ``all_gather``. Returns ``output``."""
+        return self.collective("all_to_all_v", output, input, send_counts, **options)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor,
+                       **options: Unpack[CallOptions]) -> torch.Tensor:
+        """``output`` = the sum over the ranks of chunk r (this rank) of their ``input`` (world x ``output``'s
+        elements); in place when ``output`` is this rank's chunk of ``input``. Sums in ``ops.REDUCE_DTYPES``.
+        ``options`` as in ``all_gather``. Returns ``output``."""
+        return self.collective("reduce_scatter", output, input, **options)
+
+    def all_reduce(self, tensor: torch.Tensor, input: Optional[torch.Tensor] = None,
+                   **options: Unpack[CallOptions]) -> torch.Tensor:
+        """``tensor`` = the sum over the ranks of their ``input`` (default: ``tensor`` itself, in place, like
+        ``torch.distributed.all_reduce``). Sums in ``ops.REDUCE_DTYPES``. ``options`` as in ``all_gather``.
+        Returns ``tensor``."""
+        return self.collective("all_reduce", tensor, input, **options)
+
+    def collective(self, op: str, output: torch.Tensor, input: Optional[torch.Tensor] = None, *args: object,
+                   **options: Unpack[CallOptions]) -> torch.Tensor:
+        """Run collective ``op`` (a name in ``dmacoll.ops``; its method's arguments after ``output``, ``input``,
+        then this call's option changes); the named methods call this."""
         capturing = self.engine.is_capturing()
         spec, request, opts = self._agreed(op, lambda: self._checked(op, output, input, args, options, capturing),
                                            lambda checked: self._signature(*checked))
-        prerecord = opts.prerecord and self.engine.graphs and not capturing
+        prerecord = opts.prerecord and self.capabilities.graphs and not capturing
         if opts.submit == "native":
             self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
         if opts.wait != "memop":
@@ -345,13 +271,7 @@ class Communicator:
         request = spec.bind(self._ops_group, output, input, *args)
         validate.check_overlap(spec.name, request.output, request.input, request.in_place, spec.in_place)
         self._check_usable(spec.name)
-        opts = self._resolve(spec, request, self._options_for(options), capturing)
-        if opts.sync == "epoch" and capturing:
-            raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would "
-                                  "then deadlock; capture with sync='reset'")
-        if opts.prerecord and self.engine.graphs and not capturing and opts.sync != "reset":
-            raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
-        return spec, request, opts
+        return spec, request, self._options(spec, request, options, capturing)
 
     def _signature(self, spec: ops.OpSpec, request: ops.Request, opts: Options) -> dict:
         """What every rank must agree on for a call to meet (the cross-rank check, ``consistency``)."""
@@ -383,7 +303,8 @@ class Communicator:
             raise error
         return value
 
-    def result(self, op: str, input: torch.Tensor, *args, **options) -> torch.Tensor:
+    def result(self, op: str, input: torch.Tensor, *args: object,
+               **options: Unpack[CallOptions]) -> torch.Tensor:
         """Run collective ``op`` into an output the communicator owns, and return that output.
 
         The output is valid until the next collective call of this communicator is issued: read it (on the
@@ -422,19 +343,6 @@ class Communicator:
         self._check_open("reserve_results")
         self._results.reserve(int(nbytes))
 
-    def _options_for(self, changes: dict) -> Options:
-        """The communicator's options with a call's changes, checked once per set of changes (then looked up)."""
-        if not changes:
-            return self.options
-        key = tuple(sorted(changes.items()))
-        try:
-            opts = self._option_sets.get(key)
-        except TypeError:  # an unhashable value: not an option, override says which
-            return self.options.override(changes, self.engine)
-        if opts is None:
-            opts = self._option_sets[key] = self.options.override(changes, self.engine).on(self.engine)
-        return opts
-
     def _check_open(self, what: str) -> None:
         if self.closed:
             raise InvalidArgument(f"{what}: this communicator is closed; create a new Communicator")
@@ -447,50 +355,50 @@ class Communicator:
             raise InvalidArgument(f"{op}: a prelaunched collective is still pending; call gate.wait() first "
                                   "(collectives of one communicator run one after another)")
 
-    def _resolve(self, spec: ops.OpSpec, request: ops.Request, opts: Options, capturing: bool) -> Options:
-        """``opts`` with every 'auto' replaced: by the fastest configuration the tuning table measured that the call
-        may use (``_allowed``), else by ``tuning.fallback``. Worked out once per (op, size, graph/eager, in place,
-        options): the size is the same on every rank (``Request.nbytes``), so the ranks choose alike."""
-        if not opts.auto:
-            return opts
-        key = (spec.tuning_op, request.nbytes, capturing, request.in_place, opts)
-        resolved = self._resolved.get(key)
+    def _options(self, spec: ops.OpSpec, request: ops.Request, changes: dict, capturing: bool) -> Options:
+        """What this call runs with (``options.resolve``), worked out once per (op, size, in place, graph/eager,
+        changes), then a dict lookup: the size is the same on every rank (``Request.nbytes``), so the ranks choose
+        alike. A rejected call stores nothing."""
+        try:
+            key = (spec.tuning_op, request.nbytes, request.in_place, capturing,
+                   tuple(sorted(changes.items())) if changes else ())
+            resolved = self._resolved.get(key)
+        except TypeError:  # an unhashable value: not an option (resolve says which), nothing to cache
+            key, resolved = None, None
         if resolved is None:
-            allowed = self._allowed(opts, capturing)
-            resolved = self._choice(spec, request, opts, capturing, allowed)
-            if opts.submit == "auto" and resolved.submit == "native" and not self._native_available():
-                resolved = self._choice(spec, request, opts, capturing, {**allowed, "submit": {"python"}})
-            if len(self._resolved) >= 4096:
-                self._resolved.clear()
-            self._resolved[key] = resolved
+            wanted = self.options.changed(changes)
+            call = Call(spec.tuning_op, request.nbytes, request.in_place, capturing)
+            resolved = resolve(wanted, self.capabilities, call, self.tuning)
+            if resolved.submit == "native" and wanted.submit == "auto" and not self._native_available():
+                resolved = resolve(wanted, self.capabilities, call, self.tuning)  # chosen again, from Python
+            self._say_copy_flags(wanted)
+            if key is not None:
+                if len(self._resolved) >= 4096:
+                    self._resolved.clear()
+                self._resolved[key] = resolved
         return resolved
 
-    def _choice(self, spec: ops.OpSpec, request: ops.Request, opts: Options, capturing: bool,
-                allowed: dict) -> Options:
-        mode = "graph" if capturing else "eager"
-        choice = (self.tuning.select(spec.tuning_op, request.nbytes, mode, request.in_place, allowed)
-                  if self.tuning else None) or tuning.fallback(allowed)
-        return dataclasses.replace(opts, **{name: getattr(choice, name) for name in choice._fields
-                                            if getattr(opts, name) == "auto"})
-
-    def _allowed(self, opts: Options, capturing: bool) -> dict:
-        """Per option the table may choose, the values this call may take: the caller's where it fixed one, else
-        what the engine runs here (``tuning.candidates``)."""
-        runs = tuning.candidates_on(self.engine, not capturing, self._native_ok is not False, opts.sync == "epoch")
-        return {name: values if getattr(opts, name) == "auto" else {getattr(opts, name)}
-                for name, values in runs.items()}
-
     def _native_available(self) -> bool:
-        """Whether the native library loads here (built on first use if needed); a failure is said once and the
-        calls go on from Python."""
-        if self._native_ok is None:
-            try:
-                self.engine.ensure_native()
-                self._native_ok = True
-            except DmaCollError as e:
-                self._native_ok = False
-                log.warning("dmacoll: submitting from Python: %s", e)
-        return self._native_ok
+        """Whether the native library loads here (built on first use if needed); a failure is said once, and from
+        then on the capabilities say so: the calls go on from Python."""
+        if not self.capabilities.native_available:
+            return False
+        try:
+            self.engine.ensure_native()
+            return True
+        except DmaCollError as e:
+            self.capabilities = dataclasses.replace(self.capabilities, native_available=False)
+            log.warning("dmacoll: submitting from Python: %s", e)
+            return False
+
+    def _say_copy_flags(self, options: Options) -> None:
+        """Where the driver refuses memop writes into peer memory, say once per process that flags travel as
+        copies (``resolve`` sends them so)."""
+        why = self.capabilities.memop_refusal
+        if options.signal in ("memop", "auto") and not self.capabilities.remote_memop_writes \
+                and why not in _REFUSALS_SAID:
+            _REFUSALS_SAID.add(why)
+            log.warning("dmacoll: %s: flags travel as 4-byte copy-engine copies (signal='copy')", why)
 
     def _plan(self, spec: ops.OpSpec, request: ops.Request, opts: Options, capturing: bool,
               prerecord: bool) -> "Lowered":
@@ -520,7 +428,7 @@ class Communicator:
         """Build and lower the plans of a call (cached by ``key``: eager calls pay only a dict lookup)."""
         layout = Layout(self.engine.sym_offset(request.input), self.engine.sym_offset(request.output), self.staging)
         direction = opts.direction
-        built, need = request.build(opts.variant, direction, layout, flags, self.engines)
+        built, need = request.build(opts.variant, direction, layout, flags, self.options.engines)
         larger = f"create the communicator with a larger staging_bytes (>= {_align(need)})"
         if spec.reduces:  # the received chunks always go through staging, whatever the buffers
             what, hint = f"{spec.name} ({direction})", f"{larger}; reduce collectives receive every rank's chunk there"
@@ -620,7 +528,7 @@ def _agreed_backend(requested: str, group, world: int) -> str:
     instead of leaving the others waiting in the engine's set-up."""
     error: Optional[DmaCollError] = None
     try:
-        mine = resolve(requested)
+        mine = backends.resolve(requested)
     except DmaCollError as e:
         mine, error = None, e
     every: list = [None] * world
@@ -637,29 +545,14 @@ def _agreed_backend(requested: str, group, world: int) -> str:
     return mine
 
 
-def _collective_method(spec: ops.OpSpec):
-    """``Communicator.<op>``: the spec's parameters (see ``OpSpec.params``), then per-call options."""
-    signature = spec.signature()
-    params = frozenset(signature.parameters) - {"self", "options"}
-
-    def method(self, *args, **kwargs):
-        if params.isdisjoint(kwargs):  # tensors passed by position (the common call): no binding to do
-            return self.collective(spec.name, *args, **kwargs)
-        bound = signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
-        arguments.pop("self")
-        options = arguments.pop("options", {})
-        return self.collective(spec.name, *arguments.values(), **options)
-
-    method.__name__ = method.__qualname__ = spec.name
-    method.__doc__ = type(spec).__doc__
-    method.__signature__ = signature
-    return method
-
-
-for _spec in ops.REGISTRY.values():
-    setattr(Communicator, _spec.name, _collective_method(_spec))
+def _moved_keywords(keywords: dict) -> str:
+    """The error for constructor keywords that are not the communicator's (options moved into ``Options``)."""
+    names = {f.name for f in dataclasses.fields(Options)}
+    unknown = sorted(set(keywords) - names)
+    if unknown:
+        return f"Communicator() got an unexpected keyword argument {unknown[0]!r}"
+    given = ", ".join(f"{name}={value!r}" for name, value in keywords.items())
+    return f"Communicator({given}): options are passed as Communicator(options=Options({given}))"
 
 
 def _warn_lazy_loading(backend: str) -> None:

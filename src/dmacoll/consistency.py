@@ -4,7 +4,7 @@ Ranks that disagree on a call (rank 0 all-gathers 4 elements, rank 1 8; two send
 ahead) would otherwise exchange garbage or wait for each other until a timeout, since a plan trusts that its peers
 built the matching one. The check is off by default (it costs a crossing of the process group per call); it is on
 under ``DMACOLL_CHECK_CALLS=1``, under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (PyTorch's switch for the same check of
-its own collectives), or with ``Communicator(check_calls=True)``.
+its own collectives), or with ``Communicator(options=Options(check_calls=True))``.
 
 Per call each rank hashes its signature (what every rank must agree on, or the error that made it reject the call)
 and the ranks all-reduce the largest hash and the smallest: one all-reduce of 16 bytes in the process group, on its

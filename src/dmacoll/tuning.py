@@ -4,7 +4,7 @@ A table holds, per (op, mode, place, message size) and per measured combination 
 leave to the library (``CHOSEN``: signal, wait, prerecord, submit), the fastest (variant, direction) a sweep of
 the dma configurations measured (``dmacoll tune``), with its time. ``select`` answers a call: among the
 combinations the caller and the backend allow (an option the caller fixed allows its value only; the
-communicator leaves out what the engine cannot run), each combination's entry of the smallest measured size at
+resolution leaves out what the engine cannot run), each combination's entry of the smallest measured size at
 or above the message (the largest if the message is bigger than any), then the fastest of those. Mode is
 ``graph`` while a CUDA graph is being captured, else ``eager``; a place without entries takes the out-of-place
 ones. The handshake is never chosen: the lean one needs the caller's promise. Tables are JSON with the provenance
@@ -13,19 +13,16 @@ and submit columns hold memop-wait, not prerecorded, Python-submitted entries.
 
 A table is for a ``Platform``: a shipped table stands for its hardware (GPU, world, topology), whatever the driver;
 a calibrated one (``dmacoll.calibration``) for exactly the platform it was measured on, driver and dmacoll code
-included. ``candidates`` says what 'auto' may choose on an engine, ``choices`` lists those combinations: the one
-place a new option value enters both the communicator and the calibration.
+included. What 'auto' may choose on an engine, and how a call's options are resolved from a table, is
+``dmacoll.options``.
 """
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Collection, Mapping, NamedTuple, Optional
-
-from .plan import DIRECTIONS, VARIANTS
 
 DEFAULT_DIRECTORY = "tuning_tables"  # package data: src/dmacoll/tuning_tables/*.json
 CHOSEN = ("signal", "wait", "prerecord", "submit")  # besides variant and direction, what 'auto' may choose
@@ -38,12 +35,6 @@ class Choice(NamedTuple):
     wait: str
     prerecord: bool
     submit: str
-
-
-# without a table (or an entry the call may use): one queue per peer, pushed, and flags as copy-engine copies,
-# which every driver takes (no stream-memop write into peer memory); eager calls prerecorded where graphs are
-# allowed (95-98% of the eager winners of the committed sweeps prerecord; ``fallback`` drops it elsewhere)
-FALLBACK = Choice("pcpy", "push", "copy", "memop", True, "python")
 
 
 class Platform(NamedTuple):
@@ -139,39 +130,3 @@ def find(platform: Platform, path: Optional[str] = None) -> Optional[TuningTable
         if table.matches(platform):
             return table
     return None
-
-
-def candidates(eager: bool, remote_memop_writes: bool = True, spin_waits: bool = True, graphs: bool = True,
-               native: bool = True, epoch: bool = False) -> dict[str, set]:
-    """Per option 'auto' may choose (``CHOSEN``), the values an engine with these capabilities runs; the
-    defaults are a cuda engine's. Never chosen: signal='kernel' (PyTorch's pads, an SM while it waits; measured
-    slower), memop flags where the driver refuses them (copy flags carry a constant: not with sync='epoch'),
-    prerecording (a replayed graph: sync='reset') or native submission under capture."""
-    return {"signal": {"memop"} if epoch else {"copy", "memop"} if remote_memop_writes else {"copy"},
-            "wait": {"memop", "spin", "fold"} if spin_waits else {"memop"},
-            "prerecord": {False, True} if eager and graphs and not epoch else {False},
-            "submit": {"python", "native"} if eager and native else {"python"}}
-
-
-def candidates_on(engine, eager: bool, native: bool = True, epoch: bool = False) -> dict[str, set]:
-    """``candidates`` on ``engine`` (its capabilities: class attributes and what its driver takes); ``native``:
-    whether the native library loads here."""
-    return candidates(eager, engine.remote_memop_writes, engine.spin_waits, engine.graphs,
-                      engine.native_submit and native, epoch)
-
-
-def choices(allowed: Mapping[str, Collection]) -> list[Choice]:
-    """Every combination 'auto' may choose among (``allowed``: what ``candidates`` gives, per option): each variant
-    and direction with each allowed value of the other options, less prerecorded native submission (a replayed
-    graph submits nothing)."""
-    values = [VARIANTS, DIRECTIONS, *(sorted(allowed[name], key=str) for name in CHOSEN)]
-    return [c for c in map(Choice._make, itertools.product(*values)) if not (c.prerecord and c.submit == "native")]
-
-
-def fallback(allowed: Mapping[str, Collection]) -> Choice:
-    """FALLBACK, each option that ``allowed`` rules out replaced by the first value it may take."""
-    values = FALLBACK._asdict()
-    for name in CHOSEN:
-        if name in allowed and values[name] not in allowed[name]:
-            values[name] = sorted(allowed[name], key=str)[0]
-    return Choice(**values)

@@ -35,7 +35,7 @@ def _communicator(lines: list[str]):
 def _calibrate(rank: int, world: int, cache_dir: str) -> dict:
     import time
 
-    from dmacoll import tuning
+    from dmacoll import options, tuning
 
     os.environ.update(XDG_CACHE_HOME=cache_dir, DMACOLL_CALIBRATE="1", DMACOLL_CALIBRATE_BUDGET_S=str(BUDGET_S))
     tuning.shipped_tables = lambda: []  # as on a platform dmacoll ships no table for
@@ -62,7 +62,7 @@ def _calibrate(rank: int, world: int, cache_dir: str) -> dict:
                 getattr(comm, op)(y, x)
             torch.cuda.synchronize()
             ran = tuple(getattr(comm.last_options, name) for name in tuning.Choice._fields)
-            allowed = comm._allowed(comm.options, mode == "graph")
+            allowed = options.allowed(comm.options, comm.capabilities, mode == "graph")
             table = comm.tuning.select(op, nbytes, mode, False, allowed) if comm.tuning else None
             out["calls"].append((op, nbytes, mode, ran, tuple(table or ()), bool((y != -1).all())))
     comm.close()

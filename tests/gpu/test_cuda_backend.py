@@ -54,13 +54,13 @@ def test_every_op_variant_dtype_matches_the_reference(world, seed):
 
 
 def _graph(rank: int, world: int, seed: int, signal: str) -> list[str]:
-    from dmacoll import Communicator, ops
+    from dmacoll import Communicator, Options, ops
     from dmacoll_lab.verify.reference import draw
 
     def random_tensor(numel, dtype, seed):  # data to move: every bit pattern matters
         return draw(ops.get("all_gather"), numel, dtype, seed)
 
-    comm = Communicator(timeout_s=30, signal=signal)
+    comm = Communicator(timeout_s=30, options=Options(signal=signal))
     n = world * 4099  # odd chunks, divisible by world for all_to_all
     failures = []
     for op in ("all_gather", "all_to_all"):
@@ -108,9 +108,9 @@ def test_graph_capture_and_replay_with_fresh_data(signal, world, seed):
 def _timeout(rank: int, world: int, signal: str) -> dict:
     import torch.distributed as dist
 
-    from dmacoll import Communicator, DmaCollTimeoutError
+    from dmacoll import Communicator, DmaCollTimeoutError, Options
 
-    comm = Communicator(timeout_s=2.0, signal=signal)
+    comm = Communicator(timeout_s=2.0, options=Options(signal=signal))
     x = comm.empty(1024, dtype=torch.float32)
     out = comm.empty(1024 * world, dtype=torch.float32)
     cpu = dist.new_group(backend="gloo")
@@ -198,10 +198,10 @@ def test_prelaunched_gather_starts_when_the_producer_releases_it(kernels, world)
 def _grid(rank: int, world: int, seed: int, options: dict, grid: dict, nccl: bool) -> list[dict]:
     """One family's grid on a communicator with its options, eager calls as they come (the lean pipelines and
     the defaults have tests of their own: ``dmacoll check`` runs all of them)."""
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
     from dmacoll_lab.verify.check import cases, run_cases
 
-    comm = Communicator(timeout_s=30, **{"prerecord": False, **options})
+    comm = Communicator(timeout_s=30, options=Options(**{"prerecord": False, **options}))
     try:
         return run_cases(comm, cases(seed=seed, **grid), nccl=nccl)
     finally:
@@ -253,7 +253,7 @@ def test_defaults_match_the_reference(world, seed):
 def _forced_copy_flags(rank: int, world: int, seed: int) -> dict:
     """A driver that refuses stream-memop writes into peer memory (CUDA >= 13.1), as if this one did: every op on
     Communicator() and with signal='memop' asked for must be right, with no memop write to a peer issued."""
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
     from dmacoll.backends import cuda as cuda_backend
     from dmacoll_lab.verify.check import cases, run_cases
 
@@ -268,8 +268,8 @@ def _forced_copy_flags(rank: int, world: int, seed: int) -> dict:
     cuda_backend.CudaEngine.memops = memops
     rows, refusals = [], []
     for options in ({}, {"signal": "memop"}):
-        comm = Communicator(timeout_s=30, **options)
-        refusals.append(comm.engine.memop_refusal)
+        comm = Communicator(timeout_s=30, options=Options(**options))
+        refusals.append(comm.engine.capabilities.memop_refusal)
         variants, directions = (("auto",), ("auto",)) if not options else (VARIANTS, ("push", "pull"))
         rows += run_cases(comm, cases(variants, directions, ["bfloat16", "int32"], [1, 4099, 65537], seed=seed))
         comm.close()
@@ -286,9 +286,9 @@ def test_the_driver_fallback_sends_flags_as_copies(world, seed):
 
 
 def _prerecorded(rank: int, world: int, seed: int) -> list:
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
 
-    comm = Communicator(timeout_s=30, prerecord=True)
+    comm = Communicator(timeout_s=30, options=Options(prerecord=True))
     n = 3 * 4099
     inp = comm.empty(n, dtype=torch.bfloat16)
     out = comm.empty(world * n, dtype=torch.bfloat16)
@@ -362,11 +362,11 @@ def _lean(rank: int, world: int, seed: int) -> list[str]:
     """handshake='lean' on two alternating outputs, and the communicator's own (Communicator.result), eager and
     captured, with a late reader on the last rank: every call's output against the CPU reference
     (check.run_pipeline), and READY skipped with exactly the peers the protocol allows (check.skipped_ready)."""
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
     from dmacoll_lab.verify.check import pipeline_buffers, pipeline_cases, pipeline_ops, run_pipeline, skipped_ready
 
     # prerecord off: a prerecorded call never skips READY, and 'auto' may pick it from a tuning table (H200x2's)
-    comm = Communicator(timeout_s=30, prerecord=False)
+    comm = Communicator(timeout_s=30, options=Options(prerecord=False))
     buffers = pipeline_buffers(comm, 1 << 22, 1 << 22)
     failures = []
     last = None  # the previous pipeline's last eager call (a captured one vouches for nothing eager)

@@ -24,9 +24,9 @@ def _outcome(fn):
 
 
 def _checks(rank: int, world: int) -> dict:
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
 
-    comm = Communicator(timeout_s=30, check_calls=True)
+    comm = Communicator(timeout_s=30, options=Options(check_calls=True))
     dev, n = comm.device, 1024
     x, out = comm.empty(n), comm.empty(n * world)
     x.fill_(rank + 1.0)

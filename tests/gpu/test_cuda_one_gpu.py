@@ -57,8 +57,8 @@ def _stream_machinery(rank: int, world: int) -> dict:
     x.fill_(0), x.add_(1), x.zero_(), x.item()  # load the kernels now: a lazy load behind a closed gate deadlocks
     from cuda.bindings import driver
 
-    info: dict = {"driver": driver.cuDriverGetVersion()[1], "refusal": eng.memop_refusal,
-                  "remote_memop_writes": eng.remote_memop_writes}
+    info: dict = {"driver": driver.cuDriverGetVersion()[1], "refusal": eng.capabilities.memop_refusal,
+                  "remote_memop_writes": eng.capabilities.remote_memop_writes}
     eng.gate_open(2)
     x.fill_(7)  # on the gate stream, behind the gate's wait
     eng.gate_close(2)

@@ -16,7 +16,7 @@
   From CUDA 13.1 the driver does not take stream-memop writes to peer memory
   (NVIDIA/nccl issue 2052): the engine finds out at creation (the driver's
   version, then a write into a peer's probe word that every rank checks) and
-  says so in ``remote_memop_writes``; the communicator then sends flags as copies.
+  says so in its ``capabilities`` (``remote_memop_writes``); the communicator then sends flags as copies.
 * Reductions (reduce-scatter, all-reduce): the received chunks plus the own
   one (``backends/reduce.py``), small kernels on the caller's stream after the DONE waits.
 * Queues: the caller's current stream plus side streams, forked and joined
@@ -28,6 +28,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
 from typing import Callable, Mapping, Optional, Sequence
@@ -37,6 +38,7 @@ import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollError
 from ..executor import Folded, MemOp, one_index, probe_index
+from ..options import EngineCapabilities
 from ..plan import Copy, Reduce, Ref
 from . import cuda_kernels, cuda_memory, sym_offset
 from .reduce import reduce_step
@@ -110,10 +112,7 @@ class CudaEngine(StreamEngine):
     """Symmetric heap, side streams and driver calls for one rank."""
 
     name = "cuda"
-    graphs = True
-    native_submit = True
-    kernel_signals = True
-    spin_waits = True
+    capabilities = EngineCapabilities("cuda")  # everything; whether the driver takes memop writes: found at start
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
                  device: Optional[torch.device] = None):
@@ -140,8 +139,9 @@ class CudaEngine(StreamEngine):
         self.release_stream = torch.cuda.Stream(self.device)
         self.main_queue: torch.cuda.Stream = torch.cuda.current_stream(self.device)
         self.watchdog = Watchdog(self, "dmacoll-watchdog")
-        self.memop_refusal = self._memop_refusal()
-        self.remote_memop_writes = not self.memop_refusal
+        refusal = self._memop_refusal()
+        self.capabilities = dataclasses.replace(CudaEngine.capabilities, remote_memop_writes=not refusal,
+                                                memop_refusal=refusal)
         self._init_commands()
         self._gate_streams: dict[int, torch.cuda.Stream] = {}
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # prerecord=True

@@ -2,8 +2,9 @@
 
 An engine is one rank's side of a communicator on one backend: the symmetric heap, the queues, the driver
 calls. ``cuda.CudaEngine`` and ``hip.HipEngine`` share their stream machinery (``stream_engine.StreamEngine``);
-``host.HostEngine`` emulates it on the CPU. What a backend can do is said by three class attributes, read
-before an engine exists, so that a bad option fails before any memory is allocated.
+``host.HostEngine`` emulates it on the CPU. What a backend can run is its ``capabilities`` record
+(``options.EngineCapabilities``), a class attribute read before an engine exists, so that a bad option fails
+before any memory is allocated; an engine that learns more when it starts holds its own copy.
 """
 from __future__ import annotations
 
@@ -12,19 +13,14 @@ from typing import Callable, ClassVar, Mapping, Optional, Protocol, Sequence, ru
 import torch
 
 from ..executor import Folded, MemOp, Program
+from ..options import EngineCapabilities
 from ..plan import Copy, Reduce, Ref
 
 
 @runtime_checkable
 class Engine(Protocol):
     name: ClassVar[str]             # the backend: cuda, hip or host
-    graphs: ClassVar[bool]          # calls can be captured in (and prerecorded as) CUDA / HIP graphs
-    native_submit: ClassVar[bool]   # submit='native': the C library issues a call's driver commands
-    kernel_signals: ClassVar[bool]  # signal='kernel': flags written by one-thread kernels
-    spin_waits: ClassVar[bool]      # wait='spin' / 'fold': flags polled by a kernel, reductions that wait
-
-    remote_memop_writes: bool       # flags may be stream-memop writes into peer memory (else copies carry them)
-    memop_refusal: str              # why not, where they may not
+    capabilities: EngineCapabilities  # what it can run (graphs, native submission, flag kernels, memop writes...)
 
     device: torch.device
     rank: int

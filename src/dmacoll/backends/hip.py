@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from ..errors import BackendUnavailable, InvalidArgument
 from ..executor import MemOp, one_index
+from ..options import EngineCapabilities
 from ..plan import Copy, Reduce, Ref
 from . import hip_api, hip_memory, sym_offset
 from .hip_api import HipApi, HipError
@@ -59,12 +60,10 @@ class HipEngine(StreamEngine):
     """Symmetric heap, flag words, side streams and HIP calls for one rank."""
 
     name = "hip"
-    graphs = True            # torch.cuda graphs are HIP graphs on ROCm (unverified on MI300X: see above)
-    native_submit = False    # the native library issues CUDA driver calls
-    kernel_signals = False   # no flag kernels written for HIP (nothing to test them on)
-    spin_waits = False       # no polling kernels written for HIP (nothing to test them on)
-    remote_memop_writes = True  # hipStreamWriteValue32 into a peer's signal memory (unverified on hardware)
-    memop_refusal = ""
+    # graphs: torch.cuda graphs are HIP graphs on ROCm (unverified on MI300X: see above); no native submission (the
+    # library issues CUDA driver calls); no flag or polling kernels written for HIP (nothing to test them on); memop
+    # writes: hipStreamWriteValue32 into a peer's signal memory (unverified on hardware)
+    capabilities = EngineCapabilities("hip", native_submit=False, kernel_signals=False, spin_waits=False)
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
                  device: Optional[torch.device] = None):

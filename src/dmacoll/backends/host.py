@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ..errors import BackendUnavailable, DmaCollTimeoutError
 from ..executor import Folded, MemOp, gate_index, gate_ops, one_index
+from ..options import EngineCapabilities
 from ..plan import NUM_PHASES, Copy, Reduce, Ref
 from . import sym_offset
 from .reduce import reduce_operands, sum_slots
@@ -39,13 +40,11 @@ class HostEngine:
     """Symmetric heap in shared memory plus engine threads for one rank."""
 
     name = "host"
-    graphs = False          # no graphs on the CPU: prerecord=True runs calls as they come
-    native_submit = False
-    kernel_signals = True   # emulated: a kernel's write is a write
-    spin_waits = True       # emulated: a polling wait that re-arms the word itself
+    # no graphs on the CPU (prerecord=True runs calls as they come), no native library; kernel signals emulated (a
+    # kernel's write is a write), spin waits too (a polling wait that re-arms the word itself); flags are plain
+    # stores, so memop writes into peer memory always go
+    capabilities = EngineCapabilities("host", graphs=False, native_submit=False)
     main_queue = "main"
-    remote_memop_writes = True  # flags are plain stores
-    memop_refusal = ""
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float, device=None):
         self.group = group

@@ -5,7 +5,7 @@ chose differently would plan different protocols and deadlock):
 2. else the shipped table of this platform (GPU, world, topology);
 3. else, where calibration is on, the table calibrated for exactly this platform (driver and dmacoll code
    included) in the user's cache, or one calibrated now (a one-line notice, progress, then cached);
-4. else none: 'auto' takes ``tuning.fallback``.
+4. else none: 'auto' takes ``options.fallback``.
 
 $DMACOLL_CALIBRATE: ``auto`` (the default: calibrate on GPUs, not on the host emulator, whose timings say nothing
 about a GPU), ``1`` (on every backend), ``0`` (never, and no calibrated table: shipped tables or the fallback),
@@ -14,6 +14,7 @@ $DMACOLL_CALIBRATE_BUDGET_S bounds its time (default 20 s); ``dmacoll tune --qui
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -21,7 +22,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from .. import ops, tuning
+from .. import ops, options, tuning
 from ..errors import DmaCollError, InvalidArgument
 from . import cache, platform, strategy
 
@@ -125,16 +126,16 @@ def _calibrated(comm, facts: list, budget: float, mode: str) -> Optional[tuning.
 
 
 def _space(comm, bench) -> dict:
-    """Per (op, place, mode) the choices to compare: ``tuning.choices`` of what the engine runs (memop waits)."""
-    native = bench.native()
-    modes = ("graph", "eager") if comm.engine.graphs else ("eager",)
+    """Per (op, place, mode) the choices to compare: ``options.choices`` of what the engine runs (memop waits)."""
+    runs = dataclasses.replace(comm.capabilities, native_available=bench.native())
+    modes = ("graph", "eager") if runs.graphs else ("eager",)
     space = {}
     for op in OPS:
         places = ("out", "in") if ops.get(op).in_place else ("out",)
         for place in places:
             for mode in modes:
-                allowed = tuning.candidates_on(comm.engine, mode == "eager", native)
-                space[(op, place, mode)] = tuning.choices({**allowed, "wait": allowed["wait"] & WAITS})
+                allowed = options.candidates(runs, mode == "eager")
+                space[(op, place, mode)] = options.choices({**allowed, "wait": allowed["wait"] & WAITS})
     return space
 
 

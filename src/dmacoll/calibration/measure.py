@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from .. import ops, timing
 from ..errors import DmaCollError
+from ..options import Options
 from .strategy import Point, Timing
 
 
@@ -30,9 +31,9 @@ class Bench:
         self.group, self.world, self.rank, self.device = comm.group, comm.world, comm.rank, comm.device
         self.settings, self.progress = settings, progress
         # the calibrating communicator's own class: the calibration runs inside its constructor
-        self.comm = type(comm)(self.group, backend=comm.backend, heap_bytes=(self.world + 1) * max_bytes + 4096,
-                                 staging_bytes=1 << 16, engines=comm.engines, timeout_s=comm.engine.timeout_s,
-                                 device=comm.device)
+        self.comm = type(comm)(self.group, backend=comm.backend, device=comm.device,
+                                 heap_bytes=(self.world + 1) * max_bytes + 4096, staging_bytes=1 << 16,
+                                 timeout_s=comm.engine.timeout_s, options=Options(engines=comm.options.engines))
         self.input = self.comm.empty(max_bytes, dtype=torch.uint8)
         self.output = self.comm.empty(self.world * max_bytes, dtype=torch.uint8)
         self.stream = torch.cuda.Stream(self.device) if timing.on_gpu(self.device) else None
@@ -42,7 +43,7 @@ class Bench:
 
     def native(self) -> bool:
         """Whether every rank can submit natively (built on first use; ranks must agree on the candidates)."""
-        return all(self._gather(self.comm.engine.native_submit and self.comm._native_available()))
+        return all(self._gather(self.comm.capabilities.native_submit and self.comm._native_available()))
 
     def measure(self, points: list[Point]) -> dict[Point, float]:
         """Microseconds per call of each point, the slowest rank's median (the same dict on every rank)."""

@@ -260,11 +260,13 @@ def _communicator_class():
             if not why:
                 try:
                     from ..communicator import Communicator
+                    from ..options import Options
 
                     # private (vLLM-owned) tensors are staged: an all-reduce needs about twice its size
-                    self.dma = Communicator(device_group, heap_bytes=1 << 20, staging_bytes=3 * self.dma_limit,
-                                            variant=os.environ.get("DMACOLL_VLLM_VARIANT", "auto"), sync="reset",
-                                            device=self.device)
+                    variant = os.environ.get("DMACOLL_VLLM_VARIANT", "auto")
+                    self.dma = Communicator(device_group, device=self.device, heap_bytes=1 << 20,
+                                            staging_bytes=3 * self.dma_limit,
+                                            options=Options(variant=variant, sync="reset"))
                 except Exception as e:  # noqa: BLE001 - logged, then vLLM's path
                     why = f"dmacoll could not start: {type(e).__name__}: {e}"
             # every rank must route alike, or one waits in NCCL while its peer waits in dmacoll

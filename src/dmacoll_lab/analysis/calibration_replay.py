@@ -2,13 +2,13 @@
 (``calibration.strategy``, the code GPUs run) requests its points from the sweep, which answers with what it
 measured there, and pays for each what the sweep spent on such a point (``fixed_cost_s``, plus the calls). Then
 every (op, place, mode, size) of the sweep is answered by the calibrated table's ``select`` among what 'auto' may
-choose there (``tuning.candidates``, as far as the sweep measured it) and scored against a noise-tolerant truth.
+choose there (``options.candidates``, as far as the sweep measured it) and scored against a noise-tolerant truth.
 
 * **truth**: each candidate's median over its size and the two neighbouring sizes (below 1 MB a single point is
   partly luck); **regret** of a pick: its truth over the best candidate's truth at that size;
 * **floor**: the sweep's own per-point best (the in-sample pick a table derived from that very sweep makes), scored
   the same way: where even it misses a target, the sweep's noise is larger than the target and cannot resolve it;
-* **fallback**: ``tuning.fallback`` (eager calls prerecorded); **fallback before**: without prerecording.
+* **fallback**: ``options.fallback`` (eager calls prerecorded); **fallback before**: without prerecording.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dmacoll import tuning
+from dmacoll import options, tuning
 from dmacoll.calibration import strategy
 from . import load
 
@@ -50,7 +50,7 @@ def sweep(paths: list[str]) -> Sweep:
         times[strategy.Point(r.op, r.place, r.mode, choice, int(r.bytes_per_rank))] = float(r.time_us)
     space: dict[tuple, list[tuning.Choice]] = {}
     for key in sorted({p.key for p in times}):
-        allowed = set(tuning.choices(tuning.candidates(eager=key[2] == "eager")))
+        allowed = set(options.choices(options.candidates(options.EngineCapabilities("cuda"), eager=key[2] == "eager")))
         space[key] = sorted({p.choice for p in times if p.key == key} & allowed)
     return Sweep(paths, int(dma["world"].iloc[0]), times, space, sorted({p.size for p in times}), fixed_cost_s(paths))
 
@@ -103,7 +103,7 @@ def picks(s: Sweep, plan: strategy.Strategy) -> pd.DataFrame:
     rows = []
     for (op, place, mode), choices in s.space.items():
         allowed = {name: {getattr(c, name) for c in choices} for name in tuning.CHOSEN}
-        fallback = tuning.fallback(allowed)
+        fallback = options.fallback(allowed)
         for size in s.sizes:
             t = best[(op, place, mode, size)]
             here = {"calibrated": table.select(op, size, mode, place == "in", allowed), "fallback": fallback,

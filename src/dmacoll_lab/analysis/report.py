@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dmacoll import tuning
+from dmacoll import options, tuning
 from dmacoll.sizes import human
 from . import load as results
 
@@ -70,7 +70,7 @@ def _table_choice(table, op: str, nbytes: int, mode: str, in_place: bool, allowe
 
     op = ops.get(op).tuning_op  # all_to_all_v's choice comes from all_to_all's rows, as in the communicator
     choice = table.select(op, nbytes, mode, in_place, allowed) if table else None
-    return tuple(choice or tuning.fallback(allowed))
+    return tuple(choice or options.fallback(allowed))
 
 
 def auto_choice(dma: pd.DataFrame) -> pd.Series:
@@ -88,13 +88,14 @@ def auto_choice(dma: pd.DataFrame) -> pd.Series:
 def default_choice(dma: pd.DataFrame) -> pd.Series:
     """Per row, whether it is the configuration a call with no options takes on the sweep's machine (every 'auto'
     option resolved by the shipped table, out of place, the full handshake), on a cuda engine
-    (``tuning.candidates``' defaults)."""
+    (``options.candidates`` of the cuda engine's capabilities)."""
     table = shipped_table(dma) if len(dma) else None
 
     def picked(r) -> bool:
         if r.place != "out" or r.handshake != "full":
             return False
-        choice = _table_choice(table, r.op, int(r.bytes_per_rank), r.mode, False, tuning.candidates(r.mode == "eager"))
+        choice = _table_choice(table, r.op, int(r.bytes_per_rank), r.mode, False,
+                               options.candidates(options.EngineCapabilities("cuda"), r.mode == "eager"))
         return tuple(getattr(r, name) for name in CHOSEN) == choice
     return pd.Series([picked(r) for r in dma.itertuples()], index=dma.index, dtype=bool)
 

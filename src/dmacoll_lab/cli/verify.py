@@ -26,7 +26,7 @@ def cmd_check(a: argparse.Namespace) -> int:
         raise InvalidArgument(f"--world {a.world}: the host emulator runs one process per rank, and this command "
                               f"starts at most {HOST_MAX_WORLD} (see HOST_MAX_WORLD in dmacoll_lab/cli/verify.py); "
                               "larger worlds are for GPUs")
-    known = [name for name, _ in families(engine_class(a.backend))]
+    known = [name for name, _ in families(engine_class(a.backend).capabilities)]
     unknown = [f for f in a.families if f not in known and f not in ("all", "none")]
     if unknown:
         raise InvalidArgument(f"--families {' '.join(unknown)}: backend {a.backend} runs {', '.join(known)}")

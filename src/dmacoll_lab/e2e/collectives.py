@@ -81,14 +81,16 @@ class DmaCollectives(Collectives):
         import torch.distributed as dist
 
         from dmacoll.communicator import ALIGN, DEFAULT_TIMEOUT_S, Communicator
+        from dmacoll.options import Options
 
         size = torch.empty((), dtype=dtype).element_size()
         heap = sum((n * size + ALIGN - 1) // ALIGN * ALIGN for n in elements.values()) + (1 << 20)
         # a reducing collective receives every rank's chunk into staging (calls.staging_elements); all buffers
         # are symmetric
         staging = staging_elements(elements) * size + (4 << 20)
-        self.comm = Communicator(group, backend=backend, heap_bytes=heap, staging_bytes=staging, variant="auto",
-                                 sync="reset", timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+        self.comm = Communicator(group, backend=backend, heap_bytes=heap, staging_bytes=staging,
+                                 timeout_s=timeout_s or DEFAULT_TIMEOUT_S,
+                                 options=Options(variant="auto", sync="reset"))
         super().__init__(self.comm.device, dist.get_rank(group), dist.get_world_size(group))
         if torch.device(device).type != self.device.type:
             raise ValueError(f"dmacoll's {self.comm.backend} backend runs on {self.device}, the model on {device}")

@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed
 
+from dmacoll.options import EngineCapabilities, Options
 from dmacoll.ops import OpSpec, get, names
 from .reference import DTYPES, POISON, compare_bytes, compare_sum, draw, expected, fuzzy, mismatch, poison
 
@@ -341,18 +342,18 @@ def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = 
     return results
 
 
-def families(engine) -> list[tuple[str, dict]]:
-    """The option families `dmacoll check` runs beyond the core grid on an engine class (what it can run): each
+def families(capabilities: EngineCapabilities) -> list[tuple[str, dict]]:
+    """The option families `dmacoll check` runs beyond the core grid on an engine (what it can run): each
     signal and wait besides memop, native submission, prerecorded eager calls, and multi-op sequences (captured in
     one CUDA graph where the engine has graphs, else eager)."""
     out = [("signal=copy", {"signal": "copy"})]
-    if engine.kernel_signals:
+    if capabilities.kernel_signals:
         out.append(("signal=kernel", {"signal": "kernel", "wait": "memop", "submit": "python"}))
-    if engine.spin_waits:
+    if capabilities.spin_waits:
         out += [("wait=spin", {"wait": "spin"}), ("wait=fold", {"wait": "fold"})]
-    if engine.native_submit:
+    if capabilities.native_submit:
         out.append(("submit=native", {"submit": "native"}))
-    if engine.graphs:
+    if capabilities.graphs:
         out.append(("prerecord", {"prerecord": True}))
     out.append(("multi-op", {"sequence": True}))  # captured in one graph where the engine has graphs
     return out
@@ -370,7 +371,7 @@ def _family_rows(rank: int, world: int, args: dict, family: str, options: dict) 
     options = dict(options)
     sequence = options.pop("sequence", False)
     comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S),
-                        **{"prerecord": False, **options})
+                        options=Options(**{"prerecord": False, **options}))
     try:
         if rank == 0:
             print(f"  {family}", flush=True)
@@ -379,7 +380,7 @@ def _family_rows(rank: int, world: int, args: dict, family: str, options: dict) 
             for i, (v, d) in enumerate(itertools.product(args["variants"], args["directions"])):
                 for count in args["counts"][:2]:
                     rows += run_multi_op(comm, v, d, args["dtypes"][0], count, args["seed"] + 50_000 + 100 * i,
-                                         graph=comm.engine.graphs)
+                                         graph=comm.capabilities.graphs)
             return rows
         return run_cases(comm, cases(args["variants"], args["directions"], args["dtypes"][:2], args["counts"],
                                      ops=args["ops"], seed=args["seed"] + 20_000))
@@ -397,8 +398,9 @@ def check_rank(rank: int, world: int, args: dict) -> list[dict]:
     signal = args.get("signal", "memop")
     core = f"core (signal={signal}, wait={args.get('wait', 'memop')}, submit={args.get('submit', 'python')})"
     # the core grid runs eager calls as they come (prerecorded ones are a family of their own, and the defaults')
-    comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S), signal=signal,
-                        submit=args.get("submit", "python"), wait=args.get("wait", "memop"), prerecord=False)
+    comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S),
+                        options=Options(signal=signal, submit=args.get("submit", "python"),
+                                        wait=args.get("wait", "memop"), prerecord=False))
     syncs = [s for s in args["syncs"] if signal == "memop" or s == "reset"]  # copy signals carry a constant 1
     all_cases = cases(args["variants"], args["directions"], args["dtypes"], args["counts"], ops=args["ops"],
                       seed=args["seed"], syncs=syncs)
@@ -409,11 +411,11 @@ def check_rank(rank: int, world: int, args: dict) -> list[dict]:
                 print("  handshake=lean pipelines (push, alternating outputs, the communicator's own)", flush=True)
             rows += _tagged(run_pipelines(comm, args["ops"], args["variants"], args["dtypes"][:1], args["counts"],
                                           seed=args["seed"]), "lean pipelines")
-        engine = type(comm.engine)
+        capabilities = comm.capabilities
     finally:
         comm.close()
     wanted = args.get("families", ())
-    for family, options in families(engine):
+    for family, options in families(capabilities):
         if family in wanted:
             rows += _tagged(_family_rows(rank, world, args, family, options), family)
     if rank == 0:

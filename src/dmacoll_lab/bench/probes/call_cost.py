@@ -247,12 +247,12 @@ def _shared_rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from dmacoll import Communicator
+    from dmacoll import Communicator, Options
     from dmacoll.executor import critical_crossings, lower, run
     from dmacoll.plan import VARIANTS
     from dmacoll.timing import bench_time
 
-    comm = Communicator(timeout_s=60, signal="memop", wait="memop", submit="python", prerecord=False)
+    comm = Communicator(timeout_s=60, options=Options(signal="memop", wait="memop", submit="python", prerecord=False))
     nbytes = cfg["bytes"]
     k = cfg["calls_per_graph"] + cfg["calls_per_graph"] % 2  # even: the 1-crossing floor alternates two words
     x = comm.empty(nbytes, dtype=torch.uint8)

@@ -1,0 +1,257 @@
+"""What a collective call runs with: the options a caller asks for, what an engine can run, and the one function
+that turns the first into a call's options on the second.
+
+* ``Options``: how a communicator's collectives run; its call options may be changed per call by keyword;
+* ``EngineCapabilities``: what a backend's engine can run (each engine states it; a cuda engine also learns at
+  start whether its driver takes stream-memop writes into peer memory, and the communicator whether the native
+  submission library loads);
+* ``Call``: what a call's choice depends on, the same on every rank (so the ranks choose alike);
+* ``resolve(options, capabilities, call, table)``: refuses what cannot run, saying what to use instead, sends
+  memop flags as copies where the driver refuses them, and replaces every 'auto' by the fastest combination the
+  tuning table measured that the call may use, else by ``fallback``. Pure (no engine, no device, no state): the
+  communicator caches its answer per call shape, so a cached call pays a dict lookup.
+
+``candidates`` says what 'auto' may choose on an engine and ``choices`` lists those combinations: the one place a
+new option value enters both the communicator and the calibration.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from typing import Collection, Mapping, NamedTuple, Optional, TypedDict, Union
+
+from .errors import InvalidArgument
+from .executor import SIGNAL_MODES, SYNC_MODES, WAIT_MODES
+from .plan import DIRECTIONS, VARIANTS
+from .tuning import CHOSEN, Choice, TuningTable
+
+HANDSHAKES = ("full", "lean")
+SUBMITS = ("python", "native")
+MAX_ENGINES = 16
+
+# without a table (or an entry the call may use): one queue per peer, pushed, and flags as copy-engine copies,
+# which every driver takes (no stream-memop write into peer memory); eager calls prerecorded where graphs are
+# allowed (95-98% of the eager winners of the committed sweeps prerecord; ``fallback`` drops it elsewhere)
+FALLBACK = Choice("pcpy", "push", "copy", "memop", True, "python")
+
+
+class CallOptions(TypedDict, total=False):
+    """The keywords a call takes to change the communicator's options for itself (``Options``' call options):
+    ``comm.all_gather(out, x, variant='b2b')``."""
+
+    variant: str
+    direction: str
+    sync: str
+    signal: str
+    prerecord: Union[bool, str]
+    submit: str
+    handshake: str
+    wait: str
+
+
+CALL_OPTIONS = tuple(CallOptions.__annotations__)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a communicator's collectives run: ``Communicator(options=Options(...))``. The first eight are call
+    options, the defaults of every call, which a call may change for itself by keyword (``CallOptions``); the last
+    three are the communicator's own, set once.
+
+    ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue), ``multi`` (one handshake, copies
+    split over ``engines`` queues) or ``auto``; ``direction``: ``push`` (write into peers), ``pull`` (read from
+    peers) or ``auto``. ``auto`` (the default of these and of ``signal``, ``wait``, ``prerecord``, ``submit``) takes
+    the fastest safe combination measured for the call's (op, size, graph/eager, in place) from the communicator's
+    tuning table (``tuning_table`` or $DMACOLL_TUNING, else a shipped one measured on this platform, else one
+    calibrated for it: cached, or measured now on GPUs, $DMACOLL_CALIBRATE, see ``calibration.lookup``; without one
+    ``FALLBACK``: pcpy/push with copy-engine flags, eager calls prerecorded; see ``resolve``).
+
+    ``sync``: ``reset`` (graph-safe) or ``epoch`` (eager-only sequence numbers). ``signal``: how a flag reaches a
+    peer, ``memop`` (cuStreamWriteValue32), ``copy`` (a 4-byte copy-engine copy queued behind the data) or
+    ``kernel`` (one one-thread kernel writes a group of flags; it uses an SM, briefly); the last two need
+    sync='reset'. ``wait``: how a rank waits for a flag, ``memop`` (cuStreamWaitValue32 on the stream), ``spin`` (a
+    one-thread kernel polls the flag words and re-arms them: a sliver of one SM while it waits) or ``fold``
+    (``spin``, and a pushed reduction's DONE waits done inside its sum kernel, each slot added as it arrives); cuda
+    only, not with submit='native' (see executor.py). ``prerecord``: eager calls replay a CUDA graph recorded on
+    first use per (op, size, buffers, variant): one launch instead of a command per step (cuda; sync='reset'; a call
+    inside a graph capture is recorded by the capture itself). ``submit``: ``python`` (a driver call from Python
+    per step) or ``native`` (the call's driver commands worked out once, then issued by one call into the C library
+    that ``dmacoll build`` compiles; cuda, signal memop or copy).
+
+    ``handshake``: ``full`` (every call: READY then DONE, two flag crossings) or ``lean``, a promise by the caller,
+    on every rank: *this call's output does not overlap the previous call's, and the output of a call is read only
+    before the next collective call of this communicator is issued* (stream order), e.g. back-to-back calls into
+    two alternating buffers, each read before the next call. Then a push all-gather / all-to-all(-v) into a
+    symmetric output, following such a call in the same context (both eager, or both in one graph capture; not
+    prerecorded, not gated), skips the READY handshake with every peer it exchanged DONE with in that call: the peer
+    signalled that DONE after issuing the previous call, hence after reading the output before it, the buffer this
+    call writes. One flag crossing per call instead of two. Other calls run the full handshake; an output that
+    overlaps the previous one raises (the decision must not depend on one rank's buffer sizes, or ranks would
+    disagree). ``Communicator.result`` gives the lean handshake without a promise.
+
+    The communicator's own: ``engines``, the queues ``multi`` splits its copies over (1 to 16); ``tuning_table``, a
+    table's path (see above); ``check_calls``: before each call, check across the ranks that every rank makes the
+    same call (op, dtype, sizes, send_counts, in place, buffers, protocol options, the call's number) and raise
+    ``InvalidArgument`` on every rank, naming the ranks that differ, when not (``dmacoll.consistency``). One small
+    collective of the process group per call (two for ``result``), so off by default; None: on under
+    $DMACOLL_CHECK_CALLS=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL; the attribute ``Communicator.check_calls`` may be
+    changed between calls, on every rank alike. Without it each rank still checks its own call (sizes against its
+    own tensors, overlaps, integer counts) but not that its peers made the same one.
+
+    Values are checked by ``resolve`` (a communicator checks its options when it is created, before it allocates)."""
+
+    variant: str = "auto"
+    direction: str = "auto"
+    sync: str = "reset"
+    signal: str = "auto"
+    prerecord: Union[bool, str] = "auto"  # True, False or "auto"
+    submit: str = "auto"
+    handshake: str = "full"
+    wait: str = "auto"
+    # the communicator's own
+    engines: int = 2
+    tuning_table: Optional[str] = None
+    check_calls: Optional[bool] = None
+
+    @property
+    def auto(self) -> bool:
+        """Whether the tuning table (or the fallback) still has something to choose."""
+        return "auto" in (self.variant, self.direction, self.signal, self.wait, self.prerecord, self.submit)
+
+    def changed(self, changes: Mapping[str, object]) -> "Options":
+        """These options with a call's ``changes`` (its keywords); a name that is no call option raises."""
+        wrong = set(changes) - set(CALL_OPTIONS)
+        own = sorted(wrong & {f.name for f in dataclasses.fields(self)})
+        if own:
+            raise InvalidArgument(f"{own[0]} is the communicator's own option, set once: "
+                                  f"Communicator(options=Options({own[0]}=...))")
+        if wrong:
+            raise InvalidArgument(f"unknown option(s) {sorted(wrong)}; use " + ", ".join(f"{n}=" for n in CALL_OPTIONS))
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What a backend's engine can run (``Engine.capabilities``): a class attribute of each engine, read before one
+    exists so that a bad option fails before any memory is allocated; an engine or communicator that learns more
+    holds its own copy. The defaults are the cuda engine's: everything."""
+
+    backend: str = "cuda"
+    graphs: bool = True             # calls can be captured in (and prerecorded as) CUDA / HIP graphs
+    native_submit: bool = True      # submit='native': the C library issues a call's driver commands
+    kernel_signals: bool = True     # signal='kernel': flags written by one-thread kernels
+    spin_waits: bool = True         # wait='spin' / 'fold': flags polled by a kernel, reductions that wait
+    remote_memop_writes: bool = True  # flags may be stream-memop writes into peer memory (else copies carry them)
+    memop_refusal: str = ""         # why not, where they may not
+    native_available: bool = True   # the native library loads here (False once it failed to: 'auto' stops choosing it)
+
+
+class Call(NamedTuple):
+    """What the choice of a call's options depends on: the same on every rank, so the ranks choose alike."""
+
+    op: str          # whose tuning-table rows choose (``OpSpec.tuning_op``)
+    nbytes: int      # the size looked up (``Request.nbytes``)
+    in_place: bool
+    capturing: bool  # inside a CUDA graph capture (the table's 'graph' rows), else eager
+
+
+def resolve(options: Options, capabilities: EngineCapabilities, call: Optional[Call] = None,
+            table: Optional[TuningTable] = None) -> Options:
+    """What a call runs with: ``options`` checked against ``capabilities`` (InvalidArgument says what to use
+    instead), memop flags sent as 4-byte copies where the driver refuses memop writes into peer memory, and every
+    'auto' chosen for ``call`` from ``table``, else ``fallback``. Without a call, what holds for every call is
+    checked and nothing is chosen (a communicator's options when it is created)."""
+    _check_values(options)
+    _check_combination(options, capabilities)
+    if not capabilities.remote_memop_writes and options.signal in ("memop", "auto"):
+        if options.sync == "epoch":
+            raise InvalidArgument(f"sync='epoch' sends sequence numbers as stream-memop writes to peers, and "
+                                  f"{capabilities.memop_refusal}; use sync='reset'")
+        if options.signal == "memop":
+            options = dataclasses.replace(options, signal="copy")  # 'auto' is left to choose among copy flags
+    if call is None:
+        return options
+    if options.sync == "epoch" and call.capturing:
+        raise InvalidArgument("sync='epoch' bakes sequence numbers into a CUDA graph, whose replays would then "
+                              "deadlock; capture with sync='reset'")
+    if options.prerecord is True and capabilities.graphs and not call.capturing and options.sync != "reset":
+        raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
+    if not options.auto:
+        return options
+    may = allowed(options, capabilities, call.capturing)
+    mode = "graph" if call.capturing else "eager"
+    choice = (table.select(call.op, call.nbytes, mode, call.in_place, may) if table else None) or fallback(may)
+    return dataclasses.replace(options, **{name: getattr(choice, name) for name in Choice._fields
+                                           if getattr(options, name) == "auto"})
+
+
+def _check_values(options: Options) -> None:
+    for name, values in (("variant", VARIANTS + ("auto",)), ("direction", DIRECTIONS + ("auto",)),
+                         ("sync", SYNC_MODES), ("signal", SIGNAL_MODES + ("auto",)), ("submit", SUBMITS + ("auto",)),
+                         ("handshake", HANDSHAKES), ("wait", WAIT_MODES + ("auto",)),
+                         ("prerecord", (False, True, "auto"))):
+        value = getattr(options, name)
+        wrong_type = isinstance(value, bool) != (name == "prerecord" and value != "auto")  # 1 == True: a bool
+        if wrong_type or value not in values:
+            raise InvalidArgument(f"{name}={value!r} is not one of {values}")
+    engines = options.engines
+    if isinstance(engines, bool) or not isinstance(engines, int) or not 1 <= engines <= MAX_ENGINES:
+        raise InvalidArgument(f"engines must be between 1 and {MAX_ENGINES}, got {engines!r}")
+
+
+def _check_combination(options: Options, capabilities: EngineCapabilities) -> None:
+    """Options that do not go together, or that this engine cannot run."""
+    backend = capabilities.backend
+    if options.signal in ("copy", "kernel") and options.sync == "epoch":
+        raise InvalidArgument(f"signal={options.signal!r} sends a constant 1: it needs sync='reset'")
+    if options.signal == "kernel" and not capabilities.kernel_signals:
+        raise InvalidArgument(f"signal='kernel' launches dmacoll's CUDA flag kernels; on backend={backend!r} use "
+                              "signal='memop' or 'copy'")
+    if options.submit == "native" and not capabilities.native_submit:
+        raise InvalidArgument(f"submit='native' issues CUDA driver calls: it needs backend='cuda', not {backend!r}")
+    if options.submit == "native" and options.signal == "kernel":
+        raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy'")
+    if options.wait in ("spin", "fold"):
+        if not capabilities.spin_waits:
+            raise InvalidArgument(f"wait={options.wait!r} runs CUDA kernels; on backend={backend!r} use wait='memop'")
+        if options.submit == "native":
+            raise InvalidArgument(f"submit='native' issues driver calls only, and wait={options.wait!r} launches a "
+                                  "kernel: use wait='memop'")
+
+
+def candidates(capabilities: EngineCapabilities, eager: bool, epoch: bool = False) -> dict[str, set]:
+    """Per option 'auto' may choose (``tuning.CHOSEN``), the values an engine with ``capabilities`` runs. Never
+    chosen: signal='kernel' (an SM while it signals; measured slower), memop flags where the driver refuses them
+    (copy flags carry a constant: not with sync='epoch'), prerecording (a replayed graph: sync='reset') or native
+    submission under capture, native submission where the library does not load."""
+    native = eager and capabilities.native_submit and capabilities.native_available
+    return {"signal": {"memop"} if epoch else {"copy", "memop"} if capabilities.remote_memop_writes else {"copy"},
+            "wait": {"memop", "spin", "fold"} if capabilities.spin_waits else {"memop"},
+            "prerecord": {False, True} if eager and capabilities.graphs and not epoch else {False},
+            "submit": {"python", "native"} if native else {"python"}}
+
+
+def allowed(options: Options, capabilities: EngineCapabilities, capturing: bool) -> dict[str, set]:
+    """Per option the table may choose, the values a call may take: the caller's where it fixed one, else what the
+    engine runs (``candidates``)."""
+    runs = candidates(capabilities, not capturing, options.sync == "epoch")
+    return {name: values if getattr(options, name) == "auto" else {getattr(options, name)}
+            for name, values in runs.items()}
+
+
+def choices(allowed: Mapping[str, Collection]) -> list[Choice]:
+    """Every combination 'auto' may choose among (``allowed``: what ``candidates`` gives, per option): each variant
+    and direction with each allowed value of the other options, less prerecorded native submission (a replayed
+    graph submits nothing)."""
+    values = [VARIANTS, DIRECTIONS, *(sorted(allowed[name], key=str) for name in CHOSEN)]
+    return [c for c in map(Choice._make, itertools.product(*values)) if not (c.prerecord and c.submit == "native")]
+
+
+def fallback(allowed: Mapping[str, Collection]) -> Choice:
+    """FALLBACK, each option that ``allowed`` rules out replaced by the first value it may take."""
+    values = FALLBACK._asdict()
+    for name in CHOSEN:
+        if name in allowed and values[name] not in allowed[name]:
+            values[name] = sorted(allowed[name], key=str)[0]
+    return Choice(**values)

@@ -1,0 +1,275 @@
+"""``options.resolve``, the one place a call's options are checked and 'auto' chosen: every rule it enforces, on the
+CPU, from capabilities records alone (no engine, no ranks); then the communicator's side of it (the API that
+carries options, the cache per call shape)."""
+import ast
+import dataclasses
+import inspect
+import typing
+from pathlib import Path
+
+import pytest
+
+from dmacoll import ops, tuning
+from dmacoll.errors import InvalidArgument
+from dmacoll.options import (CALL_OPTIONS, FALLBACK, Call, CallOptions, EngineCapabilities, Options, allowed,
+                             candidates, choices, fallback, resolve)
+from dmacoll_lab.verify.launch import run_ranks
+
+CUDA = EngineCapabilities("cuda")
+HOST = EngineCapabilities("host", graphs=False, native_submit=False)
+HIP = EngineCapabilities("hip", native_submit=False, kernel_signals=False, spin_waits=False)
+REFUSING = dataclasses.replace(CUDA, remote_memop_writes=False, memop_refusal="the driver refuses memop writes")
+EAGER = Call("all_gather", 4096, False, capturing=False)
+CAPTURED = EAGER._replace(capturing=True)
+
+
+def _table(*rows) -> tuning.TuningTable:
+    return tuning.TuningTable({}, [tuning.Entry(*row) for row in rows])
+
+
+def _refused(options: Options, capabilities=CUDA, call=None) -> str:
+    with pytest.raises(InvalidArgument) as e:
+        resolve(options, capabilities, call)
+    return str(e.value)
+
+
+# -- legality ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,value", [("variant", "bcst"), ("direction", "sideways"), ("sync", "auto"),
+                                        ("signal", "fence"), ("submit", "c++"), ("handshake", "none"),
+                                        ("wait", "poll"), ("prerecord", 1), ("prerecord", "yes"),
+                                        ("variant", True), ("wait", None)])
+def test_a_value_outside_its_list_is_refused_with_the_list(name, value):
+    assert f"{name}={value!r} is not one of" in _refused(Options(**{name: value}))
+
+
+@pytest.mark.parametrize("engines", [0, 17, True, 2.0, "2"])
+def test_engines_must_be_a_count_of_queues(engines):
+    assert "engines must be between 1 and 16" in _refused(Options(engines=engines))
+
+
+@pytest.mark.parametrize("options,capabilities,fragment", [
+    (Options(signal="copy", sync="epoch"), CUDA, "signal='copy' sends a constant 1: it needs sync='reset'"),
+    (Options(signal="kernel", sync="epoch"), CUDA, "signal='kernel' sends a constant 1"),
+    (Options(signal="kernel"), HIP, "on backend='hip' use signal='memop' or 'copy'"),
+    (Options(submit="native"), HOST, "submit='native' issues CUDA driver calls: it needs backend='cuda', not 'host'"),
+    (Options(submit="native", signal="kernel"), CUDA, "submit='native' issues driver calls only: use signal="),
+    (Options(wait="spin"), HIP, "wait='spin' runs CUDA kernels; on backend='hip' use wait='memop'"),
+    (Options(wait="fold", submit="native"), CUDA, "wait='fold' launches a kernel: use wait='memop'"),
+    (Options(wait="spin", submit="native"), CUDA, "wait='spin' launches a kernel"),
+    (Options(sync="epoch"), REFUSING, "sync='epoch' sends sequence numbers as stream-memop writes to peers, and "
+                                      "the driver refuses memop writes; use sync='reset'"),
+    (Options(sync="epoch", signal="memop"), REFUSING, "sync='epoch' sends sequence numbers"),
+])
+def test_combinations_an_engine_cannot_run_are_refused_before_any_call(options, capabilities, fragment):
+    assert fragment in _refused(options, capabilities)  # no call: what a communicator checks when it is created
+
+
+def test_what_each_engine_runs_passes():
+    for options, capabilities in ((Options(wait="fold", signal="copy"), HOST),
+                                  (Options(wait="spin", signal="kernel"), CUDA),  # kernel signals: any wait
+                                  (Options(signal="kernel"), HOST),  # emulated
+                                  (Options(submit="native", signal="copy", wait="memop"), CUDA),
+                                  (Options(sync="epoch", signal="memop"), CUDA),
+                                  (Options(sync="epoch", signal="memop"), HOST)):
+        assert resolve(options, capabilities) == options
+
+
+def test_the_engines_state_their_capabilities():
+    from dmacoll.backends.cuda import CudaEngine
+    from dmacoll.backends.hip import HipEngine
+    from dmacoll.backends.host import HostEngine
+
+    assert (CudaEngine.capabilities, HostEngine.capabilities, HipEngine.capabilities) == (CUDA, HOST, HIP)
+
+
+def test_epoch_cannot_be_captured_and_prerecording_needs_reset():
+    epoch = Options(sync="epoch", signal="memop")
+    assert "sync='epoch' bakes sequence numbers into a CUDA graph" in _refused(epoch, CUDA, CAPTURED)
+    assert "prerecord=True replays a CUDA graph: it needs sync='reset'" in _refused(
+        dataclasses.replace(epoch, prerecord=True), CUDA, EAGER)
+    assert resolve(dataclasses.replace(epoch, prerecord=True), HOST, EAGER).prerecord is True  # no graphs: no replay
+    # a prerecorded communicator may be captured: the capture records the call (the communicator does not prerecord)
+    fixed = Options("pcpy", "push", signal="copy", wait="memop", prerecord=True, submit="python")
+    assert resolve(fixed, CUDA, CAPTURED) == fixed
+
+
+def test_memop_flags_travel_as_copies_where_the_driver_refuses_them():
+    fixed = Options("pcpy", "push", signal="memop", wait="memop", prerecord=False, submit="python")
+    assert resolve(fixed, CUDA, EAGER).signal == "memop"
+    assert resolve(fixed, REFUSING).signal == "copy"
+    assert resolve(fixed, REFUSING, EAGER).signal == "copy"
+    assert resolve(dataclasses.replace(fixed, signal="kernel"), REFUSING, EAGER).signal == "kernel"
+    table = _table(("all_gather", "eager", "out", 1 << 20, "b2b", "pull", 1.0, "memop"),
+                   ("all_gather", "eager", "out", 1 << 20, "multi", "push", 9.0, "copy"))
+    assert _chosen(resolve(Options(), CUDA, EAGER, table))[:2] == ("b2b", "pull")
+    got = resolve(Options(), REFUSING, EAGER, table)
+    assert (got.variant, got.direction, got.signal) == ("multi", "push", "copy")  # memop rows are not candidates
+
+
+# -- choice -----------------------------------------------------------------------------------------------------
+def _chosen(options: Options) -> tuning.Choice:
+    return tuning.Choice(*(getattr(options, name) for name in tuning.Choice._fields))
+
+
+def test_auto_takes_the_fastest_entry_the_call_may_use():
+    table = _table(("all_gather", "eager", "out", 1024, "b2b", "pull", 1.0, "memop", "spin"),
+                   ("all_gather", "eager", "out", 8192, "b2b", "pull", 5.0, "memop", "spin"),
+                   ("all_gather", "eager", "out", 8192, "multi", "push", 2.0, "copy", "memop", True),
+                   ("all_gather", "eager", "out", 8192, "pcpy", "pull", 3.0, "memop", "memop", False, "native"),
+                   ("all_gather", "graph", "out", 8192, "b2b", "push", 1.0, "copy"))
+    assert _chosen(resolve(Options(), CUDA, EAGER, table)) == ("multi", "push", "copy", "memop", True, "python")
+    assert _chosen(resolve(Options(), CUDA, EAGER._replace(nbytes=512), table)) == (
+        "b2b", "pull", "memop", "spin", False, "python")
+    assert _chosen(resolve(Options(), CUDA, CAPTURED, table)) == ("b2b", "push", "copy", "memop", False, "python")
+    # a fixed option narrows the choice to its value; the others stay the table's
+    assert _chosen(resolve(Options(signal="memop"), CUDA, EAGER, table))[:2] == ("pcpy", "pull")
+    pinned = resolve(Options(variant="b2b"), CUDA, EAGER, table)
+    assert (pinned.variant, pinned.direction) == ("b2b", "push")  # multi's row, with the caller's variant
+    # where the native library does not load, 'auto' does not choose it
+    unloadable = dataclasses.replace(CUDA, native_available=False)
+    assert resolve(Options(signal="memop"), unloadable, EAGER, table).submit == "python"
+    # the options 'auto' does not choose are the caller's
+    lean = resolve(Options(handshake="lean", engines=4), CUDA, EAGER, table)
+    assert (lean.handshake, lean.engines, lean.sync) == ("lean", 4, "reset")
+
+
+def test_all_to_all_v_is_looked_up_by_its_tuning_op_and_in_place_falls_back_to_out_of_place_rows():
+    table = _table(("all_to_all", "eager", "out", 1024, "b2b", "pull", 1.0))
+    call = Call(ops.get("all_to_all_v").tuning_op, 100, True, False)
+    assert resolve(Options(), HOST, call, table).variant == "b2b"
+
+
+def test_without_a_table_or_a_usable_entry_auto_takes_the_fallback():
+    assert _chosen(resolve(Options(), CUDA, EAGER)) == FALLBACK
+    assert _chosen(resolve(Options(), CUDA, CAPTURED)) == FALLBACK._replace(prerecord=False)
+    assert _chosen(resolve(Options(), HOST, EAGER)) == FALLBACK._replace(prerecord=False)  # no graphs
+    assert _chosen(resolve(Options(sync="epoch"), CUDA, EAGER)) == FALLBACK._replace(prerecord=False, signal="memop")
+    other_op = _table(("all_to_all", "eager", "out", 1024, "b2b", "pull", 1.0))
+    assert _chosen(resolve(Options(), CUDA, EAGER, other_op)) == FALLBACK
+    kernel_only = _table(("all_gather", "eager", "out", 1024, "b2b", "pull", 1.0, "kernel"))
+    assert _chosen(resolve(Options(), CUDA, EAGER, kernel_only)) == FALLBACK  # never chooses kernel signals
+    assert resolve(Options(), CUDA) == Options()  # no call: nothing chosen
+
+
+def test_fallback_keeps_what_the_call_allows():
+    assert fallback({}) == FALLBACK
+    assert FALLBACK.signal == "copy"  # no stream-memop write into peer memory without a measurement
+    # eager calls prerecord where graphs are allowed; not under capture, on the emulator, or with sync='epoch'
+    assert fallback(candidates(CUDA, eager=True)).prerecord is True
+    for runs in (candidates(CUDA, eager=False), candidates(HOST, eager=True)):
+        assert fallback(runs) == FALLBACK._replace(prerecord=False)
+    assert fallback(candidates(CUDA, eager=True, epoch=True)) == FALLBACK._replace(prerecord=False, signal="memop")
+    assert fallback({"signal": {"memop"}, "wait": {"spin"}}) == FALLBACK._replace(signal="memop", wait="spin")
+
+
+def test_candidates_follow_the_capabilities():
+    assert candidates(CUDA, eager=True) == {"signal": {"copy", "memop"}, "wait": {"memop", "spin", "fold"},
+                                            "prerecord": {False, True}, "submit": {"python", "native"}}
+    assert candidates(CUDA, eager=False) == {"signal": {"copy", "memop"}, "wait": {"memop", "spin", "fold"},
+                                             "prerecord": {False}, "submit": {"python"}}
+    assert candidates(HIP, eager=True) == {"signal": {"copy", "memop"}, "wait": {"memop"},
+                                           "prerecord": {False, True}, "submit": {"python"}}
+    assert candidates(REFUSING, eager=True)["signal"] == {"copy"}
+    assert candidates(dataclasses.replace(CUDA, native_available=False), eager=True)["submit"] == {"python"}
+    assert allowed(Options(wait="memop", submit="python"), CUDA, False) == {
+        "signal": {"copy", "memop"}, "wait": {"memop"}, "prerecord": {False, True}, "submit": {"python"}}
+    every = choices(candidates(CUDA, eager=True))
+    assert len(every) == len(set(every)) == 3 * 2 * 2 * 3 * (2 * 2 - 1)  # less prerecorded native submission
+    assert not any(c.prerecord and c.submit == "native" for c in every)
+
+
+def test_resolve_is_pure():
+    table = _table(("all_gather", "eager", "out", 1024, "b2b", "pull", 1.0))
+    before = table.to_json()
+    assert resolve(Options(), CUDA, EAGER, table) == resolve(Options(), CUDA, EAGER, table)
+    assert table.to_json() == before
+
+
+# -- the options a call changes ---------------------------------------------------------------------------------
+def test_a_call_changes_call_options_only():
+    base = Options(variant="b2b", engines=4)
+    assert base.changed({}) is base
+    assert base.changed({"direction": "pull"}) == dataclasses.replace(base, direction="pull")
+    with pytest.raises(InvalidArgument, match=r"unknown option\(s\) \['engine'\]; use variant=, direction="):
+        base.changed({"engine": 3})
+    for own in ("engines", "tuning_table", "check_calls"):
+        with pytest.raises(InvalidArgument, match=rf"{own} is the communicator's own option, set once: "
+                                                  rf"Communicator\(options=Options\({own}=\.\.\.\)\)"):
+            base.changed({own: 1})
+
+
+def test_the_call_keywords_are_the_first_options():
+    fields = dataclasses.fields(Options)
+    assert CALL_OPTIONS == tuple(f.name for f in fields[:len(CALL_OPTIONS)])
+    hints = typing.get_type_hints(Options)
+    assert typing.get_type_hints(CallOptions) == {name: hints[name] for name in CALL_OPTIONS}
+
+
+# -- the communicator's side ------------------------------------------------------------------------------------
+def test_the_old_keywords_say_where_they_went():
+    from dmacoll import Communicator
+
+    with pytest.raises(TypeError, match=r"Communicator\(variant='b2b', sync='reset'\): options are passed as "
+                                        r"Communicator\(options=Options\(variant='b2b', sync='reset'\)\)"):
+        Communicator(backend="host", variant="b2b", sync="reset")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'heap'"):
+        Communicator(heap=1)
+    with pytest.raises(TypeError, match="options must be dmacoll.Options"):
+        Communicator(options={"variant": "b2b"})
+
+
+def test_every_collective_is_a_method_written_out_with_its_spec_signature():
+    """Type checkers and IDEs see what is in the source: each shipped op is a ``def`` of ``Communicator`` whose
+    parameters are its spec's (``OpSpec.signature``), one line delegating to ``collective`` by the op's name."""
+    from dmacoll.communicator import Communicator
+
+    source = Path(inspect.getsourcefile(Communicator)).read_text()
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Communicator")
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    shipped = [n for n in ops.names() if type(ops.get(n)).__module__.startswith("dmacoll.ops.")]
+    assert len(shipped) == 5, shipped  # tests/test_ops.py names them
+    for name in shipped:  # a registered op of a user (tests/test_toy_collective.py) goes through collective()
+        spec = ops.get(name)
+        assert name in methods and ast.get_docstring(methods[name]), name
+        body = methods[name].body[-1]
+        assert len(methods[name].body) == 2 and isinstance(body, ast.Return), name
+        call = body.value
+        assert ast.unparse(call.func) == "self.collective" and ast.literal_eval(call.args[0]) == name, name
+        ours = inspect.signature(getattr(Communicator, name)).parameters
+        theirs = spec.signature().parameters
+        assert [(p.name, p.kind, p.default) for p in ours.values()] == [
+            (p.name, p.kind, p.default) for p in theirs.values()], name
+
+
+def _cached(rank, world):
+    from dmacoll import Communicator, communicator
+
+    calls = []
+    real = communicator.resolve
+
+    def counting(options, capabilities, call=None, table=None):
+        calls.append(call)
+        return real(options, capabilities, call, table)
+
+    communicator.resolve = counting
+    comm = Communicator(backend="host", timeout_s=30)
+    x, y = comm.empty(16), comm.empty(16 * world)
+    for _ in range(3):
+        comm.all_gather(y, x)
+    comm.all_gather(y[: 8 * world], x[:8])
+    for _ in range(2):
+        comm.all_gather(y, x, variant="b2b")
+    try:
+        comm.all_gather(y, x, variant=["b2b"])  # unhashable: resolved (and refused) without the cache
+    except InvalidArgument:
+        pass
+    comm.close()
+    return [(c.op, c.nbytes, c.capturing) if c else None for c in calls], comm.last_options.variant
+
+
+def test_a_call_shape_is_resolved_once():
+    calls, variant = run_ranks(_cached, 2)[0]
+    # creation checks twice (engine class, then the engine), then one resolution per (size, changes)
+    assert calls == [None, None, ("all_gather", 64, False), ("all_gather", 32, False), ("all_gather", 64, False),
+                     ("all_gather", 64, False)], calls
+    assert variant == "b2b"
