@@ -7,6 +7,9 @@
 #              two counts), every option family
 #   calibrate  `dmacoll tune --quick` at worlds 2 and 4 (ranks sharing GPU 0), then tests/gpu/test_calibration_gpu.py
 #   tests      the GPU tests (GPU_TESTS: a -k expression; XDIST: pytest-xdist workers), calibration off
+#   each       the same tests one pytest each (tools/gpu_tests_each.sh: results logged as they end; DEADLINE_S,
+#              TEST_LIMIT_S), the way to run them with ranks sharing one GPU: xdist workers there time-slice the GPU
+#              and break the tests' timing bounds
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 r=$OUT/r; mkdir -p "$r"
@@ -33,6 +36,8 @@ for step in "$@"; do
         python3 -m pytest -v -p no:cacheprovider --timeout ${TEST_TIMEOUT_S:-300} ${XDIST:+-n $XDIST} --durations=0 \
         -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$r/pytest_gpu${LOG_SUFFIX:-}.log" \
         | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -60 ;;
+    each) nodes=$(python3 -m pytest --collect-only -q -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>/dev/null \
+        | grep "::"); DMACOLL_CALIBRATE=0 bash tools/gpu_tests_each.sh "$r/pytest_each${LOG_SUFFIX:-}.log" $nodes ;;
     *) echo "unknown step $step" ;;
   esac
 done
