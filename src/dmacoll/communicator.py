@@ -255,7 +255,9 @@ class Communicator:
         capturing = self.engine.is_capturing()
         spec, request, opts = self._agreed(op, lambda: self._checked(op, output, input, args, options, capturing),
                                            lambda checked: self._signature(*checked))
-        prerecord = opts.prerecord and self.capabilities.graphs and not capturing
+        # not behind a prelaunch gate: recording a graph synchronizes the device (torch.cuda.graph), which waits for
+        # the gate stream, which waits for a release the host has not issued yet: a deadlock
+        prerecord = opts.prerecord and self.capabilities.graphs and not capturing and self._gate is None
         if opts.submit == "native":
             self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
         if opts.wait != "memop":
