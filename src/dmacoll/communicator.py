@@ -496,7 +496,8 @@ class Communicator:
         driver 580). Launch the producer's kernels once before opening a gate, or set
         CUDA_MODULE_LOADING=EAGER; a warning says so once per process. reduce_scatter and
         all_reduce launch a sum kernel themselves: call them once (same dtype) before gating; the
-        same for a first wait='spin' or 'fold' call (it loads dmacoll's kernels)."""
+        same for a first wait='spin' or 'fold' call (it loads dmacoll's kernels). Calls in the block are not
+        prerecorded (recording a graph synchronizes the device, which would wait for the gate)."""
         self._check_open("prelaunch")
         if self._gate is not None:
             raise InvalidArgument("a prelaunch gate is already open or pending; call gate.wait() first")
