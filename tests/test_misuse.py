@@ -275,3 +275,28 @@ def test_the_check_finds_nothing_wrong_in_every_case_of_dmacoll_check(monkeypatc
     for on, rows in run_ranks(_check_everything, 3, seed):
         assert on and rows and all(r["ok"] for r in rows), f"seed {seed}: {[r for r in rows if not r['ok']][:3]}"
         assert {r["buffers"] for r in rows} == {"sym", "private", "alternating", "owned"}
+
+
+def _group_references(rank, world):
+    import sys
+
+    import torch.distributed as dist
+
+    from dmacoll import Communicator
+
+    group = dist.group.WORLD
+    before = sys.getrefcount(group)
+    comm = Communicator(backend="host", timeout_s=10)
+    x, out = comm.empty(4), comm.empty(4 * world)
+    comm.all_gather(out, x)
+    held = sys.getrefcount(group) - before
+    comm.close()
+    return held, sys.getrefcount(group) - before
+
+
+def test_a_closed_communicator_lets_go_of_its_process_group():
+    """Held after close, the group outlives dist.destroy_process_group(): a gloo thread then released its last work
+    while the interpreter finalized and the process aborted ("terminate called without an active exception"; the
+    README example's continuation under load, about 1 run in 25 before, 0 in 90 after)."""
+    for held, after in run_ranks(_group_references, 2):
+        assert held > 0 and after == 0, (held, after)

@@ -513,10 +513,15 @@ class Communicator:
             gate.closed = True
 
     def close(self) -> None:
-        """Free the communicator's memory and queues; a second close does nothing, any other use raises."""
+        """Free the communicator's memory and queues and let go of the process group; a second close does nothing,
+        any other use raises."""
         if not self.closed:
             self.closed = True
             self.engine.close()
+            # no reference left to the group: dist.destroy_process_group() then ends it (gloo's threads joined)
+            # before the interpreter exits; kept alive, a gloo thread could release its last work during the
+            # interpreter's finalization and abort the process ("terminate called without an active exception")
+            self.group = self.engine.group = None
 
     def __enter__(self) -> "Communicator":
         return self
