@@ -11,6 +11,13 @@
 #         power    energy per collective (NVML), idle baseline subtracted; kernels vs copies per collective
 #         interference  slowdowns of a GEMM / memory-bound kernel and a collective running together
 #         smoke    a short sweep
+#         defaults what Communicator() gives (dma_default rows, eager and graph) beside the configurations 'auto' may
+#                  choose (the oracle's dma rows, full and lean handshake), NCCL and one peer copy, all_gather and
+#                  all_to_all, 1 KB - 256 MB, one sweep per op, from an empty calibration cache (no shipped table
+#                  fits: the first Communicator() calibrates, its notice and time in run.log); then dma_default alone
+#                  (with NCCL beside it) under each other source of its choices: a table calibrated from scratch
+#                  (`dmacoll tune --quick`, shipped tables hidden; wall time in tune.log), the shipped 2x H200 table,
+#                  no table (DMACOLL_CALIBRATE=0: the fallback where no shipped table fits); the other ops
 #         build    compile + self-test the native submission library (build/native; a carried copy stays if no cc);
 #                  its build.log and toolchain.json go beside the native run (native/native/)
 #         native   eager sweep, driver calls from Python vs the native library, 1 KB - 4 MB
@@ -136,7 +143,7 @@ case "$part" in
     timeout 180 python3 -m dmacoll_lab probe submit_cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -32 ;;
   crossing)
     d=$(rundir probes/crossing)  # every placement the visible GPUs allow (peer with two)
-    timeout ${CROSSING_TIMEOUT_S:-420} python3 -m dmacoll_lab probe crossing --out "$d/data.csv" 2>&1 | tee "$d/run.log" \
+    timeout ${CROSSING_TIMEOUT_S:-420} python3 -m dmacoll_lab probe crossing ${CROSSING_ARGS:-} --out "$d/data.csv" 2>&1 | tee "$d/run.log" \
       | tail -75 ;;
   fewsm)
     d=$(rundir probes/few_sm_kernels)
@@ -161,6 +168,28 @@ case "$part" in
   checkcost)
     d=$(rundir check_calls/check_cost)
     timeout 240 python3 -m dmacoll_lab check-cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -3 ;;
+  defaults)
+    XDG_CACHE_HOME=$(mktemp -d); export XDG_CACHE_HOME
+    for op in all_gather all_to_all; do
+      d=$(rundir defaults/sweep_$op)
+      timeout ${DEFAULTS_TIMEOUT_S:-200} python3 -m dmacoll_lab sweep --ops $op --impls nccl dma_default dma peer_copy \
+        --signals memop copy --prerecord no yes --submit python native --handshakes full lean --repeats 15 \
+        --out "$d/data.csv" > "$d/run.log" 2>&1; grep -E "calibrat" "$d/run.log" | head -3; tail -1 "$d/run.log"
+    done
+    d=$(rundir defaults/calibrated)
+    { time timeout 120 python3 -m dmacoll_lab tune --quick --out "$d/table.json"; } > "$d/tune.log" 2>&1
+    tail -4 "$d/tune.log"
+    for source in calibrated shipped_h200x2 none; do
+      d=$(rundir defaults/default_$source)
+      case $source in calibrated) env="DMACOLL_TUNING=$out/defaults/calibrated/table.json";;
+        shipped_h200x2) env="DMACOLL_TUNING=$PWD/src/dmacoll/tuning_tables/h200x2.json";;
+        none) env="DMACOLL_CALIBRATE=0 XDG_CACHE_HOME=$(mktemp -d)";; esac
+      env $env timeout 120 python3 -m dmacoll_lab sweep --ops all_gather all_to_all --impls nccl dma_default \
+        --repeats 15 --out "$d/data.csv" > "$d/run.log" 2>&1; tail -1 "$d/run.log"
+    done
+    d=$(rundir defaults/other_ops)
+    timeout 150 python3 -m dmacoll_lab sweep --ops all_to_all_v reduce_scatter all_reduce --impls nccl dma_default \
+      peer_copy --repeats 15 --out "$d/data.csv" > "$d/run.log" 2>&1; tail -1 "$d/run.log" ;;
   smoke)
     d=$(rundir operator/smoke)
     timeout 200 python3 -m dmacoll_lab sweep --max-bytes 4M --repeats 3 --out "$d/data.csv" 2>&1 | tee "$d/run.log" \

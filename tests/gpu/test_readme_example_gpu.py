@@ -8,7 +8,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < world_of(example()[0]),
-                    reason="needs a GPU per rank of the README's launch command")
+                    reason="needs a GPU per rank: the README's example joins NCCL, which refuses two ranks on one GPU")
 def test_the_readme_example_runs_as_written_on_gpus(tmp_path):
     command, code, _ = example()
     done = run(command, code, tmp_path, gpus=True)
