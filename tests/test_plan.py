@@ -25,9 +25,9 @@ def test_pcpy_has_one_queue_per_peer_and_b2b_one_queue():
     ex = all_gather_exchange(4, 1 << 10)
     pcpy = build_plan(ex, 1, "pcpy", "push", LAYOUTS["sym"])
     assert len(pcpy.queues) == 4  # the local copy + 3 peers
-    # each peer's queue: its READY signalled and awaited, the copy, its DONE (no flag on the caller's queue first)
-    assert all([type(c) for c in q] == [Signal, Wait, Copy, Signal] for q in pcpy.queues[1:])
-    assert not pcpy.pre
+    # every READY first on the caller's queue, then each peer's queue: its READY awaited, the copy, its DONE
+    assert [(type(c), c.phase) for c in pcpy.pre] == [(Signal, READY)] * 3
+    assert all([type(c) for c in q] == [Wait, Copy, Signal] for q in pcpy.queues[1:])
     b2b = build_plan(ex, 1, "b2b", "push", LAYOUTS["sym"])
     assert len(b2b.queues) == 1
     copies = [c for c in b2b.queues[0] if isinstance(c, Copy)]
@@ -368,3 +368,70 @@ def test_chunk_elements_is_tensor_splits_split():
 
     for numel, world in itertools.product((0, 1, 7, 8, 9, 100), (2, 3, 8)):
         assert chunk_elements(numel, world) == [len(t) for t in torch.tensor_split(torch.arange(numel), world)]
+
+
+# -- progress whatever order a rank's queues run in -------------------------------------------------------------
+def serialized(plans, order):
+    """A rank's commands with its queues run one after another, in ``order`` (a permutation of queue indices
+    per plan): what the GPU may do, since CUDA does not promise that independent streams or graph branches run
+    concurrently (a wait on one can hold up another sharing its hardware queue)."""
+    return [c for plan, perm in zip(plans, order) for c in (*plan.pre, *(c for i in perm for c in plan.queues[i]),
+                                                           *plan.post)]
+
+
+def deadlock(per_rank):
+    """Run every rank's command list against the others' flags (a signal counts, a wait consumes one):
+    None when every rank reaches its end, else where each rank stands."""
+    flags = {}
+    at = [0] * len(per_rank)
+    moved = True
+    while moved:
+        moved = False
+        for r, commands in enumerate(per_rank):
+            while at[r] < len(commands):
+                c = commands[at[r]]
+                if isinstance(c, Signal):
+                    flags[c.peer, c.phase, r] = flags.get((c.peer, c.phase, r), 0) + 1
+                elif isinstance(c, Wait):
+                    if not flags.get((r, c.phase, c.peer)):
+                        break
+                    flags[r, c.phase, c.peer] -= 1
+                at[r] += 1
+                moved = True
+    return None if all(at[r] == len(c) for r, c in enumerate(per_rank)) else \
+        [f"rank {r} at {per_rank[r][at[r]]}" for r in range(len(per_rank)) if at[r] < len(per_rank[r])]
+
+
+ORDERS = ("forward", "reverse", "random", "random")  # queue orders tried: as built, reversed, two drawn
+
+
+def order(plans, how, rng):
+    """Per plan, the order its queues run in."""
+    perms = []
+    for plan in plans:
+        perm = list(range(len(plan.queues)))
+        if how == "reverse":
+            perm.reverse()
+        elif how == "random":
+            rng.shuffle(perm)
+        perms.append(perm)
+    return perms
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("variant,direction", list(itertools.product(VARIANTS, ("push", "pull"))))
+def test_every_call_completes_whatever_order_its_queues_run_in(world, variant, direction, seed):
+    """A rank's queues may run one after another, in any order (CUDA runs independent streams and graph branches
+    concurrently only when it can): no queue may wait for a flag that a peer sends from a queue of its own that
+    could be held up behind one of that peer's waits. Seen on one H100 with four ranks: pcpy calls hung when
+    each peer queue signalled its READY itself (results/h100x2/tests/README.md)."""
+    calls = [(name, [(build_plan(ex, r, variant, direction, LAYOUTS[layout]),) for r in range(world)])
+             for name, ex in exchanges(world, seed) for layout in LAYOUTS]
+    calls += [(f"{op} {layout}", [plans for plans, _ in reduce_plans(op, world, 5, variant, direction,
+                                                                    REDUCE_LAYOUTS[layout])])
+              for op in REDUCE_PLAN_OPS for layout in ("sym", "private")]
+    for name, per_rank in calls:
+        for k, how in enumerate(ORDERS):
+            rngs = [random.Random(f"{seed}-{k}-{r}") for r in range(world)]  # each rank its own order
+            stuck = deadlock([serialized(plans, order(plans, how, rngs[r])) for r, plans in enumerate(per_rank)])
+            assert stuck is None, f"seed {seed}: {name}, queues run {how}: deadlock, {stuck}"

@@ -247,7 +247,7 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
                layout: Layout = Layout(), engines: int = 2, handshake: Handshake = FULL) -> Plan:
     """The commands ``rank`` issues for exchange ``ex``.
 
-    Variants: ``pcpy`` one queue per peer, each with its peer's whole handshake; ``b2b`` every copy
+    Variants: ``pcpy`` the READYs, then a queue per peer that waits, copies and signals DONE; ``b2b`` every copy
     on one queue, signals batched; ``multi`` READY once for all on the caller's queue, then all copies (large
     ones split) spread over ``engines`` queues and DONE after them, or, when no copy is large enough to split,
     each copy on a queue of its own with its peer's DONE behind it. ``handshake``: see ``Handshake``."""
@@ -296,12 +296,15 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
 
     # READY goes to the peer that will act on it: push -> senders, pull -> readers.
     ready = [p for p in talk if p not in handshake.ready_implied]
-    if variant == "pcpy":  # each peer's READY, wait, copy and DONE on a queue of its own, side by side
+    if variant == "pcpy":  # each peer's wait, copy and DONE on a queue of its own, side by side; every READY
+        # goes out first, on the caller's queue: a queue then only waits for flags every peer sent before its own
+        # queues began, so the call completes in whatever order the queues run (CUDA may run side streams and
+        # graph branches one after another: four ranks on one H100 hung when each queue sent its own READY)
+        pre += [Signal(p, READY) for p in ready]
         queues = [tuple(self_copies)]
         for p in talk:
             c = peer_copies.get(p)
-            queues.append((*((Signal(p, READY), Wait(p, READY)) if p in ready else ()), *((c,) if c else ()),
-                           Signal(p, done)))
+            queues.append((*((Wait(p, READY),) if p in ready else ()), *((c,) if c else ()), Signal(p, done)))
     elif variant == "b2b":  # one queue, peer copies back to back, signals batched after them; the
         # local copy runs while the peers' DONE signals travel
         pre += [Signal(p, READY) for p in ready]

@@ -7,8 +7,8 @@ chose differently would plan different protocols and deadlock):
    included) in the user's cache, or one calibrated now (a one-line notice, progress, then cached);
 4. else none: 'auto' takes ``options.fallback``.
 
-$DMACOLL_CALIBRATE: ``auto`` (the default: calibrate on GPUs, not on the host emulator, whose timings say nothing
-about a GPU), ``1`` (on every backend), ``0`` (never, and no calibrated table: shipped tables or the fallback),
+$DMACOLL_CALIBRATE: ``auto`` (the default: calibrate on GPUs, not on the host emulator nor where ranks share a GPU,
+whose timings say nothing about a GPU of one's own: time-sliced processes, a context switch per copied flag), ``1`` (on every backend), ``0`` (never, and no calibrated table: shipped tables or the fallback),
 ``force`` (calibrate now even where a shipped or cached table fits, and cache the result).
 $DMACOLL_CALIBRATE_BUDGET_S bounds its time (default 20 s); ``dmacoll tune --quick`` calibrates ahead of time.
 """
@@ -35,6 +35,7 @@ GPU_MAX_BYTES = 256 << 20
 HOST_MAX_BYTES = 4 << 10  # the emulator only exercises the mechanics: small sizes, few calls
 HOST_TIMING = strategy.Timing(warmup=1, calls=2, repeats=3)
 PROGRESS_EVERY_S = 2.0
+UNTIMED = ("host", "shared-device")  # topologies whose timings say nothing of a GPU's: 'auto' does not calibrate
 _active = False  # a calibration is running in this process: its own communicator takes no table
 
 
@@ -65,14 +66,19 @@ def table_for(comm, path: Optional[str] = None) -> Optional[tuning.TuningTable]:
         return None
     mode, budget = setting(), budget_s()  # a bad value fails on every rank alike, before any collective
     facts = platform.gather(comm.group, comm.device)
-    calibrate = mode in ("1", "force") or (mode == "auto" and comm.backend != "host")
+    key = platform.key(facts, comm.backend)
     decision = None
     if comm.rank == 0:
-        decision = _decide(platform.key(facts, comm.backend), mode, calibrate)
+        decision = _decide(key, mode, calibrates(mode, key))
     decision = _from_rank0(comm, decision)
     if decision[0] != "calibrate":
         return None if decision[1] is None else _table(decision[1])
     return _calibrated(comm, facts, budget, mode)
+
+
+def calibrates(mode: str, key: tuning.Platform) -> bool:
+    """Whether a platform without a table calibrates under $DMACOLL_CALIBRATE=``mode``."""
+    return mode in ("1", "force") or (mode == "auto" and key.topology not in UNTIMED)
 
 
 def _decide(key: tuning.Platform, mode: str, calibrate: bool) -> tuple[str, Optional[str]]:
