@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 import warnings
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -43,7 +44,7 @@ from ..plan import Copy, Reduce, Ref
 from . import cuda_kernels, cuda_memory, sym_offset
 from .reduce import reduce_step
 from .stream_engine import StreamEngine
-from .watchdog import Watchdog
+from .watchdog import Watchdog, completes
 
 try:  # cuda-bindings >= 12.8 layout; older releases exposed `cuda.cuda`
     from cuda.bindings import driver as _drv
@@ -133,6 +134,7 @@ class CudaEngine(StreamEngine):
         self.flag_view.zero_()
         self._one = one_index(self.world)
         self.flag_view[self._one] = 1
+        self._flags_host = torch.empty(flag_words, dtype=torch.int32, pin_memory=True)  # the watchdog's read
         torch.cuda.synchronize(self.device)
         dist.barrier(group=group)
         self.side_streams: list[torch.cuda.Stream] = []
@@ -345,16 +347,16 @@ class CudaEngine(StreamEngine):
             _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuThreadExchangeStreamCaptureMode")
         torch.cuda.set_device(self.device)
 
-    def read_own_flags(self) -> list[int]:
+    def read_own_flags(self, wait_s: float) -> Optional[list[int]]:
         with torch.cuda.stream(self.release_stream):  # non-blocking: runs even behind a stuck legacy stream
-            words = self.flag_view.cpu().tolist()
-        return words
+            self._flags_host.copy_(self.flag_view, non_blocking=True)
+        return self._flags_host.tolist() if completes(self.release_stream, wait_s) else None
 
-    def release_waits(self, value: int) -> None:
+    def release_waits(self, value: int, wait_s: float) -> bool:
         """Satisfy every wait of this rank (flag memops and spin kernels) from the release stream."""
         with torch.cuda.stream(self.release_stream):
             self.flag_view.fill_(value)  # every flag wait of this rank: the stuck stream drains
-        self.release_stream.synchronize()
+        return completes(self.release_stream, wait_s)
 
     def close(self) -> None:
         super().close()

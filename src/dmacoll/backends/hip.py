@@ -34,7 +34,7 @@ from . import hip_api, hip_memory, sym_offset
 from .hip_api import HipApi, HipError
 from .reduce import reduce_step
 from .stream_engine import StreamEngine
-from .watchdog import Watchdog
+from .watchdog import Watchdog, completes
 
 MASK32 = 0xFFFFFFFF
 
@@ -207,7 +207,8 @@ class HipEngine(StreamEngine):
             pass  # a binding without the call, or another argument shape: keep the global mode
         torch.cuda.set_device(self.device)
 
-    def read_own_flags(self) -> list[int]:
+    def read_own_flags(self, wait_s: float) -> list[int]:
+        # hipMemcpy returns when done: not bounded by ``wait_s`` here (no HIP hardware to test a polled read on)
         out = []
         word = ctypes.c_uint32(0)
         for addr in self.flag_addrs[self.rank]:
@@ -215,12 +216,12 @@ class HipEngine(StreamEngine):
             out.append(int(word.value))
         return out
 
-    def release_waits(self, value: int) -> None:
+    def release_waits(self, value: int, wait_s: float) -> bool:
         """Write ``value`` to every word this rank waits on, from the non-blocking release stream."""
         stream = self.release_stream
         for addr in self.flag_addrs[self.rank][: self._one]:
             self.api.hipStreamWriteValue32(stream.cuda_stream, addr, value, 0)
-        stream.synchronize()
+        return completes(stream, wait_s)
 
     # -- call bracketing -----------------------------------------------------
     def begin_call(self, label: str) -> None:

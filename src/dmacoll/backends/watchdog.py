@@ -1,10 +1,15 @@
 """The timeout watchdog of the GPU backends (cuda, hip).
 
 A GPU wait cannot time out by itself, so a thread tracks each eager call's completion event; past the
-deadline it reads this rank's flag words (for the message), releases every stuck wait of this rank (the GPU
-never stays hung) and records the error, which the communicator raises on its next use.
+deadline it reads this rank's flag words (for the message), records the error, which the communicator raises on
+its next use, and releases every stuck wait of this rank, so that the GPU does not stay hung.
 
-The engine provides ``rank``, ``timeout_s``, ``device``, ``read_own_flags()``, ``release_waits(value)`` and
+Reading the words and releasing the waits are GPU work on a stream of their own, which may share a hardware queue
+with a stuck stream and wait behind it (likely why, with four ranks on one H100, the read never came back): both are
+bounded (``RELEASE_S``), so the error is said whatever the GPU does; a release that does not complete is said too.
+
+The engine provides ``rank``, ``timeout_s``, ``device``, ``read_own_flags(wait_s)`` (the words, or None if not
+back within ``wait_s``), ``release_waits(value, wait_s)`` (True if the release completed within ``wait_s``) and
 ``enter_watchdog_thread()`` (per-thread driver set-up, e.g. relaxed stream-capture mode, so that polling events
 does not invalidate a graph capture the application runs on another thread).
 """
@@ -16,6 +21,8 @@ from collections import deque
 from typing import Optional
 
 from ..errors import DmaCollTimeoutError
+
+RELEASE_S = 5.0  # how long the watchdog waits for its own read of the flag words, and for its release
 
 
 class Watchdog:
@@ -53,17 +60,33 @@ class Watchdog:
 
     def expire(self, label: str, value: int) -> None:
         eng = self.engine
-        words = eng.read_own_flags()
+        words = eng.read_own_flags(RELEASE_S)
+        seen = (f"flag words were {words}" if words is not None else
+                f"its flag words could not be read within {RELEASE_S:g} s (the GPU queue that reads them is held)")
         self.error = DmaCollTimeoutError(
-            f"rank {eng.rank}: {label} did not complete within {eng.timeout_s:g} s; flag words were {words}. "
+            f"rank {eng.rank}: {label} did not complete within {eng.timeout_s:g} s; {seen}. "
             "A peer died, hangs, or the ranks called collectives in a different order. The stuck GPU waits "
             "were released; this communicator is unusable, create a new one.")
         self.pending.clear()
-        # only now release: a host thread blocked on the GPU resumes at once and its next call must see the error
-        eng.release_waits(value)
         print(f"[dmacoll] {self.error}", flush=True)
+        # only now release: a host thread blocked on the GPU resumes at once and its next call must see the error
+        if not eng.release_waits(value, RELEASE_S):
+            print(f"[dmacoll] rank {eng.rank}: releasing the stuck GPU waits did not complete within {RELEASE_S:g} s; "
+                  "this process's GPU work may stay blocked: end the process", flush=True)
 
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=1.0)
+
+
+def completes(stream, wait_s: float) -> bool:
+    """Whether the work queued on ``stream`` (a torch stream) so far ends within ``wait_s``: polled, so the
+    watchdog never blocks on a GPU queue longer than that."""
+    done = stream.record_event()
+    deadline = time.monotonic() + wait_s
+    while not done.query():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
