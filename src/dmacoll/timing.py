@@ -13,6 +13,7 @@ from typing import Callable, NamedTuple, Optional, Protocol
 import torch
 
 from .errors import InvalidArgument
+from .graphs import graph_capture
 
 MODES = ("eager", "graph")
 
@@ -60,7 +61,7 @@ def capture(fn: Callable[[], None], calls: int = 1, stream=None, warmup: int = 1
             fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
+    with graph_capture(graph, stream):
         for _ in range(calls):
             fn()
     torch.cuda.synchronize()

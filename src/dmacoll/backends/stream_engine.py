@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..executor import MemOp, gate_index, gate_ops
+from ..graphs import graph_capture
 
 MAX_RECORDED = 256  # prerecorded graphs kept per engine (each holds its buffers' addresses)
 
@@ -91,7 +92,7 @@ class StreamEngine:
             graph = torch.cuda.CUDAGraph()
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.graph(graph, stream=side):
+            with graph_capture(graph, side):
                 work()
             self._graphs[key] = graph
         graph.replay()
@@ -125,3 +126,4 @@ class StreamEngine:
 
     def close(self) -> None:
         self.watchdog.close()
+        self._graphs.clear()  # destroyed now, not by a garbage collection that may run inside someone's capture

@@ -40,6 +40,7 @@ import math
 import statistics
 from typing import Callable, Optional
 
+from dmacoll.graphs import graph_capture
 from dmacoll.timing import bench_time
 from ..bench.c3_grid import c3_metrics
 from ..bench.harness import Rank
@@ -136,7 +137,7 @@ def replayable(rn: Rank, fn: Callable[[], object]) -> tuple[Callable[[], None], 
     torch.cuda.synchronize()
     rn.barrier()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with graph_capture(graph):
         out = fn()
     torch.cuda.synchronize()
     rn.barrier()

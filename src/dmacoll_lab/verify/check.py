@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed
 
+from dmacoll.graphs import graph_capture
 from dmacoll.options import EngineCapabilities, Options
 from dmacoll.ops import OpSpec, get, names
 from .reference import DTYPES, POISON, compare_bytes, compare_sum, draw, expected, fuzzy, mismatch, poison
@@ -229,7 +230,7 @@ def run_pipeline(comm, op: str, variant: str, dtype: str, count: int, calls: int
         one_pass()  # warm-up: plans built, kernels loaded
         torch.cuda.synchronize(comm.device)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with graph_capture(g):
             one_pass()
         offset = 7919 if get(op).counts(count, world, 0) is None else 0  # a new seed would change seeded splits
         refill(offset)
@@ -302,7 +303,7 @@ def run_multi_op(comm, variant: str, direction: str, dtype: str, count: int, see
         one_pass()  # warm-up: plans built, kernels loaded
         torch.cuda.synchronize(comm.device)
         graphed = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graphed):
+        with graph_capture(graphed):
             one_pass()
     errors: list[Optional[str]] = [None] * len(cs)
     for p in range(1, replays + 1):
