@@ -93,6 +93,15 @@ def test_the_deadline_counts_from_the_first_rank_s_start():
     assert isinstance(raised.value, RankFailed) and time.monotonic() - t0 < 5
 
 
+def test_a_launcher_s_deadline_bounds_what_the_caller_asked(monkeypatch):
+    # a tool that kills a run after its own limit (tools/gpu_lanes.sh) sets it, so the ranks' stacks come out first
+    from dmacoll_lab.verify.launch import RanksTimedOut, run_ranks
+
+    monkeypatch.setenv("DMACOLL_RANK_DEADLINE_S", "0.001")
+    with pytest.raises(RanksTimedOut, match="deadline of 0.001 s"):
+        run_ranks(_sleep, 2, 60, timeout_s=600)
+
+
 def _sleep(rank, world, seconds):
     time.sleep(seconds)
 

@@ -56,6 +56,11 @@ def band(ratios: pd.Series) -> str:
     return f"{statistics.median(ratios):.2f} / {max(ratios):.2f}" if len(ratios) else "-"
 
 
+def ratios(a: pd.Series, b: pd.Series, mode: str, sizes) -> pd.Series:
+    """a / b at each of ``sizes`` that both measured in ``mode``."""
+    return pd.Series([a[mode, n] / b[mode, n] for n in sizes if (mode, n) in a.index and (mode, n) in b.index])
+
+
 def op_section(df: pd.DataFrame, op: str) -> list[str]:
     impl = {name: fastest(df[df["impl"] == name]) for name in ("nccl", "dma_default", "peer_copy")}
     best, pick = oracle(df, "full"), pick_rows(df)
@@ -68,10 +73,10 @@ def op_section(df: pd.DataFrame, op: str) -> list[str]:
     for mode in ("graph", "eager"):
         for label, keep in (("1 KB - 512 KB", lambda n: n < SMALL_MAX), (">= 1 MB", lambda n: n >= SMALL_MAX)):
             sizes = [n for (m, n) in impl["dma_default"].index if m == mode and keep(n)]
-            ratio = lambda a, b: pd.Series([a[mode, n] / b[mode, n] for n in sizes if (mode, n) in a.index  # noqa: E731
-                                            and (mode, n) in b.index])
-            lines.append(f"| {mode} | {label} | {band(ratio(impl['dma_default'], best))} | {band(ratio(pick, best))} "
-                         f"| {band(ratio(impl['dma_default'], pick))} | {band(ratio(impl['dma_default'], impl['nccl']))} |")
+            ratio = lambda a, b: ratios(a, b, mode, sizes)  # noqa: E731
+            default = impl["dma_default"]
+            lines.append(f"| {mode} | {label} | {band(ratio(default, best))} | {band(ratio(pick, best))} "
+                         f"| {band(ratio(default, pick))} | {band(ratio(default, impl['nccl']))} |")
     lean = oracle(df, "lean")
     lines += ["", f"Small messages, graph-replayed (us per call; {op}):", "",
               "| size | NCCL | one peer copy | default | oracle (full) | oracle (lean) | default / NCCL |",
@@ -95,10 +100,8 @@ def sources_section(run: Path, oracles: dict) -> list[str]:
             d, c = fastest(part[part["impl"] == "dma_default"]), fastest(part[part["impl"] == "nccl"])
             for mode in ("graph", "eager"):
                 sizes = [n for (m, n) in d.index if m == mode]
-                over_nccl = pd.Series([d[mode, n] / c[mode, n] for n in sizes])
-                over_oracle = pd.Series([d[mode, n] / oracles[op][mode, n] for n in sizes])
-                lines.append(f"| {folder.name[len('default_'):]} | {op} | {mode} | {band(over_nccl)} | "
-                             f"{band(over_oracle)} |")
+                lines.append(f"| {folder.name[len('default_'):]} | {op} | {mode} | {band(ratios(d, c, mode, sizes))} | "
+                             f"{band(ratios(d, oracles[op], mode, sizes))} |")
     return lines + [""]
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Batched runs on a lent GPU machine (every visible GPU is a rank); parts run in the order given (keep each call inside the 10-minute limit).
 # Usage (device machine, repo root): DMACOLL_GIT_SHA=<full sha> bash tools/gpu_reference_run.sh OUTDIR PART...
-#   PART: tests    the GPU tests (tests/gpu; builds the native library first if it is missing)
+#   PART: tests    the GPU tests (tests/gpu), one pytest per test, then dmacoll check and tune (tools/gpu_suite.sh
+#                  PIN=0: every GPU visible; TESTS_TIMEOUT_S: its deadline)
 #         check    `dmacoll check --backend cuda` against NCCL
 #         shared   several ranks on GPU 0 (DMACOLL_GPUS=1, the IPC heap): `dmacoll check --backend cuda` at worlds
 #                  SHARED_WORLDS (default 2..8; above 4 two dtypes and two counts), every option family, against the
@@ -58,22 +59,18 @@ export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 world=$(nvidia-smi -L | wc -l)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 probe=$dest/probe.txt
-{
-  nvidia-smi; nvidia-smi topo -m; nvidia-smi nvlink --status | head -40
-  python3 -c 'import torch, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
-  python3 -m pip list 2>/dev/null | grep -i -E "cuda-bindings|nvidia-nccl|nvidia-ml-py|pandas|pytest"
-} > "$probe" 2>&1
+bash tools/machine_probe.sh > "$probe" 2>&1
 # rundir EXPERIMENT[/RUN]: make the folder, put this call's probe into the experiment, print the folder
 rundir() { mkdir -p "$out/$1"; cp "$probe" "$out/${1%%/*}/probe.txt"; echo "$out/$1"; }
 for part in "$@"; do
 echo "== part $part ($(date -u +%T))"
 case "$part" in
   tests)
-    # GPU_TESTS (optional): a pytest -k expression; a hung test fails after DMACOLL_RANK_TIMEOUT_S with stacks
+    # one pytest per test on every visible GPU (tools/gpu_suite.sh PIN=0, with the checks and calibration after):
+    # each result is logged as it ends, and a hung test prints its ranks' stacks before its limit
     d=$(rundir tests)
-    [ -f build/native/libdmacoll_submit.so ] || python3 -m dmacoll_lab build --out build/native > "$d/build.log" 2>&1
-    DMACOLL_RANK_TIMEOUT_S=${DMACOLL_RANK_TIMEOUT_S:-150} timeout ${TESTS_TIMEOUT_S:-540} python3 -m pytest -q \
-      --durations=0 -m gpu tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 | tee "$d/pytest_gpu.log" | tail -25 ;;
+    OUT=$d PIN=0 DEADLINE_S=${TESTS_TIMEOUT_S:-540} bash tools/gpu_suite.sh
+    grep -E "^(PASS|FAIL|TIMEOUT|SKIP|lanes)" "$d/all_gpus/lanes.log" | tail -70 ;;
   check)
     d=$(rundir tests)
     timeout $((100 * world)) python3 -m dmacoll_lab check --backend cuda --world $world --reference nccl \

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# Every multi-rank CUDA path on ONE GPU (issue 33): the whole GPU test suite (worlds 2 and 4), `dmacoll check
-# --backend cuda` at world 4 with every family (then 2, 8, 3, 5, 6, 7 as time allows) and `dmacoll tune --quick` at
-# worlds 2 and 4; each item sees one GPU, its ranks sharing it through the IPC heap (correctness only: no timing from
-# a shared GPU is a performance result). tools/gpu_lanes.sh spreads the items over the visible GPUs, a lane per GPU.
-# Usage (device machine, repo root): [DMACOLL_GIT_SHA=<sha>] [DEADLINE_S=540] bash tools/one_gpu_suite.sh
-#   Results: $OUT/one_gpu/ (lanes.log: a line per item; logs/: each item's output). The same command again on the
-#   same warm machine goes on with the items not run yet (the queue and what ran are kept in build/one_gpu_suite/).
+# The whole GPU test suite (worlds 2 and 4), `dmacoll check --backend cuda` at world 4 with every family (then 2, 8,
+# 3, 5, 6, 7 as time allows) and `dmacoll tune --quick` at worlds 2 and 4, one process per item (a hang costs one
+# item, and each result is logged as it ends).
+#   PIN=1 (default): every multi-rank CUDA path on ONE GPU (issue 33): each item sees one GPU, its ranks sharing it
+#     through the IPC heap (correctness only: no timing from a shared GPU is a performance result);
+#     tools/gpu_lanes.sh spreads the items over the visible GPUs, a lane per GPU.
+#   PIN=0: one lane seeing every GPU: the ranks of an item get a GPU each where there are enough.
+# Usage (device machine, repo root): [DMACOLL_GIT_SHA=<sha>] [DEADLINE_S=540] [PIN=0] bash tools/gpu_suite.sh
+#   Results: $OUT/one_gpu/ (PIN=0: $OUT/all_gpus/): lanes.log, a line per item; logs/, each item's output. The same
+#   command again on the same warm machine goes on with the items not run yet (the queue and what ran are kept in
+#   build/gpu_suite_<one_gpu|all_gpus>/).
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 DMACOLL_CALIBRATE=0
-state=$PWD/build/one_gpu_suite res=$OUT/one_gpu
+where=$([ "${PIN:-1}" = 1 ] && echo one_gpu || echo all_gpus)
+state=$PWD/build/gpu_suite_$where res=$OUT/$where
 mkdir -p "$state" "$res"
-{ nvidia-smi; python3 -c 'import torch, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
-  python3 -m pip list 2>/dev/null | grep -i -E "cuda-bindings|nvidia-nccl|pytest"; echo "DMACOLL_GIT_SHA=${DMACOLL_GIT_SHA:-}"
-} > "$res/probe.txt" 2>&1
+bash tools/machine_probe.sh > "$res/probe.txt" 2>&1
 [ -f build/native/libdmacoll_submit.so ] || python3 -m dmacoll_lab build --out build/native > "$res/build.log" 2>&1
 # limit: an item's time limit (s), also what the lanes fit before the deadline: about twice what it took on one H100
 # (2026-11-26: every op at world 2 363 s, lean pipelines at world 4 107 s, most others 20-60 s); the largest must fit
@@ -25,17 +28,24 @@ limit() {
 }
 if [ ! -s "$state/queue" ]; then
   nodes=$(python3 -m pytest --collect-only -q -m gpu tests/gpu 2>/dev/null | grep "::")
-  pytest_item() {  # -s for calibration: its notice, progress and table go into the item's log
-    echo "$(limit "$1") $(sed 's#tests/gpu/##; s#[^A-Za-z0-9_.-]#_#g' <<<"$1") python3 -m pytest -q" \
-      "$([[ $1 == *calibration* ]] && echo -s) -p no:cacheprovider --tb=short -m gpu '$1'"; }
-  check_item() {  # world, limit, grid
-    echo "$2 check_w$1 python3 -m dmacoll_lab check --backend cuda --world $1 $3 --deadline-s $(($2 - 20))"; }
+  pytest_item() {  # -s: the ranks' output (calibration's notice and progress, a hung rank's stacks) goes to the log
+    echo "$(limit "$1") $(sed 's#tests/gpu/##; s#[^A-Za-z0-9_.-]#_#g' <<<"$1") python3 -m pytest -q -s" \
+      "-p no:cacheprovider --tb=short -m gpu '$1'"; }
+  check_item() {  # world, limit, grid, [name suffix], [environment]
+    echo "$2 check_w$1${4:-} ${5:-} python3 -m dmacoll_lab check --backend cuda --world $1 $3 --deadline-s $(($2 - 20))"; }
   tune_item() { echo "200 tune_quick_w$1 env -u DMACOLL_CALIBRATE XDG_CACHE_HOME=\$(mktemp -d) python3 -m dmacoll_lab" \
     "tune --quick --world $1 --out $state/logs/table_w$1.json"; }
   {
     echo "# LIMIT_S NAME COMMAND (lanes take the first that fits)"
     for n in $nodes; do [[ $n == *every_op_variant* ]] && pytest_item "$n"; done | sort -rn -s -k1,1
     check_item 4 420 "--dtypes bfloat16 int8 --counts 1 4099"
+    # every world-4 hang on 4x H100 (2026-11-26) had prerecorded calls (graph replays): which variant and world, and
+    # whether more hardware queues per process change it; a 30 s watchdog names the stuck call
+    one="--dtypes bfloat16 --counts 4099 --families prerecord --timeout-s 30"
+    check_item 4 200 "--variants pcpy $one" _prerecord_pcpy
+    check_item 4 200 "--variants b2b $one" _prerecord_b2b
+    check_item 4 200 "--variants pcpy $one" _prerecord_pcpy_connections32 CUDA_DEVICE_MAX_CONNECTIONS=32
+    check_item 2 200 "--variants pcpy $one" _prerecord_pcpy
     for n in $nodes; do [[ $n == *every_op_variant* ]] || pytest_item "$n"; done | sort -rn -s -k1,1
     tune_item 2; tune_item 4
     check_item 2 420 "--dtypes float32 bfloat16 int8 --counts 1 17 4099 65537"
@@ -43,5 +53,5 @@ if [ ! -s "$state/queue" ]; then
   } > "$state/queue"
 fi
 cp "$state/queue" "$res/queue.txt"
-DEADLINE_S=${DEADLINE_S:-540} bash tools/gpu_lanes.sh "$state" "$state/queue" "$state/lanes.log"
+PIN=${PIN:-1} DEADLINE_S=${DEADLINE_S:-540} bash tools/gpu_lanes.sh "$state" "$state/queue" "$state/lanes.log"
 cp "$state/lanes.log" "$state/done" "$res/"; cp -r "$state/logs" "$res/"

@@ -61,6 +61,8 @@ def init_rank(rank: int, world: int, init_method: str, device: str) -> None:
         if gpus == 0:
             raise RuntimeError(f"rank {rank} was started for {device} but this machine shows no GPU")
         torch.cuda.set_device(rank % gpus)
+        if "OMP_NUM_THREADS" not in os.environ:  # the ranks' CPU work (references, checks) shares the cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         backend = "cpu:gloo,cuda:nccl" if world <= gpus else "gloo"
         if world <= gpus:
             kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
@@ -108,11 +110,14 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu
 
     ``fn`` must be importable (a module-level function). A ``DmaCollError`` raised on a rank is raised here as
     itself (the lowest rank's, its message prefixed with the rank); any other failure, and a rank that dies or
-    runs past ``timeout_s`` (default $DMACOLL_RANK_TIMEOUT_S, else 900), raises RankFailed with every rank's
-    traceback; a rank that is still running then has printed its threads' stacks to stderr. The deadline counts
+    runs past ``timeout_s`` (default $DMACOLL_RANK_TIMEOUT_S, else 900; never past $DMACOLL_RANK_DEADLINE_S, a
+    launcher's own limit), raises RankFailed with every rank's traceback; a rank that is still running then has
+    printed its threads' stacks to stderr. The deadline counts
     from the first process's start (starting many ranks takes seconds each): past it, RanksTimedOut."""
     if timeout_s is None:
         timeout_s = float(os.environ.get("DMACOLL_RANK_TIMEOUT_S", "900"))
+    if os.environ.get("DMACOLL_RANK_DEADLINE_S"):  # the caller will kill us then: say where the ranks are first
+        timeout_s = min(timeout_s, float(os.environ["DMACOLL_RANK_DEADLINE_S"]))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         init_rank(rank, world, "env://", device)
