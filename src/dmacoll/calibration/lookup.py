@@ -8,7 +8,8 @@ chose differently would plan different protocols and deadlock):
 4. else none: 'auto' takes ``options.fallback``.
 
 $DMACOLL_CALIBRATE: ``auto`` (the default: calibrate on GPUs, not on the host emulator nor where ranks share a GPU,
-whose timings say nothing about a GPU of one's own: time-sliced processes, a context switch per copied flag), ``1`` (on every backend), ``0`` (never, and no calibrated table: shipped tables or the fallback),
+whose timings say nothing about a GPU of one's own: time-sliced processes, a context switch per copied flag), ``1``
+(on every backend), ``0`` (never, and no calibrated table: shipped tables or the fallback),
 ``force`` (calibrate now even where a shipped or cached table fits, and cache the result).
 $DMACOLL_CALIBRATE_BUDGET_S bounds its time (default 20 s); ``dmacoll tune --quick`` calibrates ahead of time.
 """
