@@ -134,7 +134,8 @@ class CudaEngine(StreamEngine):
         self.flag_view.zero_()
         self._one = one_index(self.world)
         self.flag_view[self._one] = 1
-        self._flags_host = torch.empty(flag_words, dtype=torch.int32, pin_memory=True)  # the watchdog's read
+        # the watchdog's read: pinned, so the copy is asynchronous and its wait can be bounded (not on a fake device)
+        self._flags_host = torch.empty(flag_words, dtype=torch.int32, pin_memory=torch.cuda.is_available())
         torch.cuda.synchronize(self.device)
         dist.barrier(group=group)
         self.side_streams: list[torch.cuda.Stream] = []
