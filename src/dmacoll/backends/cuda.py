@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 import warnings
 from typing import Callable, Mapping, Optional, Sequence
 
