@@ -399,10 +399,12 @@ class Runner:
         """Each side's half (the baseline: side 0's legs) captured once as a CUDA graph on its stream."""
         import torch
 
+        from dmacoll.graphs import graph_capture
+
         graphs = {}
         for s in self.solo_or_all(solo):
             g = torch.cuda.CUDAGraph()
-            with self.on(s), torch.cuda.graph(g, stream=s.stream):
+            with self.on(s), graph_capture(g, s.stream):
                 if solo:
                     s.queue_baseline(self.legs)
                 else:

@@ -69,6 +69,8 @@ def _ok(result) -> None:
 def run(args: argparse.Namespace) -> dict[str, Table]:
     import torch
 
+    from dmacoll.graphs import graph_capture
+
     from ..c3 import greatest_priority_stream
     from .local_copy_paths import vmm_buffer
 
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
         a, b = normal
         graph = torch.cuda.CUDAGraph()
         b.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.graph(graph, stream=b):
+        with graph_capture(graph, b):
             a.wait_stream(b)
             enqueue("memop_device", a, b)
             b.wait_stream(a)

@@ -89,6 +89,8 @@ def vmm_buffer(nbytes: int, device: int):
 def run(args: argparse.Namespace) -> dict[str, Table]:
     import torch
 
+    from dmacoll.graphs import graph_capture
+
     from ..c3 import greatest_priority_stream
     from ..harness import sleep_cycles_per_us
 
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
     graphs = {}
     for name, stream in (("normal", normal), ("high", high)):
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
+        with graph_capture(g, stream):
             dst.copy_(src)
         graphs[name] = g
     ways = {  # WAYS, each a function of the stream it issues on

@@ -92,6 +92,7 @@ def probe_rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
     from dmacoll.communicator import Communicator
+    from dmacoll.graphs import graph_capture
 
     drv = driver()
     peer = 1 - rank
@@ -132,7 +133,7 @@ def probe_rank(rank: int, world: int, cfg: dict) -> list[dict]:
                     err = "skipped: the legacy stream cannot be captured"
                 else:
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, stream=created):
+                    with graph_capture(graph, created):
                         err = _batch(drv, [dst], [src], [n], attrs, created.cuda_stream)
                     if err == drv.CUresult.CUDA_SUCCESS:
                         graph.replay()
