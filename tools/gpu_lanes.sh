@@ -30,12 +30,12 @@ next_item() {
 }
 
 lane() {
-  local gpu=$1 item limit name cmd t0 rc verdict vis where=gpu$1
+  local gpu=$1 item limit name cmd t0 rc verdict vis=() where=all-gpus
+  [ "$pin" = 1 ] && vis=("CUDA_VISIBLE_DEVICES=$gpu") && where=gpu$gpu
   while item=$(next_item) && [ -n "$item" ]; do
     read -r limit name cmd <<<"$item"
     t0=$SECONDS
     # the ranks' own deadline comes before the lane's, so a hung item prints its ranks' stacks (launch.py)
-    vis=(); [ "$pin" = 1 ] && vis=("CUDA_VISIBLE_DEVICES=$gpu") || where=all-gpus
     env "${vis[@]}" DMACOLL_RANK_DEADLINE_S=$((limit - 15)) \
       timeout "$limit" bash -c "$cmd" > "$state/logs/$name.log" 2>&1; rc=$?
     case $rc in 0) verdict=PASS;; 124) verdict=TIMEOUT;; *) verdict=FAIL;; esac
