@@ -102,6 +102,17 @@ def test_a_launcher_s_deadline_bounds_what_the_caller_asked(monkeypatch):
         run_ranks(_sleep, 2, 60, timeout_s=600)
 
 
+@pytest.mark.parametrize("name", ["DMACOLL_RANK_DEADLINE_S", "DMACOLL_RANK_TIMEOUT_S"])
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "nan"])
+def test_a_bad_launcher_time_is_a_clear_error_before_any_rank_starts(monkeypatch, name, value):
+    from dmacoll import InvalidArgument
+    from dmacoll_lab.verify.launch import run_ranks
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(InvalidArgument, match=rf"\${name} must be a positive number of seconds, got '{value}'"):
+        run_ranks(_sleep, 2, 60)
+
+
 def _sleep(rank, world, seconds):
     time.sleep(seconds)
 

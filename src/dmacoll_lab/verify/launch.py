@@ -15,10 +15,22 @@ import time
 import traceback
 from typing import Any, Callable
 
-from dmacoll.errors import DmaCollError, DmaCollTimeoutError
+from dmacoll.errors import DmaCollError, DmaCollTimeoutError, InvalidArgument
 
 # Never let anything started from here use NVLink multicast (shared hosts; see README).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def seconds_from_env(name: str, default: str) -> float:
+    """A positive number of seconds from ``$name`` (``default`` where unset); a clear error for anything else."""
+    text = os.environ.get(name) or default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise InvalidArgument(f"${name} must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def set_safe_env() -> None:
@@ -115,9 +127,9 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu
     printed its threads' stacks to stderr. The deadline counts
     from the first process's start (starting many ranks takes seconds each): past it, RanksTimedOut."""
     if timeout_s is None:
-        timeout_s = float(os.environ.get("DMACOLL_RANK_TIMEOUT_S", "900"))
-    if os.environ.get("DMACOLL_RANK_DEADLINE_S"):  # the caller will kill us then: say where the ranks are first
-        timeout_s = min(timeout_s, float(os.environ["DMACOLL_RANK_DEADLINE_S"]))
+        timeout_s = seconds_from_env("DMACOLL_RANK_TIMEOUT_S", "900")
+    # the caller will kill us then: say where the ranks are first
+    timeout_s = min(timeout_s, seconds_from_env("DMACOLL_RANK_DEADLINE_S", "inf"))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         init_rank(rank, world, "env://", device)
