@@ -117,6 +117,23 @@ def _sleep(rank, world, seconds):
     time.sleep(seconds)
 
 
+def _rank_0_fails_fast(rank, world):
+    from dmacoll import DmaCollTimeoutError
+
+    if rank == 0:
+        raise DmaCollTimeoutError("all_gather call #7 waited on rank(s) 1")
+    time.sleep(60)
+
+
+def test_a_timeout_says_what_the_ranks_that_ended_reported(monkeypatch):
+    # a rank's own error (its watchdog naming the stuck call) is often why the others still wait: never lose it
+    from dmacoll_lab.verify.launch import RanksTimedOut, run_ranks
+
+    with pytest.raises(RanksTimedOut, match=r"ranks \[1\] of 2 did not finish(.|\n)*--- rank 0: raised "
+                                            r"DmaCollTimeoutError: all_gather call #7 waited on rank\(s\) 1"):
+        run_ranks(_rank_0_fails_fast, 2, timeout_s=8)
+
+
 def test_every_collective_is_selectable_wherever_ops_are_chosen():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "cmd").choices

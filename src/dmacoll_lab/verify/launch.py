@@ -116,6 +116,13 @@ class RanksTimedOut(RankFailed, DmaCollTimeoutError):
     """The ranks did not all finish (or start) within the deadline: a library timeout, said in one line."""
 
 
+def _finished(out: dict[int, tuple]) -> str:
+    """What the ranks that did finish reported, for a timeout's message: an error there (e.g. a rank's own
+    collective timeout, which names the call) is often why the others still wait."""
+    said = {"ok": lambda v: "finished", "dmacoll": lambda v: f"raised {type(v).__name__}: {v}", "error": str}
+    return "".join(f"\n--- rank {r}: {said[s](v)}" for r, (s, v) in sorted(out.items()))
+
+
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu",
               timeout_s: float | None = None) -> list:
     """Start ``world`` processes running ``fn(rank, world, *args)``; return the results by rank.
@@ -166,7 +173,8 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu
                     late = sorted(set(range(world)) - set(out))
                     raise RanksTimedOut(f"ranks {late} of {world} did not finish within the deadline of "
                                         f"{timeout_s:g} s (--deadline-s, $DMACOLL_RANK_TIMEOUT_S); a rank that was "
-                                        "running 5 s before it has printed its threads' stacks above")
+                                        "running 5 s before it has printed its threads' stacks above"
+                                        + _finished(out))
         for p in procs:
             p.join(timeout=30)
     library = sorted((r, v) for r, (s, v) in out.items() if s == "dmacoll")
