@@ -15,7 +15,7 @@ BEFORE = ROOT / "tests/data/claims_before_move"
 RUN_FILES = ("data.csv", "data.json")  # every run folder: the table and its provenance sidecar
 RUN_EXTRAS = ("run.log", "probe.txt", "build.log", "toolchain.json", "*_rules.log", "tuning.json", "tune.log")  # where a run kept them
 EXPERIMENT_EXTRAS = ("README.md", "probe.txt", "probe_*.txt")  # a machine probe that covers several runs
-EXPERIMENT_FILES = {"tests": ("*.log",), "check": ("host_w*.txt",)}  # experiments of plain files: test logs, host check
+EXPERIMENT_FILES = {"tests": ("*.log", "*_tune_table_w*.json"), "check": ("host_w*.txt",)}  # experiments of plain files: test logs, host check
 WORKFLOW_RUN_FILES = ("README.md", "snakemake.log", "toolchain.json", "claims.json")  # a whole workflow run (kick)
 RENDERED = {".html", ".ipynb", ".png", ".pdf"}
 
