@@ -17,6 +17,7 @@ import enum
 import itertools
 import random
 import sys
+import time
 import types
 
 import pytest
@@ -520,15 +521,20 @@ def test_kernel_signals_are_refused_with_the_alternatives(fake_torch):
         run(lower(plan, "reset", "kernel"), hip_engine(0, 2, main), BASES)
 
 
+class FlagWords(FakeHip):
+    """Reads of a flag word to the host give the word's address mod 7."""
+
+    def hipMemcpyAsync(self, dst, src, n, kind, stream):
+        if kind != 2:  # not device -> host
+            return super().hipMemcpyAsync(dst, src, n, kind, stream)
+        assert n == 4 and stream == 99  # on the release stream: never behind the stuck queue
+        ctypes.memmove(dst, ctypes.byref(ctypes.c_uint32(src % 7)), 4)
+        return (HipErr.hipSuccess,)
+
+
 def test_watchdog_reads_the_flags_and_releases_every_own_wait(fake_torch):
     log, t, main = fake_torch()
-
-    class Words(FakeHip):
-        def hipMemcpy(self, dst, src, n, kind):  # device -> host read of a flag word
-            assert kind == 2 and n == 4
-            ctypes.memmove(dst, ctypes.byref(ctypes.c_uint32(src % 7)), 4)
-            return (HipErr.hipSuccess,)
-    eng = hip_engine(1, 2, main, module=Words(log))
+    eng = hip_engine(1, 2, main, module=FlagWords(log))
     eng.release_stream = FakeStream(99, log)
     eng.watchdog.expire("all_gather call #3", 1)
     assert isinstance(eng.watchdog.error, DmaCollTimeoutError) and "all_gather call #3" in str(eng.watchdog.error)
@@ -537,6 +543,17 @@ def test_watchdog_reads_the_flags_and_releases_every_own_wait(fake_torch):
     assert log == [("write", a, 1, 99) for a in own[: one_index(2)]]
     with pytest.raises(DmaCollTimeoutError):
         eng.begin_call("next")
+
+
+def test_the_watchdog_s_read_of_the_flags_is_bounded(fake_torch):
+    # a read that never completes (the GPU wedged) is given up after its wait, not waited for forever
+    log, t, main = fake_torch()
+    eng = hip_engine(1, 2, main, module=FlagWords(log))
+    eng.release_stream = FakeStream(99, log)
+    eng.release_stream.record_event = lambda: types.SimpleNamespace(query=lambda: False)
+    t0 = time.monotonic()
+    assert eng.read_own_flags(0.05) is None
+    assert time.monotonic() - t0 < 5
 
 
 # -- errors --------------------------------------------------------------------------------

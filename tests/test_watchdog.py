@@ -72,7 +72,8 @@ def test_the_thread_sets_itself_up_and_expires_a_stuck_call():
         assert eng.thread_entered.wait(5)
         dog.track(FakeEvent(), "reduce_scatter call #1", 2)
         deadline = time.monotonic() + 5
-        while dog.error is None and time.monotonic() < deadline:
+        # the error is recorded before the release (a thread released from the GPU must find it): wait for both
+        while (dog.error is None or not eng.released) and time.monotonic() < deadline:
             time.sleep(0.005)
         assert isinstance(dog.error, DmaCollTimeoutError) and eng.released == [2]
     finally:

@@ -93,6 +93,9 @@ class HipEngine(StreamEngine):
         self.api, self.rank, self.world = api, rank, world
         self.ptrs = [int(p) for p in heap_ptrs]
         self.flag_addrs = [[int(a) for a in row] for row in flag_addrs]
+        # where the watchdog reads its own words to: pinned, so the copy is asynchronous and its wait bounded
+        self._flags_host = torch.empty(len(self.flag_addrs[rank]), dtype=torch.int32,
+                                       pin_memory=torch.cuda.is_available())
         self._one = one_index(world)
         self.main_queue = main_queue
         self._kind = api.const("hipMemcpyDeviceToDeviceNoCU")
@@ -207,14 +210,13 @@ class HipEngine(StreamEngine):
             pass  # a binding without the call, or another argument shape: keep the global mode
         torch.cuda.set_device(self.device)
 
-    def read_own_flags(self, wait_s: float) -> list[int]:
-        # hipMemcpy returns when done: not bounded by ``wait_s`` here (no HIP hardware to test a polled read on)
-        out = []
-        word = ctypes.c_uint32(0)
-        for addr in self.flag_addrs[self.rank]:
-            self.api.hipMemcpy(ctypes.addressof(word), addr, 4, self.api.const("hipMemcpyDeviceToHost"))
-            out.append(int(word.value))
-        return out
+    def read_own_flags(self, wait_s: float) -> Optional[list[int]]:
+        """This rank's flag words, copied on the non-blocking release stream (it runs even behind a stuck queue)
+        into pinned host memory; None if the copies do not complete within ``wait_s``."""
+        host, to_host = self._flags_host, self.api.const("hipMemcpyDeviceToHost")
+        for i, addr in enumerate(self.flag_addrs[self.rank]):
+            self.api.hipMemcpyAsync(host.data_ptr() + 4 * i, addr, 4, to_host, self.release_stream.cuda_stream)
+        return host.tolist() if completes(self.release_stream, wait_s) else None
 
     def release_waits(self, value: int, wait_s: float) -> bool:
         """Write ``value`` to every word this rank waits on, from the non-blocking release stream."""
