@@ -22,26 +22,27 @@ bash tools/machine_probe.sh > "$res/probe.txt" 2>&1
 # an item per GPU (2026-11-27, results/h100x4/tests: every op 31-41 s, check at world 4 37 s, calibration at world 4
 # 107 s, lean pipelines 67 s, most others 11-25 s); the largest must fit inside one call's DEADLINE_S
 limit() {
-  case $1 in *every_op_variant*|check_w*) echo 200;; *calibration*\[4\]) echo 400;;
-    *lean*|*e2e*|*calibration*) echo 200;; *) echo 120;; esac
+  case $1 in *calibration*\[4\]) echo 400;; *every_op_variant*|*lean*|*e2e*|*calibration*|check_w*) echo 200;;
+    tune_quick_w*) echo 300;; *) echo 120;; esac
 }
 if [ ! -s "$state/queue" ]; then
   nodes=$(python3 -m pytest --collect-only -q -m gpu tests/gpu 2>/dev/null | grep "::")
   pytest_item() {  # -s: the ranks' output (calibration's notice and progress, a hung rank's stacks) goes to the log
     echo "$(limit "$1") $(sed 's#tests/gpu/##; s#[^A-Za-z0-9_.-]#_#g' <<<"$1") python3 -m pytest -q -s" \
       "-p no:cacheprovider --tb=short -m gpu '$1'"; }
-  check_item() {  # world, limit, grid
-    echo "$2 check_w$1 python3 -m dmacoll_lab check --backend cuda --world $1 $3 --deadline-s $(($2 - 20))"; }
-  tune_item() { echo "300 tune_quick_w$1 env -u DMACOLL_CALIBRATE XDG_CACHE_HOME=\$(mktemp -d) python3 -m dmacoll_lab" \
-    "tune --quick --world $1 --out $state/logs/table_w$1.json"; }
+  check_item() {  # world, grid
+    local n=$(limit check_w$1)
+    echo "$n check_w$1 python3 -m dmacoll_lab check --backend cuda --world $1 $2 --deadline-s $((n - 20))"; }
+  tune_item() { echo "$(limit tune_quick_w$1) tune_quick_w$1 env -u DMACOLL_CALIBRATE XDG_CACHE_HOME=\$(mktemp -d)" \
+    "python3 -m dmacoll_lab tune --quick --world $1 --out $state/logs/table_w$1.json"; }
   {
     echo "# LIMIT_S NAME COMMAND (lanes take the first that fits)"
     for n in $nodes; do [[ $n == *every_op_variant* ]] && pytest_item "$n"; done
-    check_item 4 200 "--dtypes bfloat16 int8 --counts 1 4099"
+    check_item 4 "--dtypes bfloat16 int8 --counts 1 4099"
     for n in $nodes; do [[ $n == *every_op_variant* ]] || pytest_item "$n"; done | sort -rn -s -k1,1
     tune_item 2; tune_item 4
-    check_item 2 200 "--dtypes float32 bfloat16 int8 --counts 1 17 4099 65537"
-    for w in 8 3 5 6 7; do check_item $w 200 "--dtypes bfloat16 int8 --counts 1 4099 --families none"; done
+    check_item 2 "--dtypes float32 bfloat16 int8 --counts 1 17 4099 65537"
+    for w in 8 3 5 6 7; do check_item $w "--dtypes bfloat16 int8 --counts 1 4099 --families none"; done
   } > "$state/queue"
 fi
 cp "$state/queue" "$res/queue.txt"
