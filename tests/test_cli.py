@@ -198,3 +198,31 @@ def test_tune_measures_the_dma_sweep_of_its_arguments_without_changing_them(monk
     assert cfg.impls == ("dma",) and cfg.out == str(tmp_path / "t.sweep.csv") and host
     assert (cfg.variants, cfg.calls, cfg.prerecord) == (("b2b",), 7, (False, True))
     assert args is a and vars(a) == before
+
+
+def test_a_host_sweep_leaves_out_what_needs_cuda_and_refuses_it_by_name(monkeypatch, capsys):
+    """`dmacoll sweep --backend host` with its defaults printed a traceback per torch symmetric-memory point and
+    labelled the graph rows 'failed WRONG' (issue 47): now what needs CUDA is left out with one line each, and
+    asking for it by name is refused before any rank starts."""
+    from dmacoll_lab.cli import bench
+    from dmacoll_lab.verify import launch
+
+    ran = []
+    monkeypatch.setattr(launch, "run_ranks", lambda fn, world, cfg, **kw: ran.append(cfg))
+    assert bench.cmd_sweep(build_parser().parse_args(["sweep", "--backend", "host", "--world", "2"])) == 0
+    (cfg,), out = ran, capsys.readouterr().out
+    assert "symm_mem_lc" not in cfg.impls and "nccl" in cfg.impls and cfg.modes == ("eager",)
+    assert out.count("leaving out") == 2 and "Traceback" not in out
+    for asked in (["--impls", "nccl", "symm_mem_lc"], ["--modes", "graph", "eager"]):
+        args = build_parser().parse_args(["sweep", "--backend", "host", "--world", "2", *asked])
+        assert bench.cmd_sweep(args) == 2 and len(ran) == 1
+        assert "cannot run" in capsys.readouterr().err
+
+
+def test_a_failed_sweep_point_is_not_called_wrong():
+    """'WRONG' marks a wrong result only; a point that could not run is 'failed' (its error said in one line)."""
+    from dmacoll_lab.bench.sweep import status_text
+
+    assert status_text({"status": "failed", "correct": False}) == "failed"
+    assert status_text({"status": "ok", "correct": False}) == "ok WRONG"
+    assert status_text({"status": "ok", "correct": True}) == "ok"

@@ -304,7 +304,8 @@ def test_every_option_family_of_dmacoll_check_runs_on_the_host(seed):
     from dmacoll_lab.verify.check import families
 
     names = [name for name, _ in families(HostEngine.capabilities)]
-    assert names == ["signal=copy", "signal=kernel", "wait=spin", "wait=fold", "multi-op"]  # no graphs, no native
+    assert names == ["signal=copy", "signal=kernel", "wait=spin", "wait=fold", "multi-op", "uneven splits",
+                     "random splits"]  # no graphs, no native
     args = dict(backend="host", timeout_s=60, variants=VARIANTS, directions=("push", "pull"), dtypes=["bfloat16"],
                 counts=[1, 5], ops=("all_gather", "all_to_all_v", "all_reduce"), seed=seed, syncs=("reset",),
                 reference="cpu", signal="memop", families=names)

@@ -78,7 +78,7 @@ def _prerecorded_and_gated(rank, world):
 
     recorded = []
 
-    def replay_recorded(self, key, work, label, sync):
+    def replay_recorded(self, key, work, label, sync, words=()):
         recorded.append(key[0])
         work()
 

@@ -22,7 +22,7 @@ bash tools/machine_probe.sh > "$res/probe.txt" 2>&1
 # an item per GPU (2026-11-27, results/h100x4/tests: every op 31-41 s, check at world 4 37 s, calibration at world 4
 # 107 s, lean pipelines 67 s, most others 11-25 s); the largest must fit inside one call's DEADLINE_S
 limit() {
-  case $1 in *calibration*\[4\]) echo 400;; *every_op_variant*|*lean*|*e2e*|*calibration*|check_w*) echo 200;;
+  case $1 in *calibration*\[4\]|*uneven*) echo 400;; *every_op_variant*|*lean*|*e2e*|*calibration*|check_w*) echo 200;;
     tune_quick_w*) echo 300;; *) echo 120;; esac
 }
 if [ ! -s "$state/queue" ]; then

@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 from . import backends, consistency, ops, validate
 from .calibration import lookup
-from .errors import BackendUnavailable, DmaCollError, InvalidArgument
-from .executor import GATES, Program, flag_words, lower, run
+from .errors import BackendUnavailable, DmaCollDeviceError, DmaCollError, InvalidArgument
+from .executor import GATES, Program, flag_words, lower, run, wait_words
 from .options import Call, CallOptions, Options, resolve
 from .plan import DONE, DONE_ALT, FULL, Handshake, Layout, Wait
 
@@ -79,11 +79,13 @@ class LeanState:
 
 class Lowered(NamedTuple):
     """A call's lowered plans (cached per call shape), what its last plan waits DONE from (what a lean successor
-    may skip READY with), and the peers it waits on at all (for a timeout's message)."""
+    may skip READY with), the peers it waits on at all and the flag words it waits on in issue order (for a timeout's
+    message: the watchdog names the peers whose signals never came)."""
 
     programs: tuple[Program, ...]
     done: frozenset
     waits: str
+    words: tuple[int, ...]
 
 
 class ResultBuffers:
@@ -359,17 +361,18 @@ class Communicator:
 
     def _options(self, spec: ops.OpSpec, request: ops.Request, changes: dict, capturing: bool) -> Options:
         """What this call runs with (``options.resolve``), worked out once per (op, size, in place, graph/eager,
-        changes), then a dict lookup: the size is the same on every rank (``Request.nbytes``), so the ranks choose
+        buffers in the heap or not, changes), then a dict lookup: the size is the same on every rank (``Request.nbytes``), so the ranks choose
         alike. A rejected call stores nothing."""
+        heap = self._in_heap(request)
         try:
-            key = (spec.tuning_op, request.nbytes, request.in_place, capturing,
+            key = (spec.tuning_op, request.nbytes, request.in_place, capturing, heap,
                    tuple(sorted(changes.items())) if changes else ())
             resolved = self._resolved.get(key)
         except TypeError:  # an unhashable value: not an option (resolve says which), nothing to cache
             key, resolved = None, None
         if resolved is None:
             wanted = self.options.changed(changes)
-            call = Call(spec.tuning_op, request.nbytes, request.in_place, capturing)
+            call = Call(spec.tuning_op, request.nbytes, request.in_place, capturing, heap)
             resolved = resolve(wanted, self.capabilities, call, self.tuning)
             if resolved.submit == "native" and wanted.submit == "auto" and not self._native_available():
                 resolved = resolve(wanted, self.capabilities, call, self.tuning)  # chosen again, from Python
@@ -379,6 +382,10 @@ class Communicator:
                     self._resolved.clear()
                 self._resolved[key] = resolved
         return resolved
+
+    def _in_heap(self, request: ops.Request) -> bool:
+        """Whether the call's input and output are both in the symmetric heap (the same kind on every rank)."""
+        return self.engine.sym_offset(request.input) is not None and self.engine.sym_offset(request.output) is not None
 
     def _native_available(self) -> bool:
         """Whether the native library loads here (built on first use if needed); a failure is said once, and from
@@ -442,8 +449,9 @@ class Communicator:
             self._programs.clear()
         done = frozenset(c.peer for c in built[-1].post if isinstance(c, Wait) and c.phase in (DONE, DONE_ALT))
         waits = sorted({c.peer for plan in built for c in plan.commands() if isinstance(c, Wait)})
-        cached = self._programs[key] = Lowered(tuple(lower(plan, opts.sync, opts.signal, opts.wait) for plan in built),
-                                               done, f"rank(s) {', '.join(map(str, waits))}" if waits else "no rank")
+        programs = tuple(lower(plan, opts.sync, opts.signal, opts.wait) for plan in built)
+        cached = self._programs[key] = Lowered(programs, done, f"rank(s) {', '.join(map(str, waits))}" if waits
+                                               else "no rank", wait_words(programs))
         return cached
 
     def _submit(self, spec: ops.OpSpec, request: ops.Request, opts: Options, lowered: "Lowered",
@@ -456,7 +464,10 @@ class Communicator:
         self._epoch = last
         label = (f"{spec.name} call #{self._calls} "
                  f"({opts.variant}/{opts.direction}/{opts.sync}/{opts.signal}/{opts.wait}, waiting on {lowered.waits})")
-        self.last_options = opts
+        self.last_options = dataclasses.replace(opts, prerecord=prerecord) if opts.prerecord != prerecord else opts
+        if not any(p.steps for p in programs):  # nothing to move with anyone (an all-zero split, say): nothing is
+            self.engine.begin_call(label)  # recorded or launched (the epoch moved on above, as on every rank);
+            return  # a timeout the watchdog saw since the last call is raised all the same
         bases = self.engine.bases(request.input, request.output)
         native = opts.submit == "native"
 
@@ -468,17 +479,43 @@ class Communicator:
                         self.engine.run_native(program, bases, first + i)
                     else:
                         run(program, self.engine, bases, first + i)
-            except DmaCollError as e:
-                self.error = e
-                raise
-            self.engine.end_call(label, opts.sync, 1 if opts.sync == "reset" else last)
+            except Exception as e:
+                self._raise_failed(label, e)
+            self.engine.end_call(label, opts.sync, 1 if opts.sync == "reset" else last, lowered.words)
 
-        if prerecord:
-            graph_key = (spec.name, request.key, opts.variant, opts.direction, opts.signal, opts.wait,
-                         request.input.data_ptr(), request.output.data_ptr())
-            self.engine.submit(lambda: self.engine.replay_recorded(graph_key, work, label, opts.sync))
+        try:
+            if prerecord:  # keyed by address: only heap buffers are prerecorded (options.resolve), whose memory lives
+                # as long as the communicator
+                graph_key = (spec.name, request.key, opts.variant, opts.direction, opts.signal, opts.wait,
+                             request.input.data_ptr(), request.output.data_ptr())
+                self.engine.submit(lambda: self.engine.replay_recorded(graph_key, work, label, opts.sync,
+                                                                       lowered.words))
+            else:
+                self.engine.submit(work)  # now, or (host emulator, prelaunch) once the gate opens
+        except Exception as e:
+            self._raise_failed(label, e)
+
+    def _raise_failed(self, label: str, error: Exception) -> NoReturn:
+        """Raise what a call that failed on the way to the engine raises (``_failed``), from ``error``."""
+        failure = self._failed(label, error)
+        if failure is error:
+            raise error
+        raise failure from error
+
+    def _failed(self, label: str, error: Exception) -> Exception:
+        """What a call that failed on the way to the engine raises, and the error every later call raises: the
+        library's own as it is; a driver's refusal or a device error (torch's AcceleratorError from a stream, event or
+        graph call: a sticky CUDA error) as one ``DmaCollDeviceError`` naming the call."""
+        if isinstance(error, DmaCollError) and type(error) is not DmaCollError:
+            failure: Exception = error  # a timeout, an invalid argument, a device error already named
+        elif isinstance(error, RuntimeError):
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            failure = DmaCollDeviceError(f"rank {self.rank}: {label} failed: {first}")
         else:
-            self.engine.submit(work)  # now, or (host emulator, prelaunch) once the gate opens
+            return error  # not the device's: a bug, raised as it is
+        if self.error is None:
+            self.error = failure  # type: ignore[assignment]
+        return failure
 
     @contextlib.contextmanager
     def prelaunch(self) -> Iterator["Gate"]:

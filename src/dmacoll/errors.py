@@ -15,3 +15,8 @@ class DmaCollTimeoutError(DmaCollError, TimeoutError):
 
 class BackendUnavailable(DmaCollError):
     """The requested backend cannot run on this machine."""
+
+
+class DmaCollDeviceError(DmaCollError):
+    """The GPU reported an error (a faulting copy or kernel) while a call was in flight: sticky, the process's GPU
+    work cannot go on."""

@@ -117,6 +117,11 @@ class Program:
     post: tuple[Step, ...]
     epoch: bool  # every flag value is the call's sequence number, filled in by run()
 
+    @property
+    def steps(self) -> int:
+        """How many steps the program issues (0: a rank with nothing to move and no one to signal)."""
+        return len(self.pre) + sum(map(len, self.queues)) + len(self.post)
+
 
 def lower(plan: Plan, sync: str = "reset", signal: str = "memop", wait: str = "memop") -> Program:
     if sync not in SYNC_MODES:
@@ -201,6 +206,17 @@ def execute(plan: Plan, engine, bases: Mapping[str, object], sync: str = "reset"
             signal: str = "memop", wait: str = "memop") -> None:
     """Lower and run in one go (callers that repeat a plan keep the Program instead)."""
     run(lower(plan, sync, signal, wait), engine, bases, epoch)
+
+
+def wait_words(programs: Sequence[Program]) -> tuple[int, ...]:
+    """The flag words ``programs`` (run back to back) wait on, each once, in the order they are issued (per program:
+    pre, each queue, post): what a timeout decodes to name the peers that never signalled."""
+    words: dict[int, None] = {}
+    for program in programs:
+        for step in (*program.pre, *(s for q in program.queues for s in q), *program.post):
+            ops = step.waits if type(step) is Folded else step if type(step) is tuple else ()
+            words.update((op.index, None) for op in ops if op.wait)
+    return tuple(words)
 
 
 def critical_crossings(programs: Sequence[Program], rank: int, world: int) -> int:

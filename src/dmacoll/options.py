@@ -75,7 +75,8 @@ class Options:
     (``spin``, and a pushed reduction's DONE waits done inside its sum kernel, each slot added as it arrives); cuda
     only, not with submit='native' (see executor.py). ``prerecord``: eager calls replay a CUDA graph recorded on
     first use per (op, size, buffers, variant): one launch instead of a command per step (cuda; sync='reset'; a call
-    inside a graph capture is recorded by the capture itself). ``submit``: ``python`` (a driver call from Python
+    inside a graph capture is recorded by the capture itself; only calls whose input and output are in the symmetric
+    heap, since a graph replayed on a freed private tensor's reused address faults: others run eagerly). ``submit``: ``python`` (a driver call from Python
     per step) or ``native`` (the call's driver commands worked out once, then issued by one call into the C library
     that ``dmacoll build`` compiles; cuda, signal memop or copy).
 
@@ -154,6 +155,7 @@ class Call(NamedTuple):
     nbytes: int      # the size looked up (``Request.nbytes``)
     in_place: bool
     capturing: bool  # inside a CUDA graph capture (the table's 'graph' rows), else eager
+    heap: bool = True  # input and output in the symmetric heap (else never prerecorded: see ``resolve``)
 
 
 def resolve(options: Options, capabilities: EngineCapabilities, call: Optional[Call] = None,
@@ -177,9 +179,14 @@ def resolve(options: Options, capabilities: EngineCapabilities, call: Optional[C
                               "deadlock; capture with sync='reset'")
     if options.prerecord is True and capabilities.graphs and not call.capturing and options.sync != "reset":
         raise InvalidArgument("prerecord=True replays a CUDA graph: it needs sync='reset'")
+    if options.prerecord is True and not call.heap:
+        # a recorded graph holds its buffers' addresses: a private tensor's memory can be freed (torch.cuda.graph
+        # empties the allocator's cache) and the address handed to a new tensor, and replaying the old graph on it
+        # faults the copy engine (issue 47); the heap lives as long as the communicator
+        options = dataclasses.replace(options, prerecord=False)
     if not options.auto:
         return options
-    may = allowed(options, capabilities, call.capturing)
+    may = allowed(options, capabilities, call.capturing, call.heap)
     mode = "graph" if call.capturing else "eager"
     choice = (table.select(call.op, call.nbytes, mode, call.in_place, may) if table else None) or fallback(may)
     return dataclasses.replace(options, **{name: getattr(choice, name) for name in Choice._fields
@@ -232,10 +239,13 @@ def candidates(capabilities: EngineCapabilities, eager: bool, epoch: bool = Fals
             "submit": {"python", "native"} if native else {"python"}}
 
 
-def allowed(options: Options, capabilities: EngineCapabilities, capturing: bool) -> dict[str, set]:
+def allowed(options: Options, capabilities: EngineCapabilities, capturing: bool, heap: bool = True
+            ) -> dict[str, set]:
     """Per option the table may choose, the values a call may take: the caller's where it fixed one, else what the
-    engine runs (``candidates``)."""
+    engine runs (``candidates``); prerecording only with both buffers in the symmetric heap (``heap``)."""
     runs = candidates(capabilities, not capturing, options.sync == "epoch")
+    if not heap:
+        runs["prerecord"] = {False}
     return {name: values if getattr(options, name) == "auto" else {getattr(options, name)}
             for name, values in runs.items()}
 

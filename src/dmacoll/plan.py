@@ -270,8 +270,8 @@ def build_plan(ex: Exchange, rank: int, variant: str = "pcpy", direction: str = 
 
     pre: list[Command] = []
     post: list[Command] = []
-    if stage_in:
-        # pull from private input: peers read a staged copy of it
+    if stage_in and any(ex.nbytes[rank][p] > 0 for p in peers):
+        # pull from private input: peers read a staged copy of it (none where no peer reads from us)
         pre.append(Copy(Ref("input", rank, 0), Ref("sym", rank, layout.staging), ex.input_bytes(rank)))
 
     self_copies: list[Copy] = []

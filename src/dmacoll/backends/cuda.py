@@ -352,10 +352,20 @@ class CudaEngine(StreamEngine):
             self._flags_host.copy_(self.flag_view, non_blocking=True)
         return self._flags_host.tolist() if completes(self.release_stream, wait_s) else None
 
+    # The watchdog's writes are driver calls, not torch kernels: a kernel the process has not launched yet is loaded
+    # lazily, and a load waits for the GPU to go idle, which it never does while a wait is stuck (seen on 4x H200: a
+    # one-word fill_ never ran and took the release behind it along)
+    def write_own_flag(self, index: int, value: int, wait_s: float) -> bool:
+        """Set one of this rank's flag words from the release stream (a timeout's diagnosis, see watchdog.py)."""
+        check_driver(_drv.cuStreamWriteValue32(self.release_stream.cuda_stream, self.ptrs[self.rank] + 4 * index,
+                                               value, 0), "cuStreamWriteValue32 (watchdog)")
+        return completes(self.release_stream, wait_s)
+
     def release_waits(self, value: int, wait_s: float) -> bool:
         """Satisfy every wait of this rank (flag memops and spin kernels) from the release stream."""
-        with torch.cuda.stream(self.release_stream):
-            self.flag_view.fill_(value)  # every flag wait of this rank: the stuck stream drains
+        # every flag wait of this rank: the stuck stream drains
+        check_driver(_drv.cuMemsetD32Async(self.ptrs[self.rank], value, self.flag_view.numel(),
+                                           self.release_stream.cuda_stream), "cuMemsetD32Async (watchdog)")
         return completes(self.release_stream, wait_s)
 
     def close(self) -> None:

@@ -64,14 +64,17 @@ class Engine(Protocol):
     def begin_call(self, label: str) -> None:
         """Raise an error seen since the last call (a timeout); set ``main_queue``."""
 
-    def end_call(self, label: str, sync: str, value: int) -> None:
-        """Issue what is held back; track an eager call's end for timeouts."""
+    def end_call(self, label: str, sync: str, value: int, words: tuple[int, ...] = ()) -> None:
+        """Issue what is held back; track an eager call's end for timeouts (``words``: the flag words the call
+        waits on, in issue order, from which a timeout names the peers that never signalled)."""
 
     def submit(self, work: Callable[[], None]) -> None:
         """Run ``work`` now, or hold it until a prelaunch gate opens."""
 
-    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
-        """prerecord=True: replay the graph recorded for ``key`` (recording ``work`` on first use)."""
+    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str,
+                        words: tuple[int, ...] = ()) -> None:
+        """prerecord=True: replay the graph recorded for ``key`` (recording ``work`` on first use); ``words`` as in
+        ``end_call``."""
 
     def load_kernels(self) -> None:
         """Load the engine's own kernels now (wait='spin' / 'fold'), before a gate or a capture needs them."""

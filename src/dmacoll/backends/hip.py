@@ -218,6 +218,11 @@ class HipEngine(StreamEngine):
             self.api.hipMemcpyAsync(host.data_ptr() + 4 * i, addr, 4, to_host, self.release_stream.cuda_stream)
         return host.tolist() if completes(self.release_stream, wait_s) else None
 
+    def write_own_flag(self, index: int, value: int, wait_s: float) -> bool:
+        """Set one of this rank's flag words from the release stream (a timeout's diagnosis, see watchdog.py)."""
+        self.api.hipStreamWriteValue32(self.release_stream.cuda_stream, self.flag_addrs[self.rank][index], value, 0)
+        return completes(self.release_stream, wait_s)
+
     def release_waits(self, value: int, wait_s: float) -> bool:
         """Write ``value`` to every word this rank waits on, from the non-blocking release stream."""
         stream = self.release_stream

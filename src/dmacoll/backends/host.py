@@ -189,7 +189,8 @@ class HostEngine:
     def capture_id(self) -> None:
         return None
 
-    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
+    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str,
+                        words: tuple[int, ...] = ()) -> None:
         raise BackendUnavailable("the host emulator records no graphs")
 
     def load_kernels(self) -> None:
@@ -204,7 +205,7 @@ class HostEngine:
     def begin_call(self, label: str) -> None:
         self.call_label = label
 
-    def end_call(self, label: str, sync: str, value: int) -> None:
+    def end_call(self, label: str, sync: str, value: int, words: tuple[int, ...] = ()) -> None:
         """Host execution is synchronous: nothing stays in flight."""
 
     def close(self) -> None:

@@ -80,7 +80,8 @@ class StreamEngine:
         (stream or torch.cuda.current_stream(self.device)).wait_event(self._gate_done.pop(slot))
 
     # -- prerecord=True ----------------------------------------------------------------------------
-    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str) -> None:
+    def replay_recorded(self, key: tuple, work: Callable[[], None], label: str, sync: str,
+                        words: tuple[int, ...] = ()) -> None:
         """Replay the graph recorded for ``key`` (recording it on first use, on a side stream that waits
         for the current one) on the current stream, then bracket the call as usual."""
         self.raise_timeout()  # a replay does not run ``work`` (whose begin_call raises it): never replay after one
@@ -97,7 +98,7 @@ class StreamEngine:
             self._graphs[key] = graph
         graph.replay()
         self.main_queue = torch.cuda.current_stream(self.device)
-        self.end_call(label, sync, 1)
+        self.end_call(label, sync, 1, words)
 
     # -- call bracketing -----------------------------------------------------------------------------
     def is_capturing(self) -> bool:
@@ -109,20 +110,21 @@ class StreamEngine:
 
     def raise_timeout(self) -> None:
         """Raise a timeout the watchdog saw since the last call: every later call does, replays included."""
-        if self.watchdog.error is not None:
-            raise self.watchdog.error
+        error = self.watchdog.raised()
+        if error is not None:
+            raise error
 
     def begin_call(self, label: str) -> None:
         self.raise_timeout()
         self.main_queue = torch.cuda.current_stream(self.device)
 
-    def end_call(self, label: str, sync: str, value: int) -> None:
+    def end_call(self, label: str, sync: str, value: int, words: tuple[int, ...] = ()) -> None:
         self.flush_batched()
         if torch.cuda.is_current_stream_capturing():
             return  # replays are not tracked; see Communicator.watch
         done = torch.cuda.Event()
         done.record(self.main_queue)
-        self.watchdog.track(done, label, value)
+        self.watchdog.track(done, label, value, words, sync == "epoch")
 
     def close(self) -> None:
         self.watchdog.close()

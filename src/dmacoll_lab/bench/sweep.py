@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from .baselines import Baselines, peer_chunk
 
 # dma_default: a call with no options on a Communicator() with none (what a user gets); dma: each configuration
 IMPLS = ("nccl", "dma_default", "dma", "symm_mem_lc", "nccl_ce", "peer_copy")
+DEFAULT_IMPLS = ("nccl", "dma_default", "dma", "symm_mem_lc", "peer_copy")  # nccl_ce runs in a sweep of its own
+CUDA_IMPLS = ("symm_mem_lc", "nccl_ce")  # torch's symmetric memory and NCCL's copy-engine path: GPUs only
 HEAP_IMPLS = ("dma_default", "dma", "peer_copy")  # on dmacoll's symmetric heap
 COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "wait", "prerecord", "submit", "handshake", "world",
            "bytes_per_rank",
@@ -43,7 +46,7 @@ COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "wait", "pre
 @dataclass
 class SweepConfig:
     ops: tuple[str, ...] = ("all_gather", "all_to_all")
-    impls: tuple[str, ...] = ("nccl", "dma_default", "dma", "symm_mem_lc", "peer_copy")
+    impls: tuple[str, ...] = DEFAULT_IMPLS
     variants: tuple[str, ...] = ("pcpy", "b2b")
     directions: tuple[str, ...] = ("push", "pull")
     places: tuple[str, ...] = ("out", "in")
@@ -74,6 +77,8 @@ class SweepConfig:
         if missing:
             raise TypeError(f"SweepConfig.from_args: no argument for {missing}")
         values = {n: tuple(given[n]) if isinstance(given[n], list) else given[n] for n in names}
+        values["impls"] = values["impls"] or DEFAULT_IMPLS  # None: the command's default
+        values["modes"] = values["modes"] or ("graph", "eager")
         values["prerecord"] = tuple(p in (True, "yes") for p in values["prerecord"])
         return cls(**values)
 
@@ -212,8 +217,10 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
             local = {"status": "failed", "error": f"{type(e).__name__}: {e}".replace("\n", " ")[:500],
                      "time_us": float("nan"), "time_us_p10": float("nan"), "time_us_p90": float("nan"),
                      "correct": False}
-            if rank == 0:
-                traceback.print_exc()
+            if rank == 0:  # one line (the row keeps the error); the traceback with DMACOLL_DEBUG=1
+                print(f"  {op} {pt.impl} {nbytes} B {mode}: {local['error']}", flush=True)
+                if os.environ.get("DMACOLL_DEBUG") == "1":
+                    traceback.print_exc()
         row = merge(rk.gather(local), cfg, pt, nbytes, mode, world)
         rows.append(row)
         if rank == 0:
@@ -221,12 +228,18 @@ def run_sweep(rank: int, world: int, cfg: SweepConfig) -> Optional[list[dict]]:
             print(f"[{i:4d}/{len(plan)} {time.monotonic() - started:6.0f}s] {op:14s} {pt.impl:11s} "
                   f"{pt.variant:5s} {pt.direction:4s} {pt.place:3s} {pt.signal:6s} {pt.wait:5s} {flavour:3s} {pt.handshake:4s} "
                   f"{nbytes:>10d} B {mode:5s} "
-                  f"{row['time_us']:10.2f} us  {row['status']}{'' if row['correct'] else ' WRONG'}", flush=True)
+                  f"{row['time_us']:10.2f} us  {status_text(row)}", flush=True)
     rk.close()
     if rank == 0:
         write_results(rows, cfg)
         return rows
     return None
+
+
+def status_text(row: dict) -> str:
+    """A point's status as the progress line says it: 'ok', 'ok WRONG' (it ran, and a result was wrong) or
+    'failed' (it could not run; its error is in the row and was said above)."""
+    return f"{row['status']}{' WRONG' if row['status'] == 'ok' and not row['correct'] else ''}"
 
 
 def merge(per_rank: list[dict], cfg: SweepConfig, pt: Point, nbytes: int, mode: str, world: int) -> dict:

@@ -23,9 +23,23 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 def sweep(cfg, a: argparse.Namespace, host: bool) -> int:
     """Run the sweep ``cfg`` on the ranks ``a`` asks for (--world; --timeout-s, --deadline-s), on the host emulator
-    or the GPUs: what `dmacoll sweep` does, and `dmacoll tune` where it measures."""
-    from ..bench.sweep import HEAP_IMPLS, run_sweep
+    or the GPUs: what `dmacoll sweep` does, and `dmacoll tune` where it measures. On the host emulator what needs
+    CUDA (an implementation, graph mode) is left out of a default list with one line, and refused (exit 2) where
+    the command asked for it by name."""
+    import dataclasses
+
+    from ..bench.sweep import CUDA_IMPLS, HEAP_IMPLS, run_sweep
     from ..verify.launch import run_ranks
+
+    for field, cuda_only in (("impls", CUDA_IMPLS), ("modes", ("graph",))) if host else ():
+        cannot = [v for v in getattr(cfg, field) if v in cuda_only]
+        if cannot and getattr(a, field, None):
+            print(f"dmacoll sweep: --backend host cannot run {field} {' '.join(cannot)} (CUDA only); leave it out of "
+                  f"--{field}", file=sys.stderr)
+            return 2
+        if cannot:
+            print(f"dmacoll sweep: leaving out {field} {' '.join(cannot)} (CUDA only) on the host emulator")
+            cfg = dataclasses.replace(cfg, **{field: tuple(v for v in getattr(cfg, field) if v not in cannot)})
 
     if "nccl_ce" in cfg.impls and set(HEAP_IMPLS) & set(cfg.impls):
         print("dmacoll sweep: run nccl_ce in a sweep of its own: it switches torch's symmetric-memory backend to "
@@ -203,7 +217,7 @@ def cmd_amd_dmalatte(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from ..bench.sweep import IMPLS
+    from ..bench.sweep import CUDA_IMPLS, DEFAULT_IMPLS, IMPLS
     from dmacoll.executor import SIGNAL_MODES
     from dmacoll.ops import names
     from dmacoll.plan import DIRECTIONS, VARIANTS
@@ -211,10 +225,10 @@ def register(sub) -> None:
     s = sub.add_parser("sweep", help="time collectives over message sizes (GPUs)")
     add_ranks(s, deadline_s=3600.0)
     s.add_argument("--ops", nargs="+", choices=names(), default=["all_gather", "all_to_all"])
-    s.add_argument("--impls", nargs="+", choices=IMPLS, default=["nccl", "dma_default", "dma", "symm_mem_lc",
-                                                                 "peer_copy"],
+    s.add_argument("--impls", nargs="+", choices=IMPLS, default=None,
                    help="dma_default: a call with no options on Communicator() (what a user gets); dma: every "
-                        "configuration of the options below")
+                        f"configuration of the options below (default: {' '.join(DEFAULT_IMPLS)}; on --backend "
+                        f"host without {' and '.join(CUDA_IMPLS)}, which need CUDA)")
     s.add_argument("--backend", choices=("gpu", "host"), default="gpu",
                    help="host: CPU ranks on the host emulator (gloo for nccl), to test the workflow without GPUs; "
                         "its times are not GPU measurements")
@@ -313,7 +327,8 @@ def add_sweep_options(s: argparse.ArgumentParser, variants, directions, signals)
                    help="dma push: lean = calls alternate between two outputs and skip READY (one flag crossing)")
     s.add_argument("--min-bytes", type=parse_size, default=parse_size("1K"), help="bytes per rank")
     s.add_argument("--max-bytes", type=parse_size, default=parse_size("256M"), help="bytes per rank")
-    s.add_argument("--modes", nargs="+", choices=("graph", "eager"), default=["graph", "eager"])
+    s.add_argument("--modes", nargs="+", choices=("graph", "eager"), default=None,
+                   help="CUDA-graph replayed and/or eager calls (default: both; eager only on --backend host)")
     s.add_argument("--dtype", default="bfloat16")
     s.add_argument("--calls", type=int, default=10, help="calls per timed batch (per graph)")
     s.add_argument("--repeats", type=int, default=5)

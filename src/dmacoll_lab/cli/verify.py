@@ -56,9 +56,10 @@ def cmd_check(a: argparse.Namespace) -> int:
             failed += 1
             tally[1] += 1
             errors = "; ".join(f"rank {r['rank']}: {r['error']}" for r in results if not r["ok"])
+            splits = f" splits={first['splits']} seed={first['seed']}" if first.get("splits") else ""
             print(f"FAIL {first['op']} {first['variant']}/{first['direction']}/{first['sync']}/{first['handshake']} "
                   f"{first['dtype']} count={first['count']} {first['buffers']}"
-                  f"{' in-place' if first['in_place'] else ''}: {errors}")
+                  f"{' in-place' if first['in_place'] else ''}{splits}: {errors}")
     for family, (ok, bad) in by_family.items():
         print(f"  {family}: {ok} passed, {bad} failed")
     print(f"({time.monotonic() - t0:.1f} s, world {a.world}, backend {a.backend})")
@@ -102,7 +103,10 @@ def register(sub) -> None:
     c.add_argument("--families", nargs="+", default=["all"],
                    help="option families run beyond the core grid, each on its own communicator: signal=copy, "
                         "signal=kernel, wait=spin, wait=fold, submit=native, prerecord, multi-op (every op in one "
-                        "CUDA graph, or one after another); default: all that the backend runs; 'none': only the core grid, lean pipelines and defaults")
+                        "CUDA graph, or one after another), 'uneven splits' and 'random splits' (all_to_all_v on "
+                        "Communicator() with every option 'auto': the named split patterns, or matrices drawn from "
+                        "--seed); default: all that the backend runs; 'none': only the core grid, lean pipelines "
+                        "and defaults")
     c.add_argument("--reference", choices=("cpu", "nccl"), default="cpu",
                    help="also compare with torch.distributed (NCCL) on the same inputs (cuda backend)")
     c.add_argument("--submit", choices=("python", "native"), default="python",

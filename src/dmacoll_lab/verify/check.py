@@ -18,6 +18,7 @@ from dmacoll.graphs import graph_capture
 from dmacoll.options import EngineCapabilities, Options
 from dmacoll.ops import OpSpec, get, names
 from .reference import DTYPES, POISON, compare_bytes, compare_sum, draw, expected, fuzzy, mismatch, poison
+from .splits import PATTERNS, split_counts
 
 __all__ = ["DTYPES", "POISON", "Case", "cases", "run_case", "run_cases", "check_rank"]
 
@@ -34,6 +35,7 @@ class Case:
     sync: str = "reset"
     seed: int = 0
     handshake: str = "full"
+    splits: str = ""    # all_to_all_v: a split pattern of ``splits.PATTERNS`` or 'random' (drawn from ``seed``)
 
     @property
     def spec(self) -> OpSpec:
@@ -41,12 +43,17 @@ class Case:
 
     def label(self) -> str:
         place = "/in-place" if self.in_place else ""
+        splits = f" splits={self.splits}" + (f" seed={self.seed}" if self.splits == "random" else "") \
+            if self.splits else ""
         return (f"{self.op} {self.variant}/{self.direction}/{self.sync}/{self.handshake} {self.dtype} x{self.count} "
-                f"{self.buffers}{place}")
+                f"{self.buffers}{place}{splits}")
 
 
 def send_counts(case: Case, world: int):
-    """The case's split matrix (all_to_all_v: random, with empty and odd splits), or None."""
+    """The case's split matrix (all_to_all_v: its named or random uneven split, else the op's seeded random one,
+    with empty and odd splits), or None."""
+    if case.splits:
+        return split_counts(case.splits, case.count, world, case.seed)
     return case.spec.counts(case.count, world, case.seed)
 
 
@@ -357,7 +364,42 @@ def families(capabilities: EngineCapabilities) -> list[tuple[str, dict]]:
     if capabilities.graphs:
         out.append(("prerecord", {"prerecord": True}))
     out.append(("multi-op", {"sequence": True}))  # captured in one graph where the engine has graphs
+    # all_to_all_v's uneven splits on Communicator() as a user makes it (every option 'auto'): what an MoE layer sends
+    out += [(name, {"splits": splits}) for name, splits in SPLIT_FAMILIES.items()]
     return out
+
+
+SPLIT_FAMILIES = {"uneven splits": "patterns", "random splits": "random"}
+RANDOM_SPLITS = 4  # random split matrices per (variant, direction, buffers) in the 'random splits' family
+SPLIT_COUNT = 4099  # elements the split patterns are built from (at most; 'one_huge' has splits.HUGE)
+
+
+def split_dtypes(dtypes: Iterable[str]) -> list[str]:
+    """Up to three of ``dtypes`` for the split families, one of them of one byte (int8 if none is)."""
+    dtypes = list(dtypes)
+    one_byte = next((d for d in dtypes if DTYPES[d].itemsize == 1), "int8")
+    return [one_byte, *[d for d in dtypes if d != one_byte][:2]]
+
+
+def split_cases(family: str, variants: Iterable[str], directions: Iterable[str], dtypes: Iterable[str],
+                count: int, seed: int) -> list[Case]:
+    """all_to_all_v with uneven splits, on every variant and direction given and 'auto', heap ('sym') and private
+    buffers: ``family`` 'patterns', every ``splits.PATTERNS`` in each of ``dtypes``; 'random', ``RANDOM_SPLITS``
+    matrices drawn from ``seed`` (a case's own seed replays it) in the first dtype."""
+    variants, directions = [*variants, "auto"], [*directions, "auto"]
+    dtypes = list(dtypes)
+    grid = list(itertools.product(variants, directions, ("sym", "private")))
+    if family == "patterns":
+        return [Case("all_to_all_v", v, d, dt, count, b, seed=seed, splits=p)
+                for p in PATTERNS for v, d, b in grid for dt in dtypes]
+    return [Case("all_to_all_v", v, d, dtypes[0], count, b, seed=seed + 7919 * k + i, splits="random")
+            for i, (v, d, b) in enumerate(grid) for k in range(RANDOM_SPLITS)]
+
+
+def run_split_family(comm, family: str, variants: Iterable[str], directions: Iterable[str],
+                     dtypes: Iterable[str], seed: int, count: int = SPLIT_COUNT) -> list[dict]:
+    """``split_cases`` one after another on ``comm`` (as an MoE layer calls them): a result row per case."""
+    return run_cases(comm, split_cases(family, variants, directions, split_dtypes(dtypes), count, seed))
 
 
 def _tagged(rows: list[dict], family: str) -> list[dict]:
@@ -370,12 +412,15 @@ def _family_rows(rank: int, world: int, args: dict, family: str, options: dict) 
     from dmacoll.communicator import DEFAULT_TIMEOUT_S, Communicator
 
     options = dict(options)
-    sequence = options.pop("sequence", False)
+    sequence, splits = options.pop("sequence", False), options.pop("splits", None)
     comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S),
-                        options=Options(**{"prerecord": False, **options}))
+                        options=Options() if splits else Options(**{"prerecord": False, **options}))
     try:
         if rank == 0:
             print(f"  {family}", flush=True)
+        if splits:
+            return run_split_family(comm, splits, args["variants"], args["directions"], args["dtypes"],
+                                    args["seed"] + 30_000)
         if sequence:
             rows = []
             for i, (v, d) in enumerate(itertools.product(args["variants"], args["directions"])):
