@@ -22,7 +22,7 @@ VLLM_CI   ?= vllm==0.32.0
 VLLM_TESTS = tests/test_vllm_plugin.py tests/test_vllm_model.py tests/test_vllm_check.py
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup artifact test test-gpu test-vllm test-slurm dryrun clean snakemake-flags
+.PHONY: setup artifact test test-quick test-gpu test-vllm test-slurm dryrun clean snakemake-flags
 
 setup: $(STAMP)
 
@@ -44,6 +44,10 @@ dryrun: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# a few minutes on 2 cores: every test but the slow modules of tests/conftest.py (SLOW_MODULES); CI runs `make test`
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not gpu"
 
 $(VLLM_STAMP): pyproject.toml Makefile
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)

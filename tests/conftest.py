@@ -40,3 +40,20 @@ def pytest_runtest_makereport(item, call):
         crash = getattr(report.longrepr, "reprcrash", None)
         if crash is not None:  # the short summary line too (-ra: what a CI log keeps of a failure)
             crash.message = f"[{replay}] {crash.message}"  # first: a narrow terminal trims the end
+
+
+# `make test-quick` leaves these out (-m "not slow"): the modules whose tests start many rank processes at worlds up
+# to 8, render notebooks or run the workflow (each took 5-37 s a test on 2 cores, 2026-11-27); the full suite, which
+# CI runs, keeps them
+SLOW_MODULES = {
+    "test_a2av_stress_tool", "test_bench_host", "test_calibration", "test_driver_fallback", "test_e2e",
+    "test_e2e_schedules", "test_host_emulator", "test_misuse", "test_random_trials", "test_readme_example",
+    "test_report_pages", "test_slurm_cluster", "test_toy_collective", "test_uneven_splits", "test_vllm_bench",
+    "test_waits", "test_workflow",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

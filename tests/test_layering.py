@@ -168,3 +168,12 @@ def test_reading_results_does_not_load_torch():
             "assert 'torch' not in sys.modules, 'torch'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-1000:]
+
+
+def test_the_calibration_never_builds_a_communicator():
+    """The communicator that calibrates makes the one its candidates are timed on and hands it over
+    (``lookup.calibrate``'s ``measuring``): no calibration module constructs one (it used to, as ``type(comm)(...)``
+    inside the constructor, a dependency no import graph shows)."""
+    for path in sorted((SRC / "dmacoll" / "calibration").glob("*.py")):
+        text = path.read_text()
+        assert "type(comm)(" not in text and "Communicator(" not in text.replace("``Communicator(", ""), path

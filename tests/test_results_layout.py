@@ -144,3 +144,39 @@ def test_the_defaults_summary_is_what_its_csvs_give():
     readme = (run / "README.md").read_text()
     quoted = readme.split("<!-- defaults summary begin -->\n")[1].split("\n<!-- defaults summary end -->")[0]
     assert quoted == module.summary(run), "regenerate: python tools/defaults_summary.py results/h100x2/defaults"
+
+
+TOOL = re.compile(r"tools/[A-Za-z0-9_./-]+\.(?:sh|py)")
+SHA = re.compile(r"\b[0-9a-f]{7,40}\b")
+
+
+def _in_commit(sha: str, path: str) -> bool | None:
+    """Whether ``path`` existed at commit ``sha``; None where git cannot tell (no git, a shallow clone)."""
+    import subprocess
+
+    try:
+        known = subprocess.run(["git", "cat-file", "-e", f"{sha}^{{commit}}"], cwd=ROOT, capture_output=True)
+        if known.returncode != 0:
+            return None
+        return subprocess.run(["git", "cat-file", "-e", f"{sha}:{path}"], cwd=ROOT, capture_output=True).returncode == 0
+    except OSError:
+        return None
+
+
+def test_every_readme_names_tools_that_exist():
+    """A tool a README names exists, or the line names a commit that had it (a run's command at its code): a reader
+    never looks for a script that is not where the text says."""
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(RESULTS.rglob("*.md")),
+                 *sorted((ROOT / "tools").glob("*.md"))]
+    problems = []
+    for doc in documents:
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            for path in TOOL.findall(line):
+                if (ROOT / path).exists():
+                    continue
+                shas = SHA.findall(line)
+                found = [_in_commit(sha, path) for sha in shas]
+                if not shas or (False in found and True not in found and None not in found):
+                    problems.append(f"{doc.relative_to(ROOT)}:{n}: {path} " +
+                                    (f"is in none of {shas}" if shas else "does not exist and the line names no commit"))
+    assert not problems, "\n".join(problems)

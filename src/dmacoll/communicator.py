@@ -139,7 +139,9 @@ class Communicator:
     methods below, each the registry's op (``dmacoll.ops``) by name; ``collective(name, ...)`` calls any registered
     op. Calls enqueue work on the current stream and never block the host; they can be captured in a CUDA graph
     (sync='reset'). ``result(op, input, ...)`` returns an output the communicator owns (the lean handshake without
-    a promise). After ``close()`` every use raises ``InvalidArgument``.
+    a promise). ``calibrate()`` measures the 'auto' defaults of the platform when the caller chooses (the constructor
+    never measures; without a table to take, the first call outside a graph capture does). After ``close()`` every
+    use raises ``InvalidArgument``.
     """
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *, backend: str = "auto",
@@ -176,8 +178,8 @@ class Communicator:
             raise
         self.device = self.engine.device
         self._ops_group = ops.Group(self.world, self.rank, self.device)
-        try:
-            self.tuning = lookup.table_for(self, options.tuning_table)  # given, shipped, cached or calibrated now
+        try:  # given, shipped or cached; or one to calibrate at the first call (the constructor never measures)
+            self.tuning, self._calibration = lookup.table_for(self, options.tuning_table)
         except DmaCollError:
             self.engine.close()
             raise
@@ -255,6 +257,10 @@ class Communicator:
         """Run collective ``op`` (a name in ``dmacoll.ops``; its method's arguments after ``output``, ``input``,
         then this call's option changes); the named methods call this."""
         capturing = self.engine.is_capturing()
+        if self._calibration is not None and not capturing and self._gate is None:
+            self._calibrate(self._calibration)  # the first call measures the platform's defaults once (cached), on
+            # every rank before its own checks of the call: a rank that refuses the call must not leave the others
+            # calibrating alone
         spec, request, opts = self._agreed(op, lambda: self._checked(op, output, input, args, options, capturing),
                                            lambda checked: self._signature(*checked))
         # not behind a prelaunch gate: recording a graph synchronizes the device (torch.cuda.graph), which waits for
@@ -340,6 +346,36 @@ class Communicator:
             raise InvalidArgument(f"{op}: result(op, input, ...) needs an input tensor, got {type(input).__name__}")
         self._check_usable(op)
         return spec.result_numel(self.world, self.rank, input, *args)
+
+    def calibrate(self, budget_s: Optional[float] = None, force: bool = True) -> bool:
+        """Measure the candidates 'auto' may choose on this platform now, within about ``budget_s`` seconds (default
+        $DMACOLL_CALIBRATE_BUDGET_S, else 20), cache the table and take it from the next call: whatever table the
+        communicator had, or (``force=False``) only where it has none to take and calibration is on
+        ($DMACOLL_CALIBRATE, ``calibration.lookup``), which its first call outside a graph capture would otherwise do.
+        Collective: every rank calls it. Returns whether a table was made (else 'auto' keeps what it had; a failure
+        is logged)."""
+        self._check_open("calibrate")
+        if self.engine.is_capturing() or self._gate is not None:
+            raise InvalidArgument("calibrate() allocates and times collectives: call it outside a CUDA graph capture "
+                                  "and a prelaunch block")
+        if not force:
+            return self._calibration is not None and self._calibrate(self._calibration)
+        return self._calibrate(lookup.forced(self, budget_s))
+
+    def _calibrate(self, calibration: lookup.Calibration) -> bool:
+        self._calibration = None  # measured once, whatever comes of it
+        table = lookup.calibrate(self, calibration, self._measuring)
+        if table is not None:
+            self.tuning = table
+            self._resolved.clear()  # the calls' options are chosen again from the new table
+        return table is not None
+
+    def _measuring(self, heap_bytes: int) -> "Communicator":
+        """The communicator a calibration times its candidates on: this one's group, backend, device and queues,
+        a heap of its own, no table (``lookup`` gives it none while calibrating)."""
+        return Communicator(self.group, backend=self.backend, device=self.device, heap_bytes=heap_bytes,
+                            staging_bytes=1 << 16, timeout_s=self.engine.timeout_s,
+                            options=Options(engines=self.options.engines))
 
     def reserve_results(self, nbytes: int) -> None:
         """Hold ``result``'s two output buffers at ``nbytes`` each or more from now on (collective, like

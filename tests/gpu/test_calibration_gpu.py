@@ -1,5 +1,6 @@
-"""Calibration end to end on GPUs (issue 34, item 5): a Communicator() on a platform without a table measures,
-caches and reuses a table, every rank takes the same one, and it drives the calls. Mechanics, not performance.
+"""Calibration end to end on GPUs (issue 34, item 5): a Communicator() on a platform without a table measures at
+its first call (the constructor never does: issue 51), caches and reuses a table, every rank takes the same one, and
+it drives the calls. Mechanics, not performance.
 
 Worlds larger than the visible GPUs put several ranks on one GPU (the IPC heap: their timings are not performance
 figures, only the mechanics are checked). Run with ``-s`` to see the notice, progress and the table's points and
@@ -21,13 +22,19 @@ BUDGET_S = 20.0
 
 
 def _communicator(lines: list[str]):
+    """A Communicator() and its first call (an all-gather of 4 KB), with the dmacoll log lines they wrote."""
     from dmacoll import Communicator
 
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
     logging.getLogger("dmacoll").addHandler(handler)
     try:
-        return Communicator(timeout_s=60)
+        comm = Communicator(timeout_s=60)
+        assert lines == [], lines  # the constructor never measures
+        x = comm.empty(2048, dtype=torch.bfloat16)
+        comm.all_gather(comm.empty(2048 * comm.world, dtype=torch.bfloat16), x)
+        torch.cuda.synchronize()
+        return comm
     finally:
         logging.getLogger("dmacoll").removeHandler(handler)
 
@@ -81,7 +88,7 @@ def test_calibration_end_to_end(world, tmp_path):
     meta = json.loads(first["table"])
     print(f"\nworld {world}:", *first["lines"], sep="\n  ")
     print(f"  table: {meta['world']} x {meta['gpu']} ({meta['topology']}, driver {meta['driver']}), "
-          f"{meta['calibration']['points']} points in {meta['calibration']['seconds']} s; Communicator() took "
+          f"{meta['calibration']['points']} points in {meta['calibration']['seconds']} s; Communicator() and a call took "
           f"{first['first_s']:.1f} s calibrating, {first['second_s']:.1f} s reusing")
     for call in first["calls"]:
         print("  ", *call)

@@ -4,8 +4,13 @@ chose differently would plan different protocols and deadlock):
 1. the table given (``tuning_table=`` or $DMACOLL_TUNING), on every rank as given;
 2. else the shipped table of this platform (GPU, world, topology);
 3. else, where calibration is on, the table calibrated for exactly this platform (driver and dmacoll code
-   included) in the user's cache, or one calibrated now (a one-line notice, progress, then cached);
+   included) in the user's cache, or one to calibrate (``Calibration``): the constructor never measures; the
+   communicator's first collective call outside a graph capture and a prelaunch block does, or
+   ``Communicator.calibrate()`` ahead of it (a one-line notice, progress, then cached);
 4. else none: 'auto' takes ``options.fallback``.
+
+A calibration times candidates on a communicator of its own, which the calibrating communicator makes
+(``calibrate``'s ``measuring`` argument): this module never builds one.
 
 $DMACOLL_CALIBRATE: ``auto`` (the default: calibrate on GPUs, not on the host emulator nor where ranks share a GPU,
 whose timings say nothing about a GPU of one's own: time-sliced processes, a context switch per copied flag), ``1``
@@ -19,7 +24,7 @@ import dataclasses
 import datetime
 import logging
 import os
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch.distributed as dist
 
@@ -58,13 +63,22 @@ def budget_s() -> float:
     return value
 
 
-def table_for(comm, path: Optional[str] = None) -> Optional[tuning.TuningTable]:
-    """The table ``comm`` takes (module docstring); collective unless a table is given."""
+class Calibration(NamedTuple):
+    """A calibration to run (``calibrate``): the platform's facts, the budget and the $DMACOLL_CALIBRATE setting."""
+
+    facts: list
+    budget: float
+    mode: str
+
+
+def table_for(comm, path: Optional[str] = None) -> tuple[Optional[tuning.TuningTable], Optional[Calibration]]:
+    """(the table ``comm`` takes now, the calibration it is to run before its first call where there is none to take
+    and calibration is on: module docstring); measures nothing; collective unless a table is given."""
     path = path or os.environ.get("DMACOLL_TUNING")
     if path:
-        return tuning.TuningTable.load(path)
-    if _active:
-        return None
+        return tuning.TuningTable.load(path), None
+    if _active:  # the measuring communicator of a calibration: the fallback, nothing more to calibrate
+        return None, None
     mode, budget = setting(), budget_s()  # a bad value fails on every rank alike, before any collective
     facts = platform.gather(comm.group, comm.device)
     key = platform.key(facts, comm.backend)
@@ -73,8 +87,13 @@ def table_for(comm, path: Optional[str] = None) -> Optional[tuning.TuningTable]:
         decision = _decide(key, mode, calibrates(mode, key))
     decision = _from_rank0(comm, decision)
     if decision[0] != "calibrate":
-        return None if decision[1] is None else _table(decision[1])
-    return _calibrated(comm, facts, budget, mode)
+        return (None if decision[1] is None else _table(decision[1])), None
+    return None, Calibration(facts, budget, mode)
+
+
+def forced(comm, budget: Optional[float] = None) -> Calibration:
+    """A calibration of ``comm``'s platform whatever table it has (``Communicator.calibrate()``; collective)."""
+    return Calibration(platform.gather(comm.group, comm.device), budget or budget_s(), "force")
 
 
 def calibrates(mode: str, key: tuning.Platform) -> bool:
@@ -91,15 +110,18 @@ def _decide(key: tuning.Platform, mode: str, calibrate: bool) -> tuple[str, Opti
     return ("table", cached.to_json()) if cached else ("calibrate", None)
 
 
-def _calibrated(comm, facts: list, budget: float, mode: str) -> Optional[tuning.TuningTable]:
-    """Calibrate on every rank; rank 0 caches the table and shares it. A failure leaves the fallback."""
+def calibrate(comm, calibration: Calibration, measuring: Callable[[int], object]) -> Optional[tuning.TuningTable]:
+    """Calibrate ``comm``'s platform on every rank, timing candidates on ``measuring(heap_bytes)`` (a communicator
+    of the same group that ``comm`` makes, closed afterwards); rank 0 caches the table and shares it. A failure
+    leaves the fallback (None)."""
     global _active
+    facts, budget, mode = calibration
     key = platform.key(facts, comm.backend, platform.code_version())
     host = comm.backend == "host"
     max_bytes = HOST_MAX_BYTES if host else _gpu_max_bytes(facts)
     settings = HOST_TIMING if host else strategy.Timing()
     if comm.rank == 0:
-        why = "DMACOLL_CALIBRATE=force" if mode == "force" else "no tuning table"
+        why = "asked to (DMACOLL_CALIBRATE=force, calibrate(), tune --quick)" if mode == "force" else "no tuning table"
         log.warning("dmacoll: %s for %d x %s (%s%s): measuring the 'auto' defaults once, within about %.0f s "
                     "(cached in %s); DMACOLL_CALIBRATE=0 skips this, `dmacoll tune --quick` does it ahead of time", why,
                     key.world, key.gpu, key.topology, f", driver {key.driver}" if key.driver else "", budget,
@@ -109,7 +131,8 @@ def _calibrated(comm, facts: list, budget: float, mode: str) -> Optional[tuning.
     try:
         from .measure import Bench
 
-        bench = Bench(comm, max_bytes, settings, _progress() if comm.rank == 0 else None)
+        bench = Bench(measuring(Bench.heap_bytes(comm.world, max_bytes)), max_bytes, settings,
+                      _progress() if comm.rank == 0 else None)
         plan = strategy.Strategy(_space(comm, bench), strategy.grid(max_bytes))
         strategy.run(plan, bench.measure, bench.spent, budget, settings)
         table = None

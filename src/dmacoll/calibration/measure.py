@@ -15,7 +15,6 @@ import torch.distributed as dist
 
 from .. import ops, timing
 from ..errors import DmaCollError
-from ..options import Options
 from .strategy import Point, Timing
 
 
@@ -24,16 +23,18 @@ class CalibrationFailed(DmaCollError):
 
 
 class Bench:
-    """A communicator with buffers for every size up to ``max_bytes``, and the timing of points on it."""
+    """A communicator of its own (``comm``: a heap of ``heap_bytes``, no table, closed by ``close``) with buffers for
+    every size up to ``max_bytes``, and the timing of points on it."""
+
+    @staticmethod
+    def heap_bytes(world: int, max_bytes: int) -> int:
+        return (world + 1) * max_bytes + 4096
 
     def __init__(self, comm, max_bytes: int, settings: Timing,
                  progress: Optional[Callable[[int, float, bool], None]] = None):
         self.group, self.world, self.rank, self.device = comm.group, comm.world, comm.rank, comm.device
         self.settings, self.progress = settings, progress
-        # the calibrating communicator's own class: the calibration runs inside its constructor
-        self.comm = type(comm)(self.group, backend=comm.backend, device=comm.device,
-                                 heap_bytes=(self.world + 1) * max_bytes + 4096, staging_bytes=1 << 16,
-                                 timeout_s=comm.engine.timeout_s, options=Options(engines=comm.options.engines))
+        self.comm = comm
         self.input = self.comm.empty(max_bytes, dtype=torch.uint8)
         self.output = self.comm.empty(self.world * max_bytes, dtype=torch.uint8)
         self.stream = torch.cuda.Stream(self.device) if timing.on_gpu(self.device) else None

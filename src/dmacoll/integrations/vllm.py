@@ -276,6 +276,8 @@ def _communicator_class():
             if why and self.dma is not None:
                 self.dma.close()
                 self.dma = None
+            if self.dma is not None:  # every rank has one: where no table fits, calibrate now, not in a capture
+                self.dma.calibrate(force=False)
             if why:
                 log_once(f"group {why}", f"{unique_name}: vLLM's own collectives ({why})")
             else:

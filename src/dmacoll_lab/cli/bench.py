@@ -85,17 +85,15 @@ def cmd_tune(a: argparse.Namespace) -> int:
 
 
 def tune_rank(rank: int, world: int, backend: str, budget: Optional[float] = None) -> tuple[Optional[str], str]:
-    """One rank of ``dmacoll tune --quick``: calibrate now (DMACOLL_CALIBRATE=force in this rank's process) within
+    """One rank of ``dmacoll tune --quick``: ``Communicator.calibrate()`` (whatever table the platform has) within
     ``budget`` seconds; the table (JSON; None where the calibration failed) and where it is cached."""
     from dmacoll import Communicator, tuning
     from dmacoll.calibration import cache
 
-    os.environ["DMACOLL_CALIBRATE"] = "force"  # this platform may have a table: measure anyway
-    if budget:
-        os.environ["DMACOLL_CALIBRATE_BUDGET_S"] = str(budget)
+    os.environ["DMACOLL_CALIBRATE"] = "0"  # the constructor looks for no table to calibrate: calibrate() does
     comm = Communicator(backend=backend)
     try:
-        table = comm.tuning
+        table = comm.tuning if comm.calibrate(budget) else None  # this platform may have a table: measure anyway
         where = cache.path(tuning.Platform(**{k: table.meta[k] for k in tuning.Platform._fields})) if table else ""
         return (table.to_json() if table else None), str(where)
     finally:
