@@ -243,3 +243,24 @@ def test_tune_quick_calibrates_ahead_of_time(tmp_path):
     meta = json.loads(out.read_text())
     assert meta["calibration"]["setting"] == "force" and meta["calibration"]["budget_s"] == 30.0
     assert f"cached in {cached[0]}" in done.stdout
+
+
+def _bad_budgets(rank: int, world: int) -> list[str]:
+    from dmacoll import Communicator, InvalidArgument
+
+    comm = Communicator(backend="host", timeout_s=30)
+    said = []
+    for budget in (0, -5, float("nan"), "10", True):
+        try:
+            comm.calibrate(budget)
+            said.append(f"{budget!r}: accepted")
+        except InvalidArgument as e:
+            said.append(str(e))
+    comm.close()
+    return said
+
+
+def test_calibrate_refuses_a_budget_that_is_not_positive_seconds():
+    """Refused before any collective work, on every rank alike (a zero budget once meant the environment's)."""
+    for said in run_ranks(_bad_budgets, 2):
+        assert len(said) == 5 and all("the budget is a number of seconds > 0" in s for s in said), said

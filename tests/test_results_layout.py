@@ -177,6 +177,6 @@ def test_every_readme_names_tools_that_exist():
                 shas = SHA.findall(line)
                 found = [_in_commit(sha, path) for sha in shas]
                 if not shas or (False in found and True not in found and None not in found):
-                    problems.append(f"{doc.relative_to(ROOT)}:{n}: {path} " +
-                                    (f"is in none of {shas}" if shas else "does not exist and the line names no commit"))
+                    why = f"is in none of {shas}" if shas else "does not exist and the line names no commit"
+                    problems.append(f"{doc.relative_to(ROOT)}:{n}: {path} {why}")
     assert not problems, "\n".join(problems)

@@ -103,7 +103,8 @@ def rank_main(rank: int, world: int, cfg: dict) -> str:
             error = mismatch(spec, out.cpu(), inputs, rank, counts, "CPU reference")
         except Exception as e:  # noqa: BLE001 - recorded, then this launch ends (the communicator may be unusable)
             import traceback
-            log.write(f"raised {i} {json.dumps({'error': f'{type(e).__name__}: {e}'[:1500], 'trace': traceback.format_exc()[-3000:]})}\n")
+            said = {"error": f"{type(e).__name__}: {e}"[:1500], "trace": traceback.format_exc()[-3000:]}
+            log.write(f"raised {i} {json.dumps(said)}\n")
             raise
         last = comm.last_options
         ran = {k: getattr(last, k) for k in ("variant", "direction", "signal", "wait", "prerecord", "submit")}
@@ -192,6 +193,9 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     progress = str(out) + ".progress"
     cases = all_cases(a.world, a.seeds, tuple(a.only))
+    # what every launch runs, and what the table's sidecar records
+    settings = dict(world=a.world, options=parse_options(a.options), seeds=a.seeds, only=a.only,
+                    keep_private=a.keep_private, no_empty_cache=a.no_empty_cache, no_hits=a.no_hits)
     rows: dict[int, dict] = {}
     start, t0 = 0, time.monotonic()
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
@@ -201,9 +205,8 @@ def main() -> int:
                 p = Path(f"{progress}.{r}")
                 if p.exists():
                     p.rename(f"{progress}.{r}.from{start}")
-            cfg = dict(world=a.world, backend=a.backend, only=a.only, keep_private=a.keep_private,
-                       no_empty_cache=a.no_empty_cache, no_hits=a.no_hits, options=parse_options(a.options), seeds=a.seeds, start=start,
-                       progress=progress, deadline_s=max(30.0, a.budget_s - (time.monotonic() - t0)))
+            cfg = dict(settings, backend=a.backend, start=start, progress=progress,
+                       deadline_s=max(30.0, a.budget_s - (time.monotonic() - t0)))
             logf.write(f"=== launch from case {start}: {cases[start]}\n")
             logf.flush()
             proc = subprocess.Popen([sys.executable, __file__, "--out", a.out, "--child", json.dumps(cfg)],
@@ -241,9 +244,7 @@ def main() -> int:
         from dmacoll_lab.bench import harness
 
         harness.write(out.parent / out.name / "data.csv", table, COLUMNS,
-                      {"world": a.world, "options": parse_options(a.options), "seeds": a.seeds, "only": a.only,
-                       "tuning_table": os.environ.get("DMACOLL_TUNING", ""), "count": COUNT,
-                       "keep_private": a.keep_private, "no_empty_cache": a.no_empty_cache, "no_hits": a.no_hits})
+                      {**settings, "tuning_table": os.environ.get("DMACOLL_TUNING", ""), "count": COUNT})
     tally: dict[str, int] = {}
     for row in table:
         tally[row["result"]] = tally.get(row["result"], 0) + 1

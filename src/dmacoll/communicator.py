@@ -261,8 +261,9 @@ class Communicator:
             self._calibrate(self._calibration)  # the first call measures the platform's defaults once (cached), on
             # every rank before its own checks of the call: a rank that refuses the call must not leave the others
             # calibrating alone
-        spec, request, opts = self._agreed(op, lambda: self._checked(op, output, input, args, options, capturing),
-                                           lambda checked: self._signature(*checked))
+        spec, request, opts, syms = self._agreed(op, lambda: self._checked(op, output, input, args, options,
+                                                                          capturing),
+                                                 lambda checked: self._signature(*checked))
         # not behind a prelaunch gate: recording a graph synchronizes the device (torch.cuda.graph), which waits for
         # the gate stream, which waits for a release the host has not issued yet: a deadlock
         prerecord = opts.prerecord and self.capabilities.graphs and not capturing and self._gate is None
@@ -270,28 +271,31 @@ class Communicator:
             self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
         if opts.wait != "memop":
             self.engine.load_kernels()
-        self._submit(spec, request, opts, self._plan(spec, request, opts, capturing, prerecord), prerecord)
+        self._submit(spec, request, opts, self._plan(spec, request, opts, syms, capturing, prerecord), prerecord)
         return output
 
     def _checked(self, op: str, output: torch.Tensor, input: Optional[torch.Tensor], args: tuple, options: dict,
-                 capturing: bool) -> tuple[ops.OpSpec, ops.Request, Options]:
-        """This rank's checks of a call (InvalidArgument before any device work): its tensors, its options."""
+                 capturing: bool) -> tuple[ops.OpSpec, ops.Request, Options, tuple[Optional[int], Optional[int]]]:
+        """This rank's checks of a call (InvalidArgument before any device work): its tensors, its options; and
+        where its input and output sit in the symmetric heap (None: private), worked out once per call."""
         spec = ops.get(op)
         self._check_open(op)
         request = spec.bind(self._ops_group, output, input, *args)
         validate.check_overlap(spec.name, request.output, request.input, request.in_place, spec.in_place)
         self._check_usable(spec.name)
-        return spec, request, self._options(spec, request, options, capturing)
+        syms = (self.engine.sym_offset(request.input), self.engine.sym_offset(request.output))
+        return spec, request, self._options(spec, request, options, capturing, None not in syms), syms
 
-    def _signature(self, spec: ops.OpSpec, request: ops.Request, opts: Options) -> dict:
+    def _signature(self, spec: ops.OpSpec, request: ops.Request, opts: Options,
+                   syms: tuple[Optional[int], Optional[int]]) -> dict:
         """What every rank must agree on for a call to meet (the cross-rank check, ``consistency``)."""
-        def buffer(t: torch.Tensor) -> str:
-            offset = self.engine.sym_offset(t)
+        def buffer(offset: Optional[int]) -> str:
             return "private" if offset is None else f"symmetric at {offset}"
         if request.in_place:  # one buffer, the rank's part of it where the op's form puts it: the larger one counts
-            buffers = ("in place", buffer(min(request.input, request.output, key=lambda t: t.data_ptr())))
+            first = 0 if request.input.data_ptr() <= request.output.data_ptr() else 1
+            buffers = ("in place", buffer(syms[first]))
         else:
-            buffers = (buffer(request.input), buffer(request.output))
+            buffers = (buffer(syms[0]), buffer(syms[1]))
         return {"call": self._calls + 1, "op": spec.name, "dtype": ops.dtype_name(request.input.dtype),
                 "sizes (bytes)": request.key, "buffers (input, output)": buffers, "direction": opts.direction,
                 "sync": opts.sync, "signal": opts.signal, "handshake": opts.handshake}
@@ -395,11 +399,10 @@ class Communicator:
             raise InvalidArgument(f"{op}: a prelaunched collective is still pending; call gate.wait() first "
                                   "(collectives of one communicator run one after another)")
 
-    def _options(self, spec: ops.OpSpec, request: ops.Request, changes: dict, capturing: bool) -> Options:
+    def _options(self, spec: ops.OpSpec, request: ops.Request, changes: dict, capturing: bool, heap: bool) -> Options:
         """What this call runs with (``options.resolve``), worked out once per (op, size, in place, graph/eager,
-        buffers in the heap or not, changes), then a dict lookup: the size is the same on every rank (``Request.nbytes``), so the ranks choose
-        alike. A rejected call stores nothing."""
-        heap = self._in_heap(request)
+        both buffers in the heap or not, changes), then a dict lookup: the size is the same on every rank
+        (``Request.nbytes``), so the ranks choose alike. A rejected call stores nothing."""
         try:
             key = (spec.tuning_op, request.nbytes, request.in_place, capturing, heap,
                    tuple(sorted(changes.items())) if changes else ())
@@ -418,10 +421,6 @@ class Communicator:
                     self._resolved.clear()
                 self._resolved[key] = resolved
         return resolved
-
-    def _in_heap(self, request: ops.Request) -> bool:
-        """Whether the call's input and output are both in the symmetric heap (the same kind on every rank)."""
-        return self.engine.sym_offset(request.input) is not None and self.engine.sym_offset(request.output) is not None
 
     def _native_available(self) -> bool:
         """Whether the native library loads here (built on first use if needed); a failure is said once, and from
@@ -445,17 +444,17 @@ class Communicator:
             _REFUSALS_SAID.add(why)
             log.warning("dmacoll: %s: flags travel as 4-byte copy-engine copies (signal='copy')", why)
 
-    def _plan(self, spec: ops.OpSpec, request: ops.Request, opts: Options, capturing: bool,
-              prerecord: bool) -> "Lowered":
+    def _plan(self, spec: ops.OpSpec, request: ops.Request, opts: Options, syms: tuple[Optional[int], Optional[int]],
+              capturing: bool, prerecord: bool) -> "Lowered":
         """The call's lowered plans, with the flags the lean-handshake state allows."""
-        out_sym = self.engine.sym_offset(request.output)
+        out_sym = syms[1]
         out_range = None if out_sym is None else (out_sym, out_sym + ops.spec.nbytes(request.output))
         # prerecorded graphs and gated calls replay after whatever came before: they never vouch or skip
         context = object() if prerecord or self._gate is not None else self._context(capturing)
         flags = self._lean.flags(spec, opts, context, out_range)
         key = (spec.name, request.key, opts.variant, opts.direction, opts.sync, opts.signal, opts.wait,
-               self.engine.sym_offset(request.input), out_sym, flags)
-        lowered = self._programs.get(key) or self._lower(key, spec, request, opts, flags)
+               syms[0], out_sym, flags)
+        lowered = self._programs.get(key) or self._lower(key, spec, request, opts, flags, syms)
         self._lean.record(spec, context, out_range, lowered.done, flags)
         self.last_handshake = flags
         return lowered
@@ -468,10 +467,10 @@ class Communicator:
         capture = self.engine.capture_id()
         return ("capture", capture) if capture is not None else object()
 
-    def _lower(self, key: tuple, spec: ops.OpSpec, request: ops.Request, opts: Options,
-               flags: Handshake) -> "Lowered":
+    def _lower(self, key: tuple, spec: ops.OpSpec, request: ops.Request, opts: Options, flags: Handshake,
+               syms: tuple[Optional[int], Optional[int]]) -> "Lowered":
         """Build and lower the plans of a call (cached by ``key``: eager calls pay only a dict lookup)."""
-        layout = Layout(self.engine.sym_offset(request.input), self.engine.sym_offset(request.output), self.staging)
+        layout = Layout(*syms, self.staging)
         direction = opts.direction
         built, need = request.build(opts.variant, direction, layout, flags, self.options.engines)
         larger = f"create the communicator with a larger staging_bytes (>= {_align(need)})"

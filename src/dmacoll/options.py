@@ -76,9 +76,9 @@ class Options:
     only, not with submit='native' (see executor.py). ``prerecord``: eager calls replay a CUDA graph recorded on
     first use per (op, size, buffers, variant): one launch instead of a command per step (cuda; sync='reset'; a call
     inside a graph capture is recorded by the capture itself; only calls whose input and output are in the symmetric
-    heap, since a graph replayed on a freed private tensor's reused address faults: others run eagerly). ``submit``: ``python`` (a driver call from Python
-    per step) or ``native`` (the call's driver commands worked out once, then issued by one call into the C library
-    that ``dmacoll build`` compiles; cuda, signal memop or copy).
+    heap, since a graph replayed on a freed private tensor's reused address faults: others run eagerly).
+    ``submit``: ``python`` (a driver call from Python per step) or ``native`` (the call's driver commands worked out
+    once, then issued by one call into the C library that ``dmacoll build`` compiles; cuda, signal memop or copy).
 
     ``handshake``: ``full`` (every call: READY then DONE, two flag crossings) or ``lean``, a promise by the caller,
     on every rank: *this call's output does not overlap the previous call's, and the output of a call is read only

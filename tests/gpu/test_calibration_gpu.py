@@ -88,7 +88,8 @@ def test_calibration_end_to_end(world, tmp_path):
     meta = json.loads(first["table"])
     print(f"\nworld {world}:", *first["lines"], sep="\n  ")
     print(f"  table: {meta['world']} x {meta['gpu']} ({meta['topology']}, driver {meta['driver']}), "
-          f"{meta['calibration']['points']} points in {meta['calibration']['seconds']} s; Communicator() and a call took "
+          f"{meta['calibration']['points']} points in {meta['calibration']['seconds']} s; "
+          f"Communicator() and a call took "
           f"{first['first_s']:.1f} s calibrating, {first['second_s']:.1f} s reusing")
     for call in first["calls"]:
         print("  ", *call)

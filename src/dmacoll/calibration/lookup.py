@@ -92,8 +92,14 @@ def table_for(comm, path: Optional[str] = None) -> tuple[Optional[tuning.TuningT
 
 
 def forced(comm, budget: Optional[float] = None) -> Calibration:
-    """A calibration of ``comm``'s platform whatever table it has (``Communicator.calibrate()``; collective)."""
-    return Calibration(platform.gather(comm.group, comm.device), budget or budget_s(), "force")
+    """A calibration of ``comm``'s platform whatever table it has, within ``budget`` seconds (None: ``budget_s()``)
+    (``Communicator.calibrate()``; collective once the budget is checked)."""
+    if budget is None:
+        budget = budget_s()
+    elif isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        raise InvalidArgument(f"calibrate(budget_s={budget!r}): the budget is a number of seconds > 0 (None: "
+                              "$DMACOLL_CALIBRATE_BUDGET_S, else 20)")
+    return Calibration(platform.gather(comm.group, comm.device), float(budget), "force")
 
 
 def calibrates(mode: str, key: tuning.Platform) -> bool:
