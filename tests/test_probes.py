@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from dmacoll_lab.bench.probes import (PROBES, call_cost, copy_contention, crossing, crossing_legs, few_sm_kernels,
+from dmacoll_lab.bench.probes import (PROBES, call_cost, call_timeline, copy_contention, crossing, crossing_legs, few_sm_kernels,
                                       flag_latency, local_copy_paths, memcpy_batch, sm_carveout, submit_cost,
                                       table_path, tables)
 from dmacoll_lab.bench.probes.common import Table
@@ -29,6 +29,8 @@ NAN = float("nan")
 DEFAULTS = {
     "call_cost": dict(worlds=[2, 4, 8], bytes=1024, settings=list(call_cost.SETTINGS), signals=["memop", "copy", "kernel"],
                       waits=["memop", "spin"], calls_per_graph=10, eager_calls=200, repeats=20),
+    "call_timeline": dict(worlds=[2, 4], sizes=[1024, 65536], calls=10, max_connections=[], timeline=True,
+                          repeats=30),
     "copy_contention": dict(bytes=64 << 20, copies=[1, 4], repeats=7),
     "crossing": dict(placements=None, legs=100, repeats=5, bytes=4096, sends=list(crossing.SENDS),
                      waits=list(crossing.WAITS), modes=list(crossing.MODES), wait_timeout_ms=20.0),
@@ -46,6 +48,7 @@ DEFAULTS = {
 BAD = {
     "call_cost": [["--worlds", "0"], ["--bytes", "100"], ["--settings", "nvlink"], ["--signals", "smoke"],
                   ["--calls-per-graph", "0"]],
+    "call_timeline": [["--worlds", "0"], ["--sizes", "100"], ["--calls", "0"], ["--max-connections", "0"]],
     "copy_contention": [["--bytes", "-64M"], ["--bytes", "lots"], ["--copies", "0"]],
     "crossing": [["--legs", "3"], ["--legs", "0"], ["--legs", str(crossing.MAX_LEGS + 2)], ["--bytes", "6"],
                  ["--bytes", "2M"], ["--placements", "mps"], ["--sends", "pigeon"], ["--waits", "sleep"],
@@ -74,7 +77,7 @@ def test_help_lists_every_probe(capsys):
     out = capsys.readouterr().out
     for name in NAMES:
         assert re.search(rf"^\s+{name}\b", out, re.M), name
-    assert set(NAMES) == {"call_cost", "copy_contention", "crossing", "few_sm_kernels", "flag_latency", "local_copy_paths",
+    assert set(NAMES) == {"call_cost", "call_timeline", "copy_contention", "crossing", "few_sm_kernels", "flag_latency", "local_copy_paths",
                           "memcpy_batch", "sm_carveout", "submit_cost"}
 
 
@@ -152,6 +155,17 @@ def fake_tables(name: str) -> dict[str, Table]:
                                            [9.0, 8.0, 10.0], graph_nodes="batch_mem_op:3 memcpy:4", crossings=2),
                              call_cost.row("shared", 2, "", "", "memop", "memop", "graph", 1024, [],
                                            error="rank 1 died")], {"bytes": 1024})}
+    if name == "call_timeline":
+        trace = {"traceEvents": [
+            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy PtoP (Device -> Device)", "ts": 1000.5, "dur": 2.0,
+             "args": {"stream": 7, "bytes": 1024, "correlation": 3}},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": 999.0, "dur": 1.0, "args": {}}]}
+        peer = [{**call_timeline.activities(trace)[0], "start_us": 1003.0}]
+        return {name: Table([call_timeline.row(4, None, "nccl", "nccl", 1024, [12.0, 11.0, 13.0]),
+                             call_timeline.row(2, 8, "auto", "dmacoll", 1024, [], error="rank 1 died")],
+                            {"sizes": [1024]}),
+                call_timeline.ACTIVITIES: Table(call_timeline.timeline_rows(
+                    2, None, "nccl", 1024, [call_timeline.activities(trace), peer]), {"sizes": [1024]})}
     if name == "submit_cost":
         return {name: Table([submit_cost.row("cuMemcpyAsync", "created", 4, 4096, [9.0, 8.0, 10.0], 8.5, True),
                              submit_cost.row("cuMemcpyBatchAsync", "legacy", 4, 4096, [], NAN, False,
@@ -289,7 +303,7 @@ COMMITTED = committed()
 
 
 # Written, not yet run on a GPU: no results to commit yet (an entry leaves once its results are committed).
-AWAITING_GPU: set[str] = set()
+AWAITING_GPU: set[str] = {"call_timeline"}
 
 
 def test_every_probe_table_has_committed_results():

@@ -32,6 +32,9 @@
 #         callcost one-GPU probe: a small all-gather's per-call time and structure by variant and handshake, one
 #                  process on a loopback engine (no crossing) and world ranks on GPU 0, beside their floors
 #                  (`dmacoll probe call_cost`)
+#         timeline a small all-gather per configuration beside its floors (one copy, one flag crossing with every
+#                  peer) and NCCL, a GPU per rank, with every rank's CUPTI records of one replay, at worlds 2 and 4
+#                  (`dmacoll probe call_timeline`; TIMELINE_ARGS: more options, e.g. --max-connections 1 32)
 #         submit   one-GPU probe: host cost per call of k copies from Python, one batch call, the native library
 #                  (`dmacoll probe submit_cost`)
 #         crossing a completion crossing by halves: each send (memop, copy, kernel) x each wait (memop, spin,
@@ -135,6 +138,10 @@ case "$part" in
     d=$(rundir probes/call_cost)  # one process (structure) and world ranks on GPU 0 (shared)
     timeout ${CALLCOST_TIMEOUT_S:-400} python3 -m dmacoll_lab probe call_cost --out "$d/data.csv" 2>&1 \
       | tee "$d/run.log" | tail -60 ;;
+  timeline)
+    d=$(rundir probes/call_timeline)  # its activities table goes in probes/call_timeline_activities/
+    timeout ${TIMELINE_TIMEOUT_S:-540} python3 -m dmacoll_lab probe call_timeline ${TIMELINE_ARGS:-} \
+      --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -120 ;;
   submit)
     d=$(rundir probes/submit_cost)
     timeout 180 python3 -m dmacoll_lab probe submit_cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -32 ;;
