@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from dmacoll_lab.bench.probes import (PROBES, call_cost, call_timeline, copy_contention, crossing, crossing_legs, few_sm_kernels,
-                                      flag_latency, local_copy_paths, memcpy_batch, sm_carveout, submit_cost,
+from dmacoll_lab.bench.probes import (PROBES, call_cost, call_timeline, copy_contention, crossing, crossing_legs,
+                                      few_sm_kernels, flag_latency, local_copy_paths, memcpy_batch, sm_carveout, sm_path, submit_cost,
                                       table_path, tables)
 from dmacoll_lab.bench.probes.common import Table
 from dmacoll_lab.cli import build_parser, main
@@ -41,6 +41,8 @@ DEFAULTS = {
                              orders=list(local_copy_paths.ORDERS)),
     "memcpy_batch": dict(bytes=1 << 20, repeats=200),
     "sm_carveout": dict(repeats=5, rounds=15, copy_bytes=64 << 20, add_elements=16 << 20),
+    "sm_path": dict(worlds=[2, 4], sizes=[1024, 4096, 16384, 65536, 262144], ops=list(sm_path.OPS), calls=10,
+                    repeats=30),
     "submit_cost": dict(bytes=4096, repeats=300, calls=200),
 }
 
@@ -60,6 +62,7 @@ BAD = {
     "local_copy_paths": [["--bytes", "-1M"], ["--bytes", "1000"], ["--orders", "sideways"], ["--ways", "dma"]],
     "memcpy_batch": [["--bytes", "-1"], ["--bytes", "12"]],
     "sm_carveout": [["--copy-bytes", "-64M"], ["--copy-bytes", "1000K"], ["--rounds", "0"]],
+    "sm_path": [["--worlds", "0"], ["--sizes", "100"], ["--ops", "broadcast"], ["--calls", "0"]],
     "submit_cost": [["--bytes", "-4K"], ["--bytes", "100"], ["--calls", "0"]],
 }
 EVERY_PROBE_BAD = [["--repeats", "0"], ["--repeats", "-3"], ["--repeats", "two"], ["--nope"], ["--out"]]
@@ -78,7 +81,7 @@ def test_help_lists_every_probe(capsys):
     for name in NAMES:
         assert re.search(rf"^\s+{name}\b", out, re.M), name
     assert set(NAMES) == {"call_cost", "call_timeline", "copy_contention", "crossing", "few_sm_kernels", "flag_latency", "local_copy_paths",
-                          "memcpy_batch", "sm_carveout", "submit_cost"}
+                          "memcpy_batch", "sm_carveout", "sm_path", "submit_cost"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -166,6 +169,9 @@ def fake_tables(name: str) -> dict[str, Table]:
                             {"sizes": [1024]}),
                 call_timeline.ACTIVITIES: Table(call_timeline.timeline_rows(
                     2, None, "nccl", 1024, [call_timeline.activities(trace), peer]), {"sizes": [1024]})}
+    if name == "sm_path":
+        return {name: Table([sm_path.row(4, "all_reduce", "sm", "graph", 1024, [5.0, 4.0, 6.0], 10, True),
+                             sm_path.row(2, "", "", "", 0, [], 10, error="rank 1 died")], {"sizes": [1024]})}
     if name == "submit_cost":
         return {name: Table([submit_cost.row("cuMemcpyAsync", "created", 4, 4096, [9.0, 8.0, 10.0], 8.5, True),
                              submit_cost.row("cuMemcpyBatchAsync", "legacy", 4, 4096, [], NAN, False,
@@ -303,7 +309,7 @@ COMMITTED = committed()
 
 
 # Written, not yet run on a GPU: no results to commit yet (an entry leaves once its results are committed).
-AWAITING_GPU: set[str] = {"call_timeline"}
+AWAITING_GPU: set[str] = {"call_timeline", "sm_path"}
 
 
 def test_every_probe_table_has_committed_results():

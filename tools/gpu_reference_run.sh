@@ -35,6 +35,9 @@
 #         timeline a small all-gather per configuration beside its floors (one copy, one flag crossing with every
 #                  peer) and NCCL, a GPU per rank, with every rank's CUPTI records of one replay, at worlds 2 and 4
 #                  (`dmacoll probe call_timeline`; TIMELINE_ARGS: more options, e.g. --max-connections 1 32)
+#         smpath   the sm path's one-shot kernels (dmacoll.backends.cuda_sm) against NCCL and torch symmetric
+#                  memory's one-shot all-reduce, a GPU per rank, worlds 2 and 4, checked exactly after timing
+#                  (`dmacoll probe sm_path`; SMPATH_ARGS: more options)
 #         submit   one-GPU probe: host cost per call of k copies from Python, one batch call, the native library
 #                  (`dmacoll probe submit_cost`)
 #         crossing a completion crossing by halves: each send (memop, copy, kernel) x each wait (memop, spin,
@@ -142,6 +145,10 @@ case "$part" in
     d=$(rundir probes/call_timeline)  # its activities table goes in probes/call_timeline_activities/
     timeout ${TIMELINE_TIMEOUT_S:-540} python3 -m dmacoll_lab probe call_timeline ${TIMELINE_ARGS:-} \
       --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -120 ;;
+  smpath)
+    d=$(rundir probes/sm_path)
+    timeout ${SMPATH_TIMEOUT_S:-540} python3 -m dmacoll_lab probe sm_path ${SMPATH_ARGS:-} --out "$d/data.csv" 2>&1 \
+      | tee "$d/run.log" | tail -100 ;;
   submit)
     d=$(rundir probes/submit_cost)
     timeout 180 python3 -m dmacoll_lab probe submit_cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -32 ;;

@@ -37,7 +37,7 @@ FOLD_TYPES = {
     "int64": ("long long", "unsigned long long", "((unsigned long long)(x))", "((long long)(x))"),
 }
 
-PRELUDE = r"""
+HELPERS = r"""
 typedef unsigned long long u64;
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
@@ -72,6 +72,9 @@ __device__ __forceinline__ unsigned short f2bf(float f) {
     return h;
 }
 
+"""
+
+PRELUDE = HELPERS + r"""
 extern "C" __global__ void dmacoll_spin(unsigned* flags, int n, u64 lo, u64 hi, unsigned value, int geq) {
     for (int k = 0; k < n; ++k) {
         unsigned* f = flag_of(flags, lo, hi, k);

@@ -56,6 +56,8 @@ LIBRARY = (
     ("b2b", "copy", "memop", "lean", True),
     ("b2b", "memop", "memop", "lean", True),
     ("b2b", "kernel", "spin", "lean", True),
+    ("b2b", "memop", "spin", "lean", True),
+    ("b2b", "copy", "spin", "lean", True),
     ("multi", "copy", "memop", "lean", True),
     ("multi", "memop", "memop", "lean", True),
 )

@@ -1,0 +1,285 @@
+"""One-shot SM collectives over the symmetric heap (the ``sm`` data path of issue 49): one kernel per call.
+
+Every rank's kernel stores its data straight into each peer's heap over NVLink, tells that peer with one flag word
+per block, waits for every peer's flags, then combines what arrived in its own heap into the output: copies
+(all_gather, all_to_all) or a sum in rank order (all_reduce, reduce_scatter; the same arithmetic on every rank, so
+every rank's all_reduce result is bit-identical). No barrier before the data: slots alternate by the call's epoch
+parity, and a peer cannot get two calls ahead (its next call waits for our flags of this one).
+
+The SM area, at the same heap offset on every rank (``area_bytes``):
+
+* ``flags[world][MAX_BLOCKS]`` u32: the epoch sender q's block b has delivered to this rank;
+* ``counts[MAX_BLOCKS]`` u32: this rank's epoch, one word per block so that no block reads a word another block
+  of the same launch writes (all equal between calls: block 0 also advances the words past the grid);
+* ``error`` u32: the epoch of a wait that ran past its deadline (0: none);
+* ``slots[2][world][slot_bytes]``: by parity, what sender q delivered.
+
+Epochs live in device memory, so a captured graph replays correctly. A wait gives up after ``timeout_ns``
+(``%globaltimer``), records its epoch in ``error`` and lets the kernel end: the GPU never stays hung.
+Each block sends and later combines the same 16-byte vectors (and block 0 all the unaligned bytes), so an
+in-place all_reduce never overwrites input that another block has yet to send.
+"""
+from __future__ import annotations
+
+import ctypes
+import string
+from typing import Callable, Optional
+
+from ..errors import InvalidArgument
+from .cuda_kernels import FOLD_TYPES, HELPERS, compile_program
+
+MAX_BLOCKS = 32
+THREADS = 512
+VECTORS_PER_THREAD = 2  # 16-byte vectors each thread sends per peer before another block is worth its launch
+OPS = {"all_gather": ("gather", False), "all_to_all": ("gather", True), "all_reduce": ("sum", False),
+       "reduce_scatter": ("sum", True)}  # op -> (combine, chunked: chunk p of the input goes to rank p)
+
+
+def slots_offset(world: int) -> int:
+    """Byte offset of the slots in the area: the flag, count and error words, rounded up to 16 bytes."""
+    words = world * MAX_BLOCKS + MAX_BLOCKS + 1
+    return -(-4 * words // 16) * 16
+
+
+def error_offset(world: int) -> int:
+    return 4 * (world * MAX_BLOCKS + MAX_BLOCKS)
+
+
+def area_bytes(world: int, slot_bytes: int) -> int:
+    if slot_bytes <= 0 or slot_bytes % 16:
+        raise InvalidArgument(f"slot_bytes must be a positive multiple of 16, got {slot_bytes}")
+    return slots_offset(world) + 2 * world * slot_bytes
+
+
+def grid(world: int, nbytes: int) -> int:
+    """Blocks for a call moving ``nbytes`` to each of ``world - 1`` peers: the same on every rank (the receivers
+    wait for one flag per sender block)."""
+    vectors = (world - 1) * -(-nbytes // 16)
+    return max(1, min(MAX_BLOCKS, -(-vectors // (THREADS * VECTORS_PER_THREAD))))
+
+
+COMMON = HELPERS + r"""
+#define SM_MAX_BLOCKS @MAX_BLOCKS@
+struct __align__(16) V16 { unsigned a, b, c, d; };
+
+__device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ u64 now_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+struct Sm {
+    char* mine; unsigned e; int parity; long long nvec; bool vec;
+    long long gt, gs;  // this thread's first 16-byte vector and the grid's stride
+};
+
+// Phase 1 and 2 of every kernel: send this rank's part to every peer's slot, flag it, wait for every peer's flags.
+// ``stride``: 0 sends the whole input to every peer, else chunk p (``stride`` bytes apart) goes to rank p.
+__device__ Sm sm_exchange(const u64* bases, long long area, long long slots_off, int me, int world,
+                          long long slot_bytes, const char* in, long long stride, long long n, const char* out,
+                          u64 timeout_ns) {
+    __shared__ unsigned epoch;
+    Sm s;
+    s.mine = (char*)bases[me] + area;
+    unsigned* counts = (unsigned*)s.mine + world * SM_MAX_BLOCKS;
+    if (threadIdx.x == 0) epoch = *(volatile unsigned*)(counts + blockIdx.x) + 1;
+    __syncthreads();
+    s.e = epoch;
+    s.parity = s.e & 1;
+    s.vec = ((((u64)in) | ((u64)out) | (u64)stride | (u64)n) & 15) == 0;
+    s.nvec = s.vec ? n / 16 : 0;
+    s.gt = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    s.gs = (long long)gridDim.x * blockDim.x;
+    for (int i = 1; i < world; ++i) {
+        int p = (me + i) % world;
+        const char* src = in + stride * p;
+        char* dst = (char*)bases[p] + area + slots_off + ((long long)s.parity * world + me) * slot_bytes;
+        for (long long v = s.gt; v < s.nvec; v += s.gs) ((V16*)dst)[v] = ((const V16*)src)[v];
+        if (blockIdx.x == 0)
+            for (long long j = s.nvec * 16 + threadIdx.x; j < n; j += blockDim.x) dst[j] = src[j];
+    }
+    __syncthreads();  // every thread's stores, then one release per peer: the flag says the block's part is there
+    if (threadIdx.x < world - 1) {
+        int p = (me + 1 + threadIdx.x) % world;
+        unsigned* flags = (unsigned*)((char*)bases[p] + area);
+        store_release(flags + me * SM_MAX_BLOCKS + blockIdx.x, s.e);
+    }
+    unsigned* mine = (unsigned*)s.mine;
+    int waits = (world - 1) * gridDim.x;
+    for (int t = threadIdx.x; t < waits; t += blockDim.x) {
+        int q = (me + 1 + t / gridDim.x) % world;
+        unsigned* f = mine + q * SM_MAX_BLOCKS + t % gridDim.x;
+        u64 start = now_ns();
+        for (unsigned k = 0; (int)(load_acquire(f) - s.e) < 0; ++k) {
+            if ((k & 1023) == 1023 && now_ns() - start > timeout_ns) {
+                *(volatile unsigned*)(mine + world * SM_MAX_BLOCKS + SM_MAX_BLOCKS) = s.e;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    return s;
+}
+
+__device__ __forceinline__ const char* slot_of(const Sm& s, long long slots_off, int world, long long slot_bytes,
+                                                int q) {
+    return s.mine + slots_off + ((long long)s.parity * world + q) * slot_bytes;
+}
+
+// The epoch moves on: each block its own word; block 0 also the words past the grid (unused by this launch)
+__device__ __forceinline__ void sm_finish(const Sm& s, int world) {
+    __syncthreads();
+    unsigned* counts = (unsigned*)s.mine + world * SM_MAX_BLOCKS;
+    if (threadIdx.x == 0) counts[blockIdx.x] = s.e;
+    if (blockIdx.x == 0)
+        for (int b = gridDim.x + threadIdx.x; b < SM_MAX_BLOCKS; b += blockDim.x) counts[b] = s.e;
+}
+
+#define SM_ARGS const u64* bases, long long area, long long slots_off, int me, int world, long long slot_bytes, \
+    const char* in, long long stride, long long n, char* out, u64 timeout_ns
+
+extern "C" __global__ void dmacoll_sm_gather(SM_ARGS) {
+    Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, stride, n, out, timeout_ns);
+    for (int q = 0; q < world; ++q) {
+        const char* src = q == me ? in + stride * me : slot_of(s, slots_off, world, slot_bytes, q);
+        char* dst = out + n * q;
+        if (src == dst) continue;  // an in-place all_gather: our chunk is there
+        for (long long v = s.gt; v < s.nvec; v += s.gs) ((V16*)dst)[v] = ((const V16*)src)[v];
+        if (blockIdx.x == 0)
+            for (long long j = s.nvec * 16 + threadIdx.x; j < n; j += blockDim.x) dst[j] = src[j];
+    }
+    sm_finish(s, world);
+}
+"""
+
+SUM = string.Template(r"""
+extern "C" __global__ void dmacoll_sm_sum_$NAME(SM_ARGS) {
+    Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, stride, n, out, timeout_ns);
+    const int E = 16 / sizeof($T);
+    $T* o = ($T*)out;
+    for (long long v = s.gt; v < s.nvec; v += s.gs) {
+        $ACC acc[16 / sizeof($T)];
+        for (int q = 0; q < world; ++q) {  // rank order: every rank adds alike
+            const char* src = q == me ? in + stride * me : slot_of(s, slots_off, world, slot_bytes, q);
+            V16 w = ((const V16*)src)[v];
+            const $T* el = (const $T*)&w;
+            for (int k = 0; k < E; ++k) { $T x = el[k]; $ACC y = $LOAD; acc[k] = q == 0 ? y : acc[k] + y; }
+        }
+        V16 w;
+        $T* el = ($T*)&w;
+        for (int k = 0; k < E; ++k) { $ACC x = acc[k]; el[k] = $STORE; }
+        ((V16*)o)[v] = w;
+    }
+    if (blockIdx.x == 0) {
+        for (long long j = s.nvec * E + threadIdx.x; j < n / (long long)sizeof($T); j += blockDim.x) {
+            $ACC acc = 0;
+            for (int q = 0; q < world; ++q) {
+                const $T* src = (const $T*)(q == me ? in + stride * me : slot_of(s, slots_off, world, slot_bytes, q));
+                $T x = src[j];
+                $ACC y = $LOAD;
+                acc = q == 0 ? y : acc + y;
+            }
+            $ACC x = acc;
+            o[j] = $STORE;
+        }
+    }
+    sm_finish(s, world);
+}
+""")
+
+
+def source() -> str:
+    return COMMON.replace("@MAX_BLOCKS@", str(MAX_BLOCKS)) + "".join(
+        SUM.substitute(NAME=name, T=t, ACC=acc, LOAD=load, STORE=store) for name, (t, acc, load, store)
+        in FOLD_TYPES.items())
+
+
+def call_shape(op: str, world: int, in_bytes: int, out_bytes: int) -> tuple[str, int, int]:
+    """(kernel combine, stride, bytes per peer) of ``op`` for tensors of those sizes; InvalidArgument where the
+    sizes do not fit the op."""
+    if op not in OPS:
+        raise InvalidArgument(f"the sm path has no {op!r}; it runs {sorted(OPS)}")
+    combine, chunked = OPS[op]
+    fits = {"all_gather": out_bytes == world * in_bytes, "all_reduce": out_bytes == in_bytes,
+            "all_to_all": in_bytes == out_bytes and in_bytes % world == 0,
+            "reduce_scatter": in_bytes == world * out_bytes}[op]
+    if not fits:
+        raise InvalidArgument(f"sm {op}: input of {in_bytes} and output of {out_bytes} bytes do not fit a world of "
+                              f"{world}")
+    n = {"all_gather": in_bytes, "all_reduce": in_bytes, "all_to_all": in_bytes // world,
+         "reduce_scatter": out_bytes}[op]
+    return combine, (n if chunked else 0), n
+
+
+class SmKernels:
+    """The loaded functions of ``source()`` on one device."""
+
+    def __init__(self, drv, check: Callable[[tuple, str], tuple], arch: str):
+        self._drv, self._check = drv, check
+        module = check(drv.cuModuleLoadData(compile_program(source(), "dmacoll_sm.cu", arch)), "cuModuleLoadData")[0]
+        self.gather = check(drv.cuModuleGetFunction(module, b"dmacoll_sm_gather"), "cuModuleGetFunction")[0]
+        self.sums = {dtype: check(drv.cuModuleGetFunction(module, f"dmacoll_sm_sum_{dtype}".encode()),
+                                  "cuModuleGetFunction")[0] for dtype in FOLD_TYPES}
+
+    def launch(self, fn, blocks: int, stream: int, args: tuple) -> None:
+        types = (ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+                 ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_ulonglong)
+        self._check(self._drv.cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, stream, (args, types), 0),
+                    "cuLaunchKernel (dmacoll_sm)")
+
+
+class SmPath:
+    """The sm data path of one cuda engine: ``run(op, output, input)`` issues one kernel on the current stream.
+
+    ``area``: the heap offset of an ``area_bytes(world, slot_bytes)`` block that every rank allocated alike, zeroed
+    on every rank before any rank's first call (``create`` does both)."""
+
+    def __init__(self, engine, area: int, slot_bytes: int, timeout_s: float, kernels: SmKernels):
+        import torch
+
+        self.engine, self.area, self.slot_bytes = engine, area, slot_bytes
+        self.world, self.rank = engine.world, engine.rank
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.kernels = kernels
+        self.bases = torch.tensor(list(engine.ptrs), dtype=torch.int64, device=engine.heap.device)
+        self.error_view = engine.heap[area + error_offset(self.world): area + error_offset(self.world) + 4] \
+            .view(torch.int32)
+
+    @classmethod
+    def create(cls, comm, slot_bytes: int, timeout_s: Optional[float] = None) -> "SmPath":
+        """Allocate and zero the area in ``comm``'s heap (collective: every rank, same ``slot_bytes``)."""
+        import torch
+        import torch.distributed as dist
+
+        from .cuda import _drv, check_driver
+
+        eng = comm.engine
+        block = comm.empty(area_bytes(comm.world, slot_bytes), dtype=torch.uint8)
+        block.zero_()
+        torch.cuda.synchronize(block.device)
+        dist.barrier(group=comm.group)
+        major, minor = torch.cuda.get_device_capability(block.device)
+        kernels = SmKernels(_drv, check_driver, f"sm_{major}{minor}")
+        return cls(eng, eng.sym_offset(block), slot_bytes, timeout_s or comm.timeout_s, kernels)
+
+    def run(self, op: str, output, input) -> None:
+        import torch
+
+        combine, stride, n = call_shape(op, self.world, input.numel() * input.element_size(),
+                                        output.numel() * output.element_size())
+        if n > self.slot_bytes:
+            raise InvalidArgument(f"sm {op}: {n} bytes per peer exceed the sm area's slots of {self.slot_bytes}")
+        if combine == "sum" and str(input.dtype).removeprefix("torch.") not in FOLD_TYPES:
+            raise InvalidArgument(f"sm {op}: no sum for {input.dtype}; it adds {sorted(FOLD_TYPES)}")
+        fn = self.kernels.gather if combine == "gather" else self.kernels.sums[str(input.dtype).removeprefix("torch.")]
+        stream = torch.cuda.current_stream(input.device).cuda_stream
+        args = (self.bases.data_ptr(), self.area, slots_offset(self.world), self.rank, self.world, self.slot_bytes,
+                input.data_ptr(), stride, n, output.data_ptr(), self.timeout_ns)
+        self.kernels.launch(fn, grid(self.world, n), stream, args)
+
+    def timed_out(self) -> int:
+        """The epoch of a wait that gave up (0: none); reading it synchronizes with the device."""
+        return int(self.error_view.item())

@@ -1,0 +1,185 @@
+"""The sm data path's one-shot kernels (``dmacoll.backends.cuda_sm``) against NCCL, a GPU per rank (issue 49).
+
+Per world, op and size (bytes per rank: all_gather's input, all_to_all's and reduce_scatter's chunk, all_reduce's
+tensor), bfloat16: the sm kernel, NCCL and, for all_reduce, PyTorch symmetric memory's ``one_shot_all_reduce`` on a
+view of the communicator's heap, each graph-replayed (``--calls`` calls per graph, the slowest rank per replay) and
+eager (``--calls`` calls issued back to back). After timing, each implementation runs once more on fresh random
+data into a poisoned output, checked exactly: gathers against NCCL's all_gather of the inputs, sums against the
+inputs added in float32 in rank order and rounded once (the kernel's arithmetic), in place for all_reduce too.
+
+Usage: dmacoll probe sm_path [--worlds 2 4] [--sizes 1K 4K 16K 64K 256K] [--calls 10] [--repeats 30]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from .common import Table, add_repeats, count, driver, size_multiple_of
+
+NAME = "sm_path"
+HELP = "one-shot SM collectives over the heap (the sm path) against NCCL and torch symmetric memory, a GPU per rank"
+GPUS = 2
+COLUMNS = ["world", "op", "impl", "mode", "bytes", "per_call_us", "per_call_us_p10", "per_call_us_p90", "calls",
+           "correct", "error"]
+EXTRA: dict[str, list[str]] = {}
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+IMPLS = ("sm", "nccl", "symm_mem_one_shot")
+MODES = ("graph", "eager")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--worlds", type=count, nargs="+", default=[2, 4], help="ranks, a GPU each (default 2 4)")
+    p.add_argument("--sizes", type=size_multiple_of(16), nargs="+", default=[1024, 4096, 16384, 65536, 262144],
+                   help="bytes per rank (default 1K 4K 16K 64K 256K)")
+    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    p.add_argument("--calls", type=count, default=10, help="calls per graph, and per eager sample (default 10)")
+    add_repeats(p, 30, "samples (the median of the slowest rank's per-call time is reported)")
+
+
+def quantiles(samples: list[float]) -> tuple[float, float, float]:
+    if not samples:
+        return (float("nan"),) * 3
+    s = sorted(samples)
+    q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]  # noqa: E731
+    return statistics.median(s), q(0.1), q(0.9)
+
+
+def row(world: int, op: str, impl: str, mode: str, nbytes: int, samples: list[float], calls: int,
+        correct: object = "", error: str = "") -> dict:
+    med, p10, p90 = quantiles(samples)
+    return {"world": world, "op": op, "impl": impl, "mode": mode, "bytes": nbytes, "per_call_us": med,
+            "per_call_us_p10": p10, "per_call_us_p90": p90, "calls": calls, "correct": correct, "error": error}
+
+
+def shapes(op: str, world: int, nbytes: int) -> tuple[int, int]:
+    """(input, output) bytes of ``op`` at ``nbytes`` per rank."""
+    return {"all_reduce": (nbytes, nbytes), "all_gather": (nbytes, world * nbytes),
+            "reduce_scatter": (world * nbytes, nbytes), "all_to_all": (world * nbytes, world * nbytes)}[op]
+
+
+def expected(op: str, world: int, rank: int, inputs: list):
+    """What rank ``rank`` must hold, from every rank's input (sums: float32 in rank order, rounded once)."""
+    import torch
+
+    if op == "all_gather":
+        return torch.cat(inputs)
+    if op == "all_to_all":
+        return torch.cat([x.chunk(world)[rank] for x in inputs])
+    parts = inputs if op == "all_reduce" else [x.chunk(world)[rank] for x in inputs]
+    acc = parts[0].float()
+    for x in parts[1:]:
+        acc = acc + x.float()
+    return acc.to(inputs[0].dtype)
+
+
+def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory  # noqa: F401 - registers torch.ops.symm_mem
+
+    from dmacoll import Communicator
+    from dmacoll.backends.cuda_sm import SmPath
+    from dmacoll.timing import bench_time
+
+    torch.manual_seed(cfg["seed"] + rank)
+    comm = Communicator(timeout_s=30)
+    top = max(cfg["sizes"])
+    sm = SmPath.create(comm, slot_bytes=top, timeout_s=10)
+    dtype = torch.bfloat16
+    big = world * top // 2  # elements of the largest buffer
+    inp_all, out_all = comm.empty(big, dtype=dtype), comm.empty(big, dtype=dtype)
+    stream = torch.cuda.Stream()
+    out = []
+
+    def callers(op: str, x, y):
+        nccl = {"all_reduce": lambda: (y.copy_(x), dist.all_reduce(y)),
+                "all_gather": lambda: dist.all_gather_into_tensor(y, x),
+                "reduce_scatter": lambda: dist.reduce_scatter_tensor(y, x),
+                "all_to_all": lambda: dist.all_to_all_single(y, x)}[op]
+        impls = {"sm": lambda: sm.run(op, y, x), "nccl": nccl}
+        if op == "all_reduce":
+            impls["symm_mem_one_shot"] = lambda: y.copy_(torch.ops.symm_mem.one_shot_all_reduce(
+                x, "sum", comm.group.group_name))
+        return impls
+
+    for op in cfg["ops"]:
+        for nbytes in cfg["sizes"]:
+            n_in, n_out = (b // 2 for b in shapes(op, world, nbytes))
+            x, y = inp_all[:n_in], out_all[:n_out]
+            x.normal_()
+            for impl, fn in callers(op, x, y).items():
+                for mode in MODES:
+                    try:
+                        samples = bench_time(fn, cfg["calls"], cfg["repeats"], mode=mode, warmup=2, stream=stream,
+                                             each=dist.barrier).samples
+                        error = ""
+                    except Exception as e:  # noqa: BLE001 - recorded; the ranks go on
+                        samples, error = [], f"{type(e).__name__}: {e}"[:300]
+                    out.append({"op": op, "impl": impl, "mode": mode, "bytes": nbytes, "samples": samples,
+                                "error": error})
+                    torch.cuda.synchronize()
+                    dist.barrier()
+                # correctness: fresh data, poisoned output, one eager call (all_reduce also in place for sm)
+                x.normal_()
+                y.fill_(float("nan"))
+                inputs = [torch.empty_like(x) for _ in range(world)]
+                dist.all_gather(inputs, x)
+                ok = False
+                try:
+                    with torch.cuda.stream(stream):
+                        fn()
+                    torch.cuda.synchronize()
+                    want = expected(op, world, rank, inputs)
+                    ok = torch.equal(y.view(torch.int16), want.view(torch.int16)) if impl == "sm" or \
+                        op in ("all_gather", "all_to_all") else torch.allclose(y.float(), want.float(), rtol=2e-2,
+                                                                                atol=2e-2)
+                    if impl == "sm" and op == "all_reduce":
+                        z = x.clone()
+                        sm.run(op, x, x)
+                        torch.cuda.synchronize()
+                        ok = ok and torch.equal(x.view(torch.int16), want.view(torch.int16))
+                        x.copy_(z)
+                except Exception as e:  # noqa: BLE001
+                    out[-1]["error"] = out[-1]["error"] or f"check: {type(e).__name__}: {e}"[:300]
+                for r in out[-len(MODES):]:
+                    r["correct"] = bool(ok)
+                dist.barrier()
+    timed_out = sm.timed_out()
+    if timed_out:
+        out.append({"op": "-", "impl": "sm", "mode": "-", "bytes": 0, "samples": [], "correct": False,
+                    "error": f"a wait gave up at epoch {timed_out}"})
+    torch.cuda.synchronize()
+    dist.barrier()
+    comm.close()
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Table]:
+    import os
+
+    from ...verify.launch import run_ranks
+
+    driver()
+    seed = int(os.environ.get("DMACOLL_SEED", "1234"))
+    print(f"seed {seed} (DMACOLL_SEED)", flush=True)
+    rows = []
+    for world in args.worlds:
+        cfg = {"sizes": args.sizes, "ops": args.ops, "calls": args.calls, "repeats": args.repeats, "seed": seed}
+        try:
+            per_rank = run_ranks(_rank, world, cfg, device="cuda", timeout_s=500)
+        except Exception as e:  # noqa: BLE001 - recorded, the other worlds go on
+            rows.append(row(world, "", "", "", 0, [], args.calls, error=f"{type(e).__name__}: {e}"[:300]))
+            continue
+        for i, first in enumerate(per_rank[0]):
+            mine = [r[i] for r in per_rank]
+            error = next((m["error"] for m in mine if m["error"]), "")
+            samples = [] if error else [max(s) for s in zip(*(m["samples"] for m in mine))]
+            rows.append(row(world, first["op"], first["impl"], first["mode"], first["bytes"], samples, args.calls,
+                            all(m.get("correct") for m in mine), error))
+            r = rows[-1]
+            print(f"w{world} {r['op']:14s} {r['impl']:18s} {r['mode']:5s} {r['bytes']:>7} {r['per_call_us']:8.2f} us "
+                  f"(p10 {r['per_call_us_p10']:.2f}, p90 {r['per_call_us_p90']:.2f}) correct={r['correct']} "
+                  f"{r['error']}", flush=True)
+    config = {k: getattr(args, k) for k in ("worlds", "sizes", "ops", "calls", "repeats")}
+    config["seed"] = seed
+    return {NAME: Table(rows, config)}

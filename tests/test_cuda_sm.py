@@ -1,0 +1,60 @@
+"""The sm path's GPU-free parts (``dmacoll.backends.cuda_sm``): the area's layout, the grid every rank agrees on,
+the ops' shapes and their refusals, the kernels' source (compiled by NVRTC where cuda-bindings is installed)."""
+import pytest
+
+from dmacoll.backends import cuda_sm
+from dmacoll.errors import InvalidArgument
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_area_layout_keeps_slots_aligned_and_past_the_words(world):
+    words = world * cuda_sm.MAX_BLOCKS + cuda_sm.MAX_BLOCKS + 1
+    assert cuda_sm.slots_offset(world) % 16 == 0 and cuda_sm.slots_offset(world) >= 4 * words
+    assert cuda_sm.error_offset(world) + 4 <= cuda_sm.slots_offset(world)
+    assert cuda_sm.area_bytes(world, 4096) == cuda_sm.slots_offset(world) + 2 * world * 4096
+
+
+@pytest.mark.parametrize("slot", [0, -16, 24])
+def test_area_refuses_slots_that_are_not_positive_multiples_of_16(slot):
+    with pytest.raises(InvalidArgument, match="multiple of 16"):
+        cuda_sm.area_bytes(4, slot)
+
+
+def test_grid_grows_with_the_bytes_and_stays_within_the_flags():
+    assert cuda_sm.grid(2, 16) == 1 and cuda_sm.grid(4, 1024) == 1
+    sizes = [1 << k for k in range(4, 28)]
+    grids = [cuda_sm.grid(8, n) for n in sizes]
+    assert grids == sorted(grids) and max(grids) == cuda_sm.MAX_BLOCKS
+    assert cuda_sm.grid(4, 65536) == -(-3 * 4096 // (cuda_sm.THREADS * cuda_sm.VECTORS_PER_THREAD))
+
+
+@pytest.mark.parametrize("op, inp, out, want", [
+    ("all_gather", 100, 400, ("gather", 0, 100)),
+    ("all_to_all", 400, 400, ("gather", 100, 100)),
+    ("all_reduce", 256, 256, ("sum", 0, 256)),
+    ("reduce_scatter", 1024, 256, ("sum", 256, 256)),
+])
+def test_call_shape_per_op(op, inp, out, want):
+    assert cuda_sm.call_shape(op, 4, inp, out) == want
+
+
+@pytest.mark.parametrize("op, inp, out", [("all_gather", 100, 300), ("all_reduce", 256, 128), ("all_to_all", 402, 402),
+                                          ("reduce_scatter", 1000, 256), ("broadcast", 4, 4)])
+def test_call_shape_refuses_what_does_not_fit(op, inp, out):
+    with pytest.raises(InvalidArgument):
+        cuda_sm.call_shape(op, 4, inp, out)
+
+
+def test_source_has_a_gather_and_a_sum_per_dtype_and_compiles_where_nvrtc_is():
+    src = cuda_sm.source()
+    assert "@MAX_BLOCKS@" not in src and f"#define SM_MAX_BLOCKS {cuda_sm.MAX_BLOCKS}" in src
+    assert src.count("extern \"C\" __global__ void dmacoll_sm_sum_") == len(cuda_sm.FOLD_TYPES)
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from dmacoll.backends.cuda_kernels import compile_program
+    try:
+        cubin = compile_program(src, "dmacoll_sm.cu", "sm_90")
+    except Exception as e:  # noqa: BLE001 - NVRTC's library may be missing beside the bindings
+        if "could not compile" in str(e):
+            raise
+        pytest.skip(f"NVRTC unavailable: {e}")
+    assert len(cubin) > 0
