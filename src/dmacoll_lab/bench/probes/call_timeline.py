@@ -291,3 +291,61 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
             timeline += t
     config = {k: getattr(args, k) for k in ("worlds", "sizes", "calls", "max_connections", "timeline", "repeats")}
     return {NAME: Table(rows, config), ACTIVITIES: Table(timeline, config)}
+
+
+# -- reading the timeline ------------------------------------------------------------------------------------------
+HARNESS_KERNELS = ("vectorized_elementwise", "AllReduce_Sum_f32")  # the input's fill, the ranks' NCCL barrier
+SUMMARY = ["world", "config", "bytes", "per_call_us", "copies_per_call", "copy_us", "copy_gap_us", "copies_overlapping",
+           "kernels_per_call", "kernel_us"]
+
+
+def summary(activities: list[dict], calls: int) -> list[dict]:
+    """Per (world, config, bytes), from every rank's records of one profiled replay of ``calls`` calls (medians over
+    ranks): the replay's span per call; copies per call, a copy's duration, the idle gap from one copy's end to the
+    next copy's start on the same rank (any stream: the copy engine's issue cost), and the share of consecutive
+    copies that overlap in time (0: the rank's copies ran one after another, whatever their streams); kernels per
+    call and a kernel's duration (dmacoll's put, spin and fold kernels; NCCL's)."""
+    def med(xs):
+        return round(statistics.median(xs), 2) if xs else float("nan")
+
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for a in activities:
+        if any(k in a["name"] for k in HARNESS_KERNELS):
+            continue
+        key = (int(a["world"]), a["config"], int(a["bytes"]))
+        groups.setdefault(key, {}).setdefault(str(a["rank"]), []).append(a)
+    out = []
+    for (world, config, nbytes), ranks in sorted(groups.items()):
+        span, ncopies, dur, gap, overlap, nkernels, kdur = [], [], [], [], [], [], []
+        for records in ranks.values():
+            records = sorted(records, key=lambda a: float(a["start_us"]))
+            start = float(records[0]["start_us"])
+            end = max(float(a["start_us"]) + float(a["dur_us"]) for a in records)
+            span.append((end - start) / calls)
+            copies = [a for a in records if a["name"].startswith("Memcpy")]
+            kernels = [a for a in records if not a["name"].startswith("Memcpy")]
+            ncopies.append(len(copies) / calls)
+            nkernels.append(len(kernels) / calls)
+            dur += [float(a["dur_us"]) for a in copies]
+            kdur += [float(a["dur_us"]) for a in kernels]
+            for a, b in zip(copies, copies[1:]):
+                a_end = float(a["start_us"]) + float(a["dur_us"])
+                overlap.append(float(b["start_us"]) < a_end)
+                if 0 <= float(b["start_us"]) - a_end < 5:  # back to back inside a call, not across a wait
+                    gap.append(float(b["start_us"]) - a_end)
+        out.append({"world": world, "config": config, "bytes": nbytes, "per_call_us": med(span),
+                    "copies_per_call": med(ncopies), "copy_us": med(dur), "copy_gap_us": med(gap),
+                    "copies_overlapping": round(sum(overlap) / len(overlap), 2) if overlap else float("nan"),
+                    "kernels_per_call": med(nkernels), "kernel_us": med(kdur)})
+    return out
+
+
+def summary_markdown(csv_path: str, calls: int) -> str:
+    """``summary`` of a committed activities table as a markdown table (what the results README shows)."""
+    import csv
+
+    with open(csv_path) as f:
+        rows = summary(list(csv.DictReader(f)), calls)
+    lines = ["| " + " | ".join(SUMMARY) + " |", "|" + "---|" * len(SUMMARY)]
+    lines += ["| " + " | ".join(str(r[c]) for c in SUMMARY) + " |" for r in rows]
+    return "\n".join(lines)
