@@ -8,9 +8,8 @@ from dmacoll.errors import InvalidArgument
 
 @pytest.mark.parametrize("world", range(2, 9))
 def test_area_layout_keeps_slots_aligned_and_past_the_words(world):
-    words = world * cuda_sm.MAX_BLOCKS + cuda_sm.MAX_BLOCKS + 1
-    assert cuda_sm.slots_offset(world) % 16 == 0 and cuda_sm.slots_offset(world) >= 4 * words
-    assert cuda_sm.error_offset(world) + 4 <= cuda_sm.slots_offset(world)
+    words = world * cuda_sm.MAX_BLOCKS + cuda_sm.MAX_BLOCKS  # flags per sender and block, an epoch per block
+    assert cuda_sm.slots_offset(world) % 16 == 0 and 4 * words <= cuda_sm.slots_offset(world) < 4 * words + 16
     assert cuda_sm.area_bytes(world, 4096) == cuda_sm.slots_offset(world) + 2 * world * 4096
 
 
@@ -43,6 +42,19 @@ def test_call_shape_per_op(op, inp, out, want):
 def test_call_shape_refuses_what_does_not_fit(op, inp, out):
     with pytest.raises(InvalidArgument):
         cuda_sm.call_shape(op, 4, inp, out)
+
+
+@pytest.mark.parametrize("op, inp, out, dtype, want", [
+    ("all_reduce", 1024, 1024, "bfloat16", 1024),
+    ("all_reduce", 1024, 1024, "int8", None),  # no sum for int8
+    ("all_gather", 1024, 4096, "int8", 1024),  # gathers move bytes of any dtype
+    ("all_to_all_v", 1024, 1024, "float32", None),  # not an sm op
+    ("reduce_scatter", 4 * cuda_sm.SLOT_BYTES, cuda_sm.SLOT_BYTES, "float32", cuda_sm.SLOT_BYTES),
+    ("reduce_scatter", 8 * cuda_sm.SLOT_BYTES, 2 * cuda_sm.SLOT_BYTES, "float32", None),  # beyond the slots
+    ("all_gather", 1000, 3000, "float32", None),  # sizes that do not fit the op
+])
+def test_sm_bytes_says_which_calls_the_path_runs(op, inp, out, dtype, want):
+    assert cuda_sm.sm_bytes(op, 4, inp, out, dtype, cuda_sm.SLOT_BYTES) == want
 
 
 def test_source_has_a_gather_and_a_sum_per_dtype_and_compiles_where_nvrtc_is():

@@ -11,13 +11,13 @@ import pytest
 
 from dmacoll import ops, tuning
 from dmacoll.errors import InvalidArgument
-from dmacoll.options import (CALL_OPTIONS, FALLBACK, Call, CallOptions, EngineCapabilities, Options, allowed,
-                             candidates, choices, fallback, resolve)
+from dmacoll.options import (CALL_OPTIONS, COPY_ENGINE_OPTIONS, FALLBACK, SM_AUTO_MAX_BYTES, Call, CallOptions,
+                             EngineCapabilities, Options, allowed, candidates, choices, choose_path, fallback, resolve)
 from dmacoll_lab.verify.launch import run_ranks
 
 CUDA = EngineCapabilities("cuda")
-HOST = EngineCapabilities("host", graphs=False, native_submit=False)
-HIP = EngineCapabilities("hip", native_submit=False, kernel_signals=False, spin_waits=False)
+HOST = EngineCapabilities("host", graphs=False, native_submit=False, sm_path=False)
+HIP = EngineCapabilities("hip", native_submit=False, kernel_signals=False, spin_waits=False, sm_path=False)
 REFUSING = dataclasses.replace(CUDA, remote_memop_writes=False, memop_refusal="the driver refuses memop writes")
 EAGER = Call("all_gather", 4096, False, capturing=False)
 CAPTURED = EAGER._replace(capturing=True)
@@ -36,7 +36,7 @@ def _refused(options: Options, capabilities=CUDA, call=None) -> str:
 # -- legality ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,value", [("variant", "bcst"), ("direction", "sideways"), ("sync", "auto"),
                                         ("signal", "fence"), ("submit", "c++"), ("handshake", "none"),
-                                        ("wait", "poll"), ("prerecord", 1), ("prerecord", "yes"),
+                                        ("wait", "poll"), ("prerecord", 1), ("prerecord", "yes"), ("path", "cores"),
                                         ("variant", True), ("wait", None)])
 def test_a_value_outside_its_list_is_refused_with_the_list(name, value):
     assert f"{name}={value!r} is not one of" in _refused(Options(**{name: value}))
@@ -54,6 +54,8 @@ def test_engines_must_be_a_count_of_queues(engines):
     (Options(submit="native"), HOST, "submit='native' issues CUDA driver calls: it needs backend='cuda', not 'host'"),
     (Options(submit="native", signal="kernel"), CUDA, "submit='native' issues driver calls only: use signal="),
     (Options(wait="spin"), HIP, "wait='spin' runs CUDA kernels; on backend='hip' use wait='memop'"),
+    (Options(path="sm"), HOST, "path='sm' runs dmacoll's CUDA kernels; on backend='host' use path='dma'"),
+    (Options(path="sm"), HIP, "on backend='hip' use path='dma'"),
     (Options(wait="fold", submit="native"), CUDA, "wait='fold' launches a kernel: use wait='memop'"),
     (Options(wait="spin", submit="native"), CUDA, "wait='spin' launches a kernel"),
     (Options(sync="epoch"), REFUSING, "sync='epoch' sends sequence numbers as stream-memop writes to peers, and "
@@ -80,6 +82,28 @@ def test_the_engines_state_their_capabilities():
     from dmacoll.backends.host import HostEngine
 
     assert (CudaEngine.capabilities, HostEngine.capabilities, HipEngine.capabilities) == (CUDA, HOST, HIP)
+
+
+# -- the data path -------------------------------------------------------------------------------------------------
+def test_auto_takes_the_sm_path_for_small_calls_that_fit_it():
+    assert choose_path(Options(), CUDA, 1024) == "sm"
+    assert choose_path(Options(), CUDA, SM_AUTO_MAX_BYTES) == "sm"
+    assert choose_path(Options(), CUDA, SM_AUTO_MAX_BYTES + 16) == "dma"  # larger: the copy engines
+    assert choose_path(Options(), CUDA, None) == "dma"  # an op, dtype or size the sm path cannot run
+    assert choose_path(Options(), CUDA, 1024, gated=True) == "dma"  # prelaunched calls run on the copy engines
+    assert choose_path(Options(), HOST, 1024) == "dma" and choose_path(Options(), HIP, 1024) == "dma"
+
+
+@pytest.mark.parametrize("name", COPY_ENGINE_OPTIONS)
+def test_a_copy_engine_option_named_by_the_caller_keeps_auto_on_the_copy_engines(name):
+    value = {"variant": "b2b", "direction": "pull", "signal": "copy", "wait": "spin", "prerecord": False,
+             "submit": "python"}[name]
+    assert choose_path(Options(**{name: value}), CUDA, 1024) == "dma"
+
+
+def test_a_named_path_is_taken_as_it_is():
+    assert choose_path(Options(path="dma"), CUDA, 1024) == "dma"
+    assert choose_path(Options(path="sm", variant="b2b"), CUDA, 1 << 30) == "sm"  # the communicator refuses it
 
 
 def test_epoch_cannot_be_captured_and_prerecording_needs_reset():

@@ -170,7 +170,7 @@ def fake_tables(name: str) -> dict[str, Table]:
                 call_timeline.ACTIVITIES: Table(call_timeline.timeline_rows(
                     2, None, "nccl", 1024, [call_timeline.activities(trace), peer]), {"sizes": [1024]})}
     if name == "sm_path":
-        return {name: Table([sm_path.row(4, "all_reduce", "sm", "graph", 1024, [5.0, 4.0, 6.0], 10, True),
+        return {name: Table([sm_path.row(4, "all_reduce", "sm", "graph", 1024, [5.0, 4.0, 6.0], 10, True, path="sm"),
                              sm_path.row(2, "", "", "", 0, [], 10, error="rank 1 died")], {"sizes": [1024]})}
     if name == "submit_cost":
         return {name: Table([submit_cost.row("cuMemcpyAsync", "created", 4, 4096, [9.0, 8.0, 10.0], 8.5, True),
@@ -270,6 +270,9 @@ def test_table_paths():
 EARLIER = {
     # code 39a4503: three ways, each alone and next to a GEMM (later: eight ways x four orders, copy_us / gemm_us)
     "h200x2/c3/local_copy_paths": ["way", "next_to_gemm", "time_us", "correct"],
+    # code c10c1c5: the kernels called directly (later: through Communicator, and the path each call took)
+    "h200x4/sm_path/sm_path": ["world", "op", "impl", "mode", "bytes", "per_call_us", "per_call_us_p10",
+                               "per_call_us_p90", "calls", "correct", "error"],
 }
 
 

@@ -28,9 +28,9 @@ import torch.distributed as dist
 
 from . import backends, consistency, ops, validate
 from .calibration import lookup
-from .errors import BackendUnavailable, DmaCollDeviceError, DmaCollError, InvalidArgument
+from .errors import BackendUnavailable, DmaCollDeviceError, DmaCollError, DmaCollTimeoutError, InvalidArgument
 from .executor import GATES, Program, flag_words, lower, run, wait_words
-from .options import Call, CallOptions, Options, resolve
+from .options import Call, CallOptions, Options, choose_path, resolve
 from .plan import DONE, DONE_ALT, FULL, Handshake, Layout, Wait
 
 if TYPE_CHECKING:
@@ -165,7 +165,10 @@ class Communicator:
         self.options = options
         self.staging = _align(flag_words(self.world) * 4)
         self.heap_start = self.staging + _align(staging_bytes)
-        total = self.heap_start + _align(heap_bytes)
+        heap_end = self.heap_start + _align(heap_bytes)
+        engine_class = backends.engine_class(self.backend)
+        # the sm path's area (flags, epochs, slots) sits past the heap that empty() allocates from
+        total = heap_end + (_align(engine_class.sm_area_bytes(self.world)) if engine_class.capabilities.sm_path else 0)
         self.engine = backends.make_engine(self.backend, self.group, total, flag_words(self.world), timeout_s, device)
         self.capabilities = self.engine.capabilities  # the native library's loading: learned on first need
         try:
@@ -173,6 +176,8 @@ class Communicator:
             self._say_copy_flags(options)
             if options.wait in ("spin", "fold"):
                 self.engine.load_kernels()
+            if self.capabilities.sm_path:
+                self.engine.open_sm(heap_end)
         except DmaCollError:
             self.engine.close()
             raise
@@ -184,7 +189,7 @@ class Communicator:
             self.engine.close()
             raise
         self._next = self.heap_start
-        self._total = total
+        self._total = heap_end
         self._epoch = 0
         self._calls = 0
         self._programs: dict[tuple, Lowered] = {}
@@ -267,6 +272,9 @@ class Communicator:
         # not behind a prelaunch gate: recording a graph synchronizes the device (torch.cuda.graph), which waits for
         # the gate stream, which waits for a release the host has not issued yet: a deadlock
         prerecord = opts.prerecord and self.capabilities.graphs and not capturing and self._gate is None
+        if opts.path == "sm":
+            self._run_sm(spec, request, opts)
+            return output
         if opts.submit == "native":
             self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
         if opts.wait != "memop":
@@ -286,6 +294,34 @@ class Communicator:
         syms = (self.engine.sym_offset(request.input), self.engine.sym_offset(request.output))
         return spec, request, self._options(spec, request, options, capturing, None not in syms), syms
 
+    def _sm_bytes(self, spec: ops.OpSpec, request: ops.Request) -> Optional[int]:
+        """The call's bytes per peer on the sm path (None: the path cannot run it here)."""
+        if not self.capabilities.sm_path:
+            return None
+        return self.engine.sm_bytes(spec.name, ops.spec.nbytes(request.input), ops.spec.nbytes(request.output),
+                                    ops.dtype_name(request.input.dtype))
+
+    def _run_sm(self, spec: ops.OpSpec, request: ops.Request, opts: Options) -> None:
+        """One call on the sm path: a kernel on the current stream (the engine's ``sm``); a wait that gave up
+        since the last call is raised first, naming the silent ranks."""
+        self._calls += 1
+        label = f"{spec.name} call #{self._calls} (sm)"
+        silent = self.engine.sm.silent_ranks()
+        if silent:
+            self.error = DmaCollTimeoutError(f"an sm call waited more than {self.engine.timeout_s:g} s for rank(s) "
+                                             f"{', '.join(map(str, silent))} to deliver; the communicator is unusable")
+            raise self.error
+        self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
+        try:
+            self.engine.sm.run(spec.name, request.output, request.input)
+        except InvalidArgument:
+            raise
+        except Exception as e:
+            self._raise_failed(label, e)
+        self._lean = LeanState()  # no DONE was exchanged: the next copy-engine call vouches for nothing
+        self.last_handshake = FULL
+        self.last_options = opts
+
     def _signature(self, spec: ops.OpSpec, request: ops.Request, opts: Options,
                    syms: tuple[Optional[int], Optional[int]]) -> dict:
         """What every rank must agree on for a call to meet (the cross-rank check, ``consistency``)."""
@@ -298,7 +334,7 @@ class Communicator:
             buffers = (buffer(syms[0]), buffer(syms[1]))
         return {"call": self._calls + 1, "op": spec.name, "dtype": ops.dtype_name(request.input.dtype),
                 "sizes (bytes)": request.key, "buffers (input, output)": buffers, "direction": opts.direction,
-                "sync": opts.sync, "signal": opts.signal, "handshake": opts.handshake}
+                "sync": opts.sync, "signal": opts.signal, "handshake": opts.handshake, "path": opts.path}
 
     def _agreed(self, op: str, prepare, signature):
         """``prepare()``: this rank's part of a call before any collective work. With the cross-rank check on,
@@ -404,8 +440,8 @@ class Communicator:
         both buffers in the heap or not, changes), then a dict lookup: the size is the same on every rank
         (``Request.nbytes``), so the ranks choose alike. A rejected call stores nothing."""
         try:
-            key = (spec.tuning_op, request.nbytes, request.in_place, capturing, heap,
-                   tuple(sorted(changes.items())) if changes else ())
+            key = (spec.name, request.nbytes, request.in_place, capturing, heap, request.input.dtype,
+                   self._gate is not None, tuple(sorted(changes.items())) if changes else ())
             resolved = self._resolved.get(key)
         except TypeError:  # an unhashable value: not an option (resolve says which), nothing to cache
             key, resolved = None, None
@@ -413,8 +449,21 @@ class Communicator:
             wanted = self.options.changed(changes)
             call = Call(spec.tuning_op, request.nbytes, request.in_place, capturing, heap)
             resolved = resolve(wanted, self.capabilities, call, self.tuning)
-            if resolved.submit == "native" and wanted.submit == "auto" and not self._native_available():
+            shared = self.capabilities.sm_path and self.engine.sm_shares_device()
+            path = choose_path(wanted, self.capabilities, self._sm_bytes(spec, request),
+                               gated=self._gate is not None or shared)
+            if path == "sm":
+                if self._sm_bytes(spec, request) is None:
+                    raise InvalidArgument(f"{spec.name} with path='sm': the sm path runs all_gather, all_to_all, "
+                                          f"all_reduce and reduce_scatter up to {self.engine.sm.slot_bytes} bytes "
+                                          "per peer (sums of float and int dtypes); use path='dma'")
+                if self._gate is not None:
+                    raise InvalidArgument(f"{spec.name} with path='sm' inside a prelaunch block: prelaunched calls "
+                                          "run on the copy engines; use path='dma'")
+                resolved = dataclasses.replace(resolved, path="sm")
+            elif resolved.submit == "native" and wanted.submit == "auto" and not self._native_available():
                 resolved = resolve(wanted, self.capabilities, call, self.tuning)  # chosen again, from Python
+            resolved = dataclasses.replace(resolved, path=path)
             self._say_copy_flags(wanted)
             if key is not None:
                 if len(self._resolved) >= 4096:

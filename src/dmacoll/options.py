@@ -27,6 +27,11 @@ from .plan import DIRECTIONS, VARIANTS
 from .tuning import CHOSEN, Choice, TuningTable
 
 HANDSHAKES = ("full", "lean")
+PATHS = ("dma", "sm")
+# 'auto' takes the sm path up to this many bytes per peer (the sm path's slots): one-shot kernels measured faster
+# than NCCL and than the copy engines' calls there (results/h200x4/sm_path, results/h200x4/small_calls)
+SM_AUTO_MAX_BYTES = 256 << 10
+COPY_ENGINE_OPTIONS = ("variant", "direction", "signal", "wait", "prerecord", "submit")
 SUBMITS = ("python", "native")
 MAX_ENGINES = 16
 
@@ -48,6 +53,7 @@ class CallOptions(TypedDict, total=False):
     submit: str
     handshake: str
     wait: str
+    path: str
 
 
 CALL_OPTIONS = tuple(CallOptions.__annotations__)
@@ -55,9 +61,16 @@ CALL_OPTIONS = tuple(CallOptions.__annotations__)
 
 @dataclass(frozen=True)
 class Options:
-    """How a communicator's collectives run: ``Communicator(options=Options(...))``. The first eight are call
+    """How a communicator's collectives run: ``Communicator(options=Options(...))``. The first nine are call
     options, the defaults of every call, which a call may change for itself by keyword (``CallOptions``); the last
     three are the communicator's own, set once.
+
+    ``path``: ``dma`` (the copy engines: the papers' collectives, every option below), ``sm`` (one one-shot kernel
+    per call: stores into every peer's heap over NVLink, a flag per block, a local copy or sum; all_gather, all_to_all,
+    all_reduce, reduce_scatter up to ``cuda_sm.SLOT_BYTES`` per peer; it occupies up to ``cuda_sm.MAX_BLOCKS`` blocks
+    of ``cuda_sm.THREADS`` threads while it runs; cuda only) or ``auto`` (the default): ``sm`` up to
+    ``SM_AUTO_MAX_BYTES`` per peer where the call fits it and names no copy-engine option, else ``dma``
+    (``choose_path``). ``last_options.path`` says which ran.
 
     ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue), ``multi`` (one handshake, copies
     split over ``engines`` queues) or ``auto``; ``direction``: ``push`` (write into peers), ``pull`` (read from
@@ -110,6 +123,7 @@ class Options:
     submit: str = "auto"
     handshake: str = "full"
     wait: str = "auto"
+    path: str = "auto"
     # the communicator's own
     engines: int = 2
     tuning_table: Optional[str] = None
@@ -146,6 +160,7 @@ class EngineCapabilities:
     remote_memop_writes: bool = True  # flags may be stream-memop writes into peer memory (else copies carry them)
     memop_refusal: str = ""         # why not, where they may not
     native_available: bool = True   # the native library loads here (False once it failed to: 'auto' stops choosing it)
+    sm_path: bool = True            # path='sm': dmacoll's one-shot CUDA kernels (backends/cuda_sm.py)
 
 
 class Call(NamedTuple):
@@ -197,7 +212,7 @@ def _check_values(options: Options) -> None:
     for name, values in (("variant", VARIANTS + ("auto",)), ("direction", DIRECTIONS + ("auto",)),
                          ("sync", SYNC_MODES), ("signal", SIGNAL_MODES + ("auto",)), ("submit", SUBMITS + ("auto",)),
                          ("handshake", HANDSHAKES), ("wait", WAIT_MODES + ("auto",)),
-                         ("prerecord", (False, True, "auto"))):
+                         ("prerecord", (False, True, "auto")), ("path", PATHS + ("auto",))):
         value = getattr(options, name)
         wrong_type = isinstance(value, bool) != (name == "prerecord" and value != "auto")  # 1 == True: a bool
         if wrong_type or value not in values:
@@ -219,12 +234,27 @@ def _check_combination(options: Options, capabilities: EngineCapabilities) -> No
         raise InvalidArgument(f"submit='native' issues CUDA driver calls: it needs backend='cuda', not {backend!r}")
     if options.submit == "native" and options.signal == "kernel":
         raise InvalidArgument("submit='native' issues driver calls only: use signal='memop' or 'copy'")
+    if options.path == "sm" and not capabilities.sm_path:
+        raise InvalidArgument(f"path='sm' runs dmacoll's CUDA kernels; on backend={backend!r} use path='dma'")
     if options.wait in ("spin", "fold"):
         if not capabilities.spin_waits:
             raise InvalidArgument(f"wait={options.wait!r} runs CUDA kernels; on backend={backend!r} use wait='memop'")
         if options.submit == "native":
             raise InvalidArgument(f"submit='native' issues driver calls only, and wait={options.wait!r} launches a "
                                   "kernel: use wait='memop'")
+
+
+def choose_path(options: Options, capabilities: EngineCapabilities, sm_bytes: Optional[int], gated: bool = False
+                ) -> str:
+    """Which data path a call takes: the caller's, or for 'auto' the sm path where the engine has it, the call fits it
+    (``sm_bytes``: its bytes per peer there, None where the sm path cannot run it), up to ``SM_AUTO_MAX_BYTES``, not
+    behind a prelaunch gate (``gated``) and the caller chose no copy-engine option (a caller who names a variant,
+    direction, signal, wait, prerecord or submit asked for the copy engines). Pure, the same on every rank."""
+    if options.path != "auto":
+        return options.path
+    if not capabilities.sm_path or sm_bytes is None or sm_bytes > SM_AUTO_MAX_BYTES or gated:
+        return "dma"
+    return "dma" if any(getattr(options, name) != "auto" for name in COPY_ENGINE_OPTIONS) else "sm"
 
 
 def candidates(capabilities: EngineCapabilities, eager: bool, epoch: bool = False) -> dict[str, set]:

@@ -40,7 +40,7 @@ from ..errors import BackendUnavailable, DmaCollError
 from ..executor import Folded, MemOp, one_index, probe_index
 from ..options import EngineCapabilities
 from ..plan import Copy, Reduce, Ref
-from . import cuda_kernels, cuda_memory, sym_offset
+from . import cuda_kernels, cuda_memory, cuda_sm, sym_offset
 from .reduce import reduce_step
 from .stream_engine import StreamEngine
 from .watchdog import Watchdog, completes
@@ -322,6 +322,25 @@ class CudaEngine(StreamEngine):
         fields.address = self.ptrs[op.rank] + 4 * op.index
         fields.value = op.value
         return p
+
+    # -- the sm path (backends/cuda_sm.py) ------------------------------------
+    @staticmethod
+    def sm_area_bytes(world: int) -> int:
+        """Heap bytes the sm path's area takes at ``world`` ranks (reserved by the communicator beside its heap)."""
+        return cuda_sm.area_bytes(world, cuda_sm.SLOT_BYTES)
+
+    def open_sm(self, area: int) -> None:
+        """Zero the sm area at heap offset ``area`` on every rank (a barrier): the sm path is ready."""
+        self.sm = cuda_sm.SmPath.open(self, self.group, area, cuda_sm.SLOT_BYTES, self.timeout_s, _drv, check_driver)
+
+    def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str) -> Optional[int]:
+        """A call's bytes per peer on the sm path, None where the path cannot run it."""
+        return cuda_sm.sm_bytes(op, self.world, in_bytes, out_bytes, dtype, cuda_sm.SLOT_BYTES)
+
+    def sm_shares_device(self) -> bool:
+        """Whether ranks share a GPU (the IPC heap): there one rank's spinning kernel waits for a time slice of the
+        other's, so 'auto' keeps such calls on the copy engines."""
+        return isinstance(self.memory, cuda_memory.IpcHeap)
 
     def ensure_native(self) -> None:
         """Load the native library now (raises BackendUnavailable if it is not built), before any GPU work."""

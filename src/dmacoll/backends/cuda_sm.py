@@ -11,11 +11,11 @@ The SM area, at the same heap offset on every rank (``area_bytes``):
 * ``flags[world][MAX_BLOCKS]`` u32: the epoch sender q's block b has delivered to this rank;
 * ``counts[MAX_BLOCKS]`` u32: this rank's epoch, one word per block so that no block reads a word another block
   of the same launch writes (all equal between calls: block 0 also advances the words past the grid);
-* ``error`` u32: the epoch of a wait that ran past its deadline (0: none);
 * ``slots[2][world][slot_bytes]``: by parity, what sender q delivered.
 
 Epochs live in device memory, so a captured graph replays correctly. A wait gives up after ``timeout_ns``
-(``%globaltimer``), records its epoch in ``error`` and lets the kernel end: the GPU never stays hung.
+(``%globaltimer``), sets the silent sender's bit in a word of pinned host memory (``SmPath.silent``, read by the host
+without synchronizing) and lets the kernel end: the GPU never stays hung, and the next call raises.
 Each block sends and later combines the same 16-byte vectors (and block 0 all the unaligned bytes), so an
 in-place all_reduce never overwrites input that another block has yet to send.
 """
@@ -35,14 +35,13 @@ OPS = {"all_gather": ("gather", False), "all_to_all": ("gather", True), "all_red
        "reduce_scatter": ("sum", True)}  # op -> (combine, chunked: chunk p of the input goes to rank p)
 
 
+SLOT_BYTES = 256 << 10  # what a communicator reserves per sender and parity: the largest call the sm path takes
+
+
 def slots_offset(world: int) -> int:
-    """Byte offset of the slots in the area: the flag, count and error words, rounded up to 16 bytes."""
-    words = world * MAX_BLOCKS + MAX_BLOCKS + 1
+    """Byte offset of the slots in the area: the flag and count words, rounded up to 16 bytes."""
+    words = world * MAX_BLOCKS + MAX_BLOCKS
     return -(-4 * words // 16) * 16
-
-
-def error_offset(world: int) -> int:
-    return 4 * (world * MAX_BLOCKS + MAX_BLOCKS)
 
 
 def area_bytes(world: int, slot_bytes: int) -> int:
@@ -80,7 +79,7 @@ struct Sm {
 // ``stride``: 0 sends the whole input to every peer, else chunk p (``stride`` bytes apart) goes to rank p.
 __device__ Sm sm_exchange(const u64* bases, long long area, long long slots_off, int me, int world,
                           long long slot_bytes, const char* in, long long stride, long long n, const char* out,
-                          u64 timeout_ns) {
+                          u64 timeout_ns, unsigned* silent) {
     __shared__ unsigned epoch;
     Sm s;
     s.mine = (char*)bases[me] + area;
@@ -115,7 +114,7 @@ __device__ Sm sm_exchange(const u64* bases, long long area, long long slots_off,
         u64 start = now_ns();
         for (unsigned k = 0; (int)(load_acquire(f) - s.e) < 0; ++k) {
             if ((k & 1023) == 1023 && now_ns() - start > timeout_ns) {
-                *(volatile unsigned*)(mine + world * SM_MAX_BLOCKS + SM_MAX_BLOCKS) = s.e;
+                atomicOr_system(silent, 1u << q);  // pinned host memory: the host reads it without a sync
                 break;
             }
         }
@@ -139,10 +138,10 @@ __device__ __forceinline__ void sm_finish(const Sm& s, int world) {
 }
 
 #define SM_ARGS const u64* bases, long long area, long long slots_off, int me, int world, long long slot_bytes, \
-    const char* in, long long stride, long long n, char* out, u64 timeout_ns
+    const char* in, long long stride, long long n, char* out, u64 timeout_ns, unsigned* silent
 
 extern "C" __global__ void dmacoll_sm_gather(SM_ARGS) {
-    Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, stride, n, out, timeout_ns);
+    Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, stride, n, out, timeout_ns, silent);
     for (int q = 0; q < world; ++q) {
         const char* src = q == me ? in + stride * me : slot_of(s, slots_off, world, slot_bytes, q);
         char* dst = out + n * q;
@@ -157,7 +156,7 @@ extern "C" __global__ void dmacoll_sm_gather(SM_ARGS) {
 
 SUM = string.Template(r"""
 extern "C" __global__ void dmacoll_sm_sum_$NAME(SM_ARGS) {
-    Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, stride, n, out, timeout_ns);
+    Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, stride, n, out, timeout_ns, silent);
     const int E = 16 / sizeof($T);
     $T* o = ($T*)out;
     for (long long v = s.gt; v < s.nvec; v += s.gs) {
@@ -226,44 +225,75 @@ class SmKernels:
 
     def launch(self, fn, blocks: int, stream: int, args: tuple) -> None:
         types = (ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-                 ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_ulonglong)
+                 ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_ulonglong,
+                 ctypes.c_void_p)
         self._check(self._drv.cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, stream, (args, types), 0),
                     "cuLaunchKernel (dmacoll_sm)")
+
+
+_LOADED: dict[tuple, SmKernels] = {}
+
+
+def sm_bytes(op: str, world: int, in_bytes: int, out_bytes: int, dtype: str, slot_bytes: int) -> Optional[int]:
+    """The bytes per peer of a call the sm path can run (its op, its sizes, a sum of its dtype, its slots), else
+    None."""
+    if op not in OPS or OPS[op][0] == "sum" and dtype not in FOLD_TYPES:
+        return None
+    try:
+        n = call_shape(op, world, in_bytes, out_bytes)[2]
+    except InvalidArgument:
+        return None
+    return n if n <= slot_bytes else None
 
 
 class SmPath:
     """The sm data path of one cuda engine: ``run(op, output, input)`` issues one kernel on the current stream.
 
-    ``area``: the heap offset of an ``area_bytes(world, slot_bytes)`` block that every rank allocated alike, zeroed
-    on every rank before any rank's first call (``create`` does both)."""
+    ``open`` reserves nothing: the caller gives the heap offset of an ``area_bytes(world, slot_bytes)`` block that
+    every rank set aside alike; ``open`` zeroes it on every rank before any rank's first call (a barrier)."""
 
-    def __init__(self, engine, area: int, slot_bytes: int, timeout_s: float, kernels: SmKernels):
+    def __init__(self, engine, area: int, slot_bytes: int, timeout_s: float, drv, check: Callable[[tuple, str], tuple]):
         import torch
 
         self.engine, self.area, self.slot_bytes = engine, area, slot_bytes
+        self._drv, self._check = drv, check  # the cuda backend's driver module and its error check
         self.world, self.rank = engine.world, engine.rank
         self.timeout_ns = int(timeout_s * 1e9)
-        self.kernels = kernels
+        self._kernels: Optional[SmKernels] = None
         self.bases = torch.tensor(list(engine.ptrs), dtype=torch.int64, device=engine.heap.device)
-        self.error_view = engine.heap[area + error_offset(self.world): area + error_offset(self.world) + 4] \
-            .view(torch.int32)
+        # a bit per silent sender, set by a kernel whose wait gave up: pinned, so the kernel writes it directly
+        self.silent = torch.zeros(1, dtype=torch.int32, pin_memory=True)
 
     @classmethod
-    def create(cls, comm, slot_bytes: int, timeout_s: Optional[float] = None) -> "SmPath":
-        """Allocate and zero the area in ``comm``'s heap (collective: every rank, same ``slot_bytes``)."""
+    def open(cls, engine, group, area: int, slot_bytes: int, timeout_s: float, drv,
+             check: Callable[[tuple, str], tuple]) -> "SmPath":
         import torch
         import torch.distributed as dist
 
-        from .cuda import _drv, check_driver
+        engine.heap[area: area + area_bytes(engine.world, slot_bytes)].zero_()
+        torch.cuda.synchronize(engine.heap.device)
+        dist.barrier(group=group)
+        return cls(engine, area, slot_bytes, timeout_s, drv, check)
 
-        eng = comm.engine
-        block = comm.empty(area_bytes(comm.world, slot_bytes), dtype=torch.uint8)
-        block.zero_()
-        torch.cuda.synchronize(block.device)
-        dist.barrier(group=comm.group)
-        major, minor = torch.cuda.get_device_capability(block.device)
-        kernels = SmKernels(_drv, check_driver, f"sm_{major}{minor}")
-        return cls(eng, eng.sym_offset(block), slot_bytes, timeout_s or comm.timeout_s, kernels)
+    def kernels(self) -> SmKernels:
+        """Compiled (NVRTC) and loaded on first use, once per device and process; loading a module is no stream
+        operation, so it is done in relaxed capture mode (a first call inside a graph capture works)."""
+        if self._kernels is None:
+            import torch
+
+            drv, check = self._drv, self._check
+            device = self.engine.heap.device
+            major, minor = torch.cuda.get_device_capability(device)
+            key = (device.index, major, minor)
+            if key not in _LOADED:
+                mode = check(drv.cuThreadExchangeStreamCaptureMode(
+                    drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuThreadExchangeStreamCaptureMode")[0]
+                try:
+                    _LOADED[key] = SmKernels(drv, check, f"sm_{major}{minor}")
+                finally:
+                    check(drv.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
+            self._kernels = _LOADED[key]
+        return self._kernels
 
     def run(self, op: str, output, input) -> None:
         import torch
@@ -271,15 +301,19 @@ class SmPath:
         combine, stride, n = call_shape(op, self.world, input.numel() * input.element_size(),
                                         output.numel() * output.element_size())
         if n > self.slot_bytes:
-            raise InvalidArgument(f"sm {op}: {n} bytes per peer exceed the sm area's slots of {self.slot_bytes}")
-        if combine == "sum" and str(input.dtype).removeprefix("torch.") not in FOLD_TYPES:
-            raise InvalidArgument(f"sm {op}: no sum for {input.dtype}; it adds {sorted(FOLD_TYPES)}")
-        fn = self.kernels.gather if combine == "gather" else self.kernels.sums[str(input.dtype).removeprefix("torch.")]
+            raise InvalidArgument(f"sm {op}: {n} bytes per peer exceed the sm path's slots of {self.slot_bytes}; "
+                                  "use path='dma'")
+        dtype = str(input.dtype).removeprefix("torch.")
+        if combine == "sum" and dtype not in FOLD_TYPES:
+            raise InvalidArgument(f"sm {op}: no sum for {dtype}; it adds {sorted(FOLD_TYPES)}; use path='dma'")
+        kernels = self.kernels()
+        fn = kernels.gather if combine == "gather" else kernels.sums[dtype]
         stream = torch.cuda.current_stream(input.device).cuda_stream
         args = (self.bases.data_ptr(), self.area, slots_offset(self.world), self.rank, self.world, self.slot_bytes,
-                input.data_ptr(), stride, n, output.data_ptr(), self.timeout_ns)
-        self.kernels.launch(fn, grid(self.world, n), stream, args)
+                input.data_ptr(), stride, n, output.data_ptr(), self.timeout_ns, self.silent.data_ptr())
+        kernels.launch(fn, grid(self.world, n), stream, args)
 
-    def timed_out(self) -> int:
-        """The epoch of a wait that gave up (0: none); reading it synchronizes with the device."""
-        return int(self.error_view.item())
+    def silent_ranks(self) -> list[int]:
+        """The ranks a wait gave up on since the path opened (no synchronization: the kernel wrote host memory)."""
+        bits = int(self.silent[0]) & 0xFFFFFFFF
+        return [q for q in range(self.world) if bits >> q & 1]

@@ -63,7 +63,8 @@ class HipEngine(StreamEngine):
     # graphs: torch.cuda graphs are HIP graphs on ROCm (unverified on MI300X: see above); no native submission (the
     # library issues CUDA driver calls); no flag or polling kernels written for HIP (nothing to test them on); memop
     # writes: hipStreamWriteValue32 into a peer's signal memory (unverified on hardware)
-    capabilities = EngineCapabilities("hip", native_submit=False, kernel_signals=False, spin_waits=False)
+    capabilities = EngineCapabilities("hip", native_submit=False, kernel_signals=False, spin_waits=False,
+                                      sm_path=False)
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float,
                  device: Optional[torch.device] = None):

@@ -43,7 +43,7 @@ class HostEngine:
     # no graphs on the CPU (prerecord=True runs calls as they come), no native library; kernel signals emulated (a
     # kernel's write is a write), spin waits too (a polling wait that re-arms the word itself); flags are plain
     # stores, so memop writes into peer memory always go
-    capabilities = EngineCapabilities("host", graphs=False, native_submit=False)
+    capabilities = EngineCapabilities("host", graphs=False, native_submit=False, sm_path=False)
     main_queue = "main"
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, flag_words: int, timeout_s: float, device=None):

@@ -47,11 +47,13 @@ def _operator(df: pd.DataFrame) -> pd.DataFrame:
     # sweeps from before an option existed ran with its default (a column missing in some files is NaN there)
     defaults = {"signal": df["impl"].map(lambda i: "memop" if i == "dma" else ""),
                 "wait": df["impl"].map(lambda i: "memop" if i in ("dma", "dma_default") else ""), "prerecord": False,
-                "submit": "python", "handshake": df["impl"].map(lambda i: "full" if i == "dma" else "")}
+                "submit": "python", "handshake": df["impl"].map(lambda i: "full" if i == "dma" else ""),
+                # before the sm path (issue 49) every dmacoll call ran on the copy engines
+                "path": df["impl"].map(lambda i: "dma" if i in ("dma", "dma_default") else "")}
     for col, default in defaults.items():
         df[col] = df[col].where(df[col].notna(), default) if col in df else default
     df["submit"] = df["submit"].replace("", "python").astype(str)
-    for col in ("variant", "direction", "place", "signal", "wait", "handshake", "error"):
+    for col in ("variant", "direction", "place", "signal", "wait", "handshake", "path", "error"):
         df[col] = df[col].astype(str)
     df["prerecord"] = df["prerecord"].astype(str) == "True"
     df["ok"] = (df["status"] == "ok") & (df["correct"].astype(str) == "True")

@@ -57,8 +57,8 @@ def int_matrix(shape: tuple, seed: int, device, banded: bool = False):
 
 def collective(rk: Rank, impl: str, op: str, out, inp) -> Callable[[], None]:
     """One call of ``op`` on dmacoll (its symmetric heap) or NCCL (torch.distributed)."""
-    if impl == "dma":
-        return lambda: rk.comm.collective(op, out, inp)
+    if impl == "dma":  # the copy engines, as the paper offloads it (path='auto' may take SM kernels for small calls)
+        return lambda: rk.comm.collective(op, out, inp, path="dma")
     return lambda: ops.get(op).torch_call(out, inp)
 
 

@@ -36,7 +36,8 @@ IMPLS = ("nccl", "dma_default", "dma", "symm_mem_lc", "nccl_ce", "peer_copy")
 DEFAULT_IMPLS = ("nccl", "dma_default", "dma", "symm_mem_lc", "peer_copy")  # nccl_ce runs in a sweep of its own
 CUDA_IMPLS = ("symm_mem_lc", "nccl_ce")  # torch's symmetric memory and NCCL's copy-engine path: GPUs only
 HEAP_IMPLS = ("dma_default", "dma", "peer_copy")  # on dmacoll's symmetric heap
-COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "wait", "prerecord", "submit", "handshake", "world",
+COLUMNS = ["op", "impl", "variant", "direction", "place", "signal", "wait", "prerecord", "submit", "handshake", "path",
+           "world",
            "bytes_per_rank",
            "total_bytes", "dtype", "mode",
            "time_us", "time_us_p10", "time_us_p90", "algbw_GBps", "busbw_GBps", "correct", "status", "error",
@@ -129,7 +130,7 @@ def point_fields(pt: Point) -> dict:
 
 
 def dma_options(pt: Point) -> dict:
-    return dict(variant=pt.variant, direction=pt.direction, signal=pt.signal, prerecord=pt.prerecord,
+    return dict(path="dma", variant=pt.variant, direction=pt.direction, signal=pt.signal, prerecord=pt.prerecord,
                 **({"submit": "native"} if pt.submit == "native" else {}),
                 **({"wait": pt.wait} if pt.wait not in ("", "memop") else {}))
 
@@ -186,7 +187,7 @@ def measure(rk: harness.Rank, cfg: SweepConfig, baselines: Baselines, pt: Point,
     timed = rk.bench(b.run, cfg.calls, cfg.repeats, mode, cfg.warmup, check=b)
     # what a call with no options ran: every option 'auto' chose
     last = rk.comm.last_options
-    chosen = {name: getattr(last, name) for name in tuning.Choice._fields} \
+    chosen = {name: getattr(last, name) for name in (*tuning.Choice._fields, "path")} \
         if pt.impl == "dma_default" else {}
     return {"samples": timed.samples, "correct": timed.correct, "chosen": chosen}
 
@@ -247,7 +248,7 @@ def merge(per_rank: list[dict], cfg: SweepConfig, pt: Point, nbytes: int, mode: 
     total = bandwidths(pt.op, pt.impl, nbytes, world, 1.0)[0]
     row = {"op": pt.op, "impl": pt.impl, "variant": pt.variant, "direction": pt.direction, "place": pt.place,
            "signal": pt.signal, "wait": pt.wait, "prerecord": pt.prerecord, "submit": pt.submit,
-           "handshake": pt.handshake,
+           "handshake": pt.handshake, "path": "dma" if pt.impl == "dma" else "",
            "world": world, "bytes_per_rank": nbytes, "total_bytes": total, "dtype": cfg.dtype, "mode": mode,
            "calls": cfg.calls, "repeats": cfg.repeats, **per_rank[0].get("chosen", {})}
     if failed:

@@ -1,11 +1,13 @@
 """The sm data path's one-shot kernels (``dmacoll.backends.cuda_sm``) against NCCL, a GPU per rank (issue 49).
 
 Per world, op and size (bytes per rank: all_gather's input, all_to_all's and reduce_scatter's chunk, all_reduce's
-tensor), bfloat16: the sm kernel, NCCL and, for all_reduce, PyTorch symmetric memory's ``one_shot_all_reduce`` on a
-view of the communicator's heap, each graph-replayed (``--calls`` calls per graph, the slowest rank per replay) and
+tensor), bfloat16, through ``Communicator``: ``path='sm'``, ``path='dma'`` (the copy engines, the table's choice),
+the default call (``path='auto'``: the ``path`` column says which ran), beside NCCL and, for all_reduce, PyTorch
+symmetric memory's ``one_shot_all_reduce`` on a view of the communicator's heap, each graph-replayed (``--calls`` calls per graph, the slowest rank per replay) and
 eager (``--calls`` calls issued back to back). After timing, each implementation runs once more on fresh random
-data into a poisoned output, checked exactly: gathers against NCCL's all_gather of the inputs, sums against the
-inputs added in float32 in rank order and rounded once (the kernel's arithmetic), in place for all_reduce too.
+data into a poisoned output, checked: gathers exactly against NCCL's all_gather of the inputs; the sm path's sums
+exactly against the inputs added in float32 in rank order and rounded once (its arithmetic), in place for all_reduce
+too; other sums within bfloat16's rounding.
 
 Usage: dmacoll probe sm_path [--worlds 2 4] [--sizes 1K 4K 16K 64K 256K] [--calls 10] [--repeats 30]
 """
@@ -19,11 +21,11 @@ from .common import Table, add_repeats, count, driver, size_multiple_of
 NAME = "sm_path"
 HELP = "one-shot SM collectives over the heap (the sm path) against NCCL and torch symmetric memory, a GPU per rank"
 GPUS = 2
-COLUMNS = ["world", "op", "impl", "mode", "bytes", "per_call_us", "per_call_us_p10", "per_call_us_p90", "calls",
-           "correct", "error"]
+COLUMNS = ["world", "op", "impl", "path", "mode", "bytes", "per_call_us", "per_call_us_p10", "per_call_us_p90",
+           "calls", "correct", "error"]
 EXTRA: dict[str, list[str]] = {}
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-IMPLS = ("sm", "nccl", "symm_mem_one_shot")
+IMPLS = ("sm", "default", "dma", "nccl", "symm_mem_one_shot")
 MODES = ("graph", "eager")
 
 
@@ -45,9 +47,9 @@ def quantiles(samples: list[float]) -> tuple[float, float, float]:
 
 
 def row(world: int, op: str, impl: str, mode: str, nbytes: int, samples: list[float], calls: int,
-        correct: object = "", error: str = "") -> dict:
+        correct: object = "", error: str = "", path: str = "") -> dict:
     med, p10, p90 = quantiles(samples)
-    return {"world": world, "op": op, "impl": impl, "mode": mode, "bytes": nbytes, "per_call_us": med,
+    return {"world": world, "op": op, "impl": impl, "path": path, "mode": mode, "bytes": nbytes, "per_call_us": med,
             "per_call_us_p10": p10, "per_call_us_p90": p90, "calls": calls, "correct": correct, "error": error}
 
 
@@ -78,13 +80,11 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch.distributed._symmetric_memory  # noqa: F401 - registers torch.ops.symm_mem
 
     from dmacoll import Communicator
-    from dmacoll.backends.cuda_sm import SmPath
     from dmacoll.timing import bench_time
 
     torch.manual_seed(cfg["seed"] + rank)
     comm = Communicator(timeout_s=30)
     top = max(cfg["sizes"])
-    sm = SmPath.create(comm, slot_bytes=top, timeout_s=10)
     dtype = torch.bfloat16
     big = world * top // 2  # elements of the largest buffer
     inp_all, out_all = comm.empty(big, dtype=dtype), comm.empty(big, dtype=dtype)
@@ -96,7 +96,8 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                 "all_gather": lambda: dist.all_gather_into_tensor(y, x),
                 "reduce_scatter": lambda: dist.reduce_scatter_tensor(y, x),
                 "all_to_all": lambda: dist.all_to_all_single(y, x)}[op]
-        impls = {"sm": lambda: sm.run(op, y, x), "nccl": nccl}
+        impls = {"sm": lambda: comm.collective(op, y, x, path="sm"), "default": lambda: comm.collective(op, y, x),
+                 "dma": lambda: comm.collective(op, y, x, path="dma"), "nccl": nccl}
         if op == "all_reduce":
             impls["symm_mem_one_shot"] = lambda: y.copy_(torch.ops.symm_mem.one_shot_all_reduce(
                 x, "sum", comm.group.group_name))
@@ -115,8 +116,9 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                         error = ""
                     except Exception as e:  # noqa: BLE001 - recorded; the ranks go on
                         samples, error = [], f"{type(e).__name__}: {e}"[:300]
+                    path = comm.last_options.path if impl in ("sm", "default", "dma") and comm.last_options else ""
                     out.append({"op": op, "impl": impl, "mode": mode, "bytes": nbytes, "samples": samples,
-                                "error": error})
+                                "error": error, "path": path})
                     torch.cuda.synchronize()
                     dist.barrier()
                 # correctness: fresh data, poisoned output, one eager call (all_reduce also in place for sm)
@@ -130,12 +132,12 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                         fn()
                     torch.cuda.synchronize()
                     want = expected(op, world, rank, inputs)
-                    ok = torch.equal(y.view(torch.int16), want.view(torch.int16)) if impl == "sm" or \
-                        op in ("all_gather", "all_to_all") else torch.allclose(y.float(), want.float(), rtol=2e-2,
-                                                                                atol=2e-2)
+                    exact = op in ("all_gather", "all_to_all") or out[-1]["path"] == "sm"
+                    ok = torch.equal(y.view(torch.int16), want.view(torch.int16)) if exact else \
+                        torch.allclose(y.float(), want.float(), rtol=2e-2, atol=2e-2)
                     if impl == "sm" and op == "all_reduce":
                         z = x.clone()
-                        sm.run(op, x, x)
+                        comm.all_reduce(x, x, path="sm")
                         torch.cuda.synchronize()
                         ok = ok and torch.equal(x.view(torch.int16), want.view(torch.int16))
                         x.copy_(z)
@@ -144,10 +146,6 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                 for r in out[-len(MODES):]:
                     r["correct"] = bool(ok)
                 dist.barrier()
-    timed_out = sm.timed_out()
-    if timed_out:
-        out.append({"op": "-", "impl": "sm", "mode": "-", "bytes": 0, "samples": [], "correct": False,
-                    "error": f"a wait gave up at epoch {timed_out}"})
     torch.cuda.synchronize()
     dist.barrier()
     comm.close()
@@ -175,9 +173,9 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
             error = next((m["error"] for m in mine if m["error"]), "")
             samples = [] if error else [max(s) for s in zip(*(m["samples"] for m in mine))]
             rows.append(row(world, first["op"], first["impl"], first["mode"], first["bytes"], samples, args.calls,
-                            all(m.get("correct") for m in mine), error))
+                            all(m.get("correct") for m in mine), error, first.get("path", "")))
             r = rows[-1]
-            print(f"w{world} {r['op']:14s} {r['impl']:18s} {r['mode']:5s} {r['bytes']:>7} {r['per_call_us']:8.2f} us "
+            print(f"w{world} {r['op']:14s} {r['impl']:18s} {r['path']:3s} {r['mode']:5s} {r['bytes']:>7} {r['per_call_us']:8.2f} us "
                   f"(p10 {r['per_call_us_p10']:.2f}, p90 {r['per_call_us_p90']:.2f}) correct={r['correct']} "
                   f"{r['error']}", flush=True)
     config = {k: getattr(args, k) for k in ("worlds", "sizes", "ops", "calls", "repeats")}

@@ -1,0 +1,182 @@
+"""The sm path (``path='sm'``: one one-shot kernel per call, ``backends/cuda_sm.py``) through ``Communicator`` at worlds
+2 and 4: every op and dtype it claims, odd sizes, heap and private buffers, in place, graph replays of fresh data,
+'auto' choosing it only where it should, and a peer that never calls named by a timeout instead of a hang.
+
+Sums are checked bit for bit against the inputs added in rank order (float32 for half types, wrapping for integers):
+the kernel's arithmetic, the same on every rank. Ranks share a GPU where there are fewer GPUs than ranks (the IPC
+heap; there a spinning kernel waits for the other process's time slice: slow, still correct). Correctness only.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmacoll_lab.verify.launch import run_ranks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+WORLDS = (2, 4)
+OPS = ("all_gather", "all_to_all", "all_reduce", "reduce_scatter")
+SUM_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+GATHER_DTYPES = (*SUM_DTYPES, "int8", "uint8", "bool")
+
+
+def draw(numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (numel,), generator=g).bool()
+    if not dtype.is_floating_point:
+        low, high = (0, 255) if dtype == torch.uint8 else (-100, 100) if dtype == torch.int8 else (-(1 << 30), 1 << 30)
+        return torch.randint(low, high, (numel,), generator=g, dtype=torch.int64).to(dtype)
+    return torch.randn(numel, generator=g, dtype=torch.float64).to(dtype)
+
+
+def expected(op: str, world: int, rank: int, inputs: list[torch.Tensor]) -> torch.Tensor:
+    if op == "all_gather":
+        return torch.cat(inputs)
+    if op == "all_to_all":
+        return torch.cat([x.chunk(world)[rank] for x in inputs])
+    parts = inputs if op == "all_reduce" else [x.chunk(world)[rank] for x in inputs]
+    dtype = parts[0].dtype
+    wide = torch.float64 if dtype == torch.float64 else torch.float32 if dtype.is_floating_point else torch.int64
+    acc = parts[0].to(wide)
+    for x in parts[1:]:
+        acc = acc + x.to(wide)
+    if not dtype.is_floating_point:  # the kernel wraps at the dtype's width
+        bits = 8 * torch.empty((), dtype=dtype).element_size()
+        acc = ((acc + (1 << (bits - 1))) % (1 << bits)) - (1 << (bits - 1)) if bits < 64 else acc
+    return acc.to(dtype)
+
+
+def shapes(op: str, world: int, count: int) -> tuple[int, int]:
+    """(input, output) elements of ``op`` with ``count`` elements per rank (per peer for the chunked ops)."""
+    return {"all_gather": (count, world * count), "all_to_all": (world * count, world * count),
+            "all_reduce": (count, count), "reduce_scatter": (world * count, count)}[op]
+
+
+def _cases(rank: int, world: int, seed: int) -> list[str]:
+    import torch.distributed as dist
+
+    from dmacoll import Communicator
+
+    comm = Communicator(timeout_s=30)
+    failures, case = [], 0
+    for op in OPS:
+        for name in (SUM_DTYPES if op in ("all_reduce", "reduce_scatter") else GATHER_DTYPES):
+            dtype = getattr(torch, name)
+            size = torch.empty((), dtype=dtype).element_size()
+            for count in (1, 17, 4099, 32768):
+                if count * size > 256 << 10:
+                    continue
+                n_in, n_out = shapes(op, world, count)
+                for buffers in ("heap", "private"):
+                    case += 1
+                    make = (lambda n: comm.empty(n, dtype=dtype)) if buffers == "heap" else \
+                        (lambda n: torch.empty(n, dtype=dtype, device=comm.device))
+                    x, y = make(n_in), make(n_out)
+                    inputs = [draw(n_in, dtype, seed + 1000 * case + r) for r in range(world)]
+                    x.copy_(inputs[rank].to(comm.device))
+                    y.fill_(1 if dtype == torch.bool else 77)  # poison
+                    comm.collective(op, y, x, path="sm")
+                    torch.cuda.synchronize()
+                    want = expected(op, world, rank, inputs)
+                    if comm.last_options.path != "sm" or not torch.equal(y.cpu().view(torch.uint8),
+                                                                          want.view(torch.uint8)):
+                        failures.append(f"{op} {name} count {count} {buffers} (seed {seed}, case {case})")
+                    if op == "all_reduce":  # in place
+                        x.copy_(inputs[rank].to(comm.device))
+                        comm.all_reduce(x, x, path="sm")
+                        torch.cuda.synchronize()
+                        if not torch.equal(x.cpu().view(torch.uint8), want.view(torch.uint8)):
+                            failures.append(f"{op} in place {name} count {count} {buffers} (seed {seed})")
+                    if op == "all_gather" and buffers == "heap":  # in place: our chunk already in the output
+                        y.fill_(1 if dtype == torch.bool else 77)
+                        y[rank * count:(rank + 1) * count].copy_(inputs[rank].to(comm.device))
+                        comm.all_gather(y, y[rank * count:(rank + 1) * count], path="sm")
+                        torch.cuda.synchronize()
+                        if not torch.equal(y.cpu().view(torch.uint8), want.view(torch.uint8)):
+                            failures.append(f"{op} in place {name} count {count} (seed {seed})")
+                    dist.barrier()
+    comm.close()
+    return failures
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_sm_path_matches_the_reference(world, seed):
+    results = run_ranks(_cases, world, seed, device="cuda", timeout_s=300)
+    bad = [f for rank in results for f in rank]
+    assert not bad, bad[:8]
+
+
+def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
+    import torch.distributed as dist
+
+    from dmacoll import Communicator
+
+    comm = Communicator(timeout_s=30)
+    out = {"failures": []}
+    n = world * 4099
+    x, y = comm.empty(n, dtype=torch.bfloat16), comm.empty(n, dtype=torch.bfloat16)
+    for op in ("all_reduce", "all_to_all"):
+        x.copy_(draw(n, torch.bfloat16, seed).to(comm.device))
+        comm.collective(op, y, x, path="sm")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(3):  # three calls: the epochs advance inside the graph
+                comm.collective(op, y, x, path="sm")
+        for replay in range(5):  # fresh data every replay
+            inputs = [draw(n, torch.bfloat16, seed + 10 * replay + r) for r in range(world)]
+            x.copy_(inputs[rank].to(comm.device))
+            y.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            if not torch.equal(y.cpu().view(torch.int16), expected(op, world, rank, inputs).view(torch.int16)):
+                out["failures"].append(f"{op} graph replay {replay} (seed {seed})")
+            dist.barrier()
+    small, large = comm.empty(512, dtype=torch.bfloat16), comm.empty(1 << 20, dtype=torch.bfloat16)
+    comm.all_reduce(small, small)
+    out["small"] = comm.last_options.path
+    comm.all_reduce(large, large)
+    out["large"] = comm.last_options.path
+    comm.all_reduce(small, small, variant="b2b")
+    out["named_variant"] = comm.last_options.path
+    torch.cuda.synchronize()
+    comm.close()
+    return out
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_sm_path_replays_in_graphs_and_auto_takes_it_where_it_should(world, seed):
+    results = run_ranks(_graph_and_auto, world, seed, device="cuda", timeout_s=200)
+    assert not [f for r in results for f in r["failures"]]
+    from dmacoll_lab.verify.launch import gpus_for
+    shared = gpus_for(world) < world  # ranks on one GPU: 'auto' keeps the copy engines
+    for r in results:
+        assert (r["small"], r["large"], r["named_variant"]) == ("dma" if shared else "sm", "dma", "dma"), r
+
+
+def _absent(rank: int, world: int) -> str:
+    import torch.distributed as dist
+
+    from dmacoll import Communicator
+    from dmacoll.errors import DmaCollTimeoutError
+
+    comm = Communicator(timeout_s=2)
+    x = comm.empty(1024, dtype=torch.float32)
+    message = ""
+    if rank != world - 1:  # the last rank never calls
+        comm.all_reduce(x, x, path="sm")
+        torch.cuda.synchronize()  # the kernel gives up after timeout_s: it ends
+        try:
+            comm.all_reduce(x, x, path="sm")
+        except DmaCollTimeoutError as e:
+            message = str(e)
+    dist.barrier()
+    return message
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_peer_that_never_calls_is_named_by_a_timeout(world):
+    messages = run_ranks(_absent, world, device="cuda", timeout_s=120)
+    for rank, message in enumerate(messages[:-1]):
+        assert f"for rank(s) {world - 1} to deliver" in message, (rank, message)
