@@ -22,20 +22,23 @@ in-place all_reduce never overwrites input that another block has yet to send.
 from __future__ import annotations
 
 import ctypes
+import os
 import string
 from typing import Callable, Optional
 
 from ..errors import InvalidArgument
 from .cuda_kernels import FOLD_TYPES, HELPERS, compile_program
 
-MAX_BLOCKS = 32
+MAX_BLOCKS = 64
 THREADS = 512
 VECTORS_PER_THREAD = 2  # 16-byte vectors each thread sends per peer before another block is worth its launch
 OPS = {"all_gather": ("gather", False), "all_to_all": ("gather", True), "all_reduce": ("sum", False),
        "reduce_scatter": ("sum", True)}  # op -> (combine, chunked: chunk p of the input goes to rank p)
 
 
-SLOT_BYTES = 256 << 10  # what a communicator reserves per sender and parity: the largest call the sm path takes
+# what a communicator reserves per sender and parity (the largest call the sm path takes): $DMACOLL_SM_SLOT_BYTES, for
+# measuring larger one-shot calls; the area is 2 x world x this
+SLOT_BYTES = int(os.environ.get("DMACOLL_SM_SLOT_BYTES", 256 << 10))
 
 
 def slots_offset(world: int) -> int:

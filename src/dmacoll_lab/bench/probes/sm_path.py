@@ -85,19 +85,22 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
     torch.manual_seed(cfg["seed"] + rank)
     comm = Communicator(timeout_s=30)
     top = max(cfg["sizes"])
+    sm_fits = comm.engine.sm.slot_bytes  # larger calls: no sm row ($DMACOLL_SM_SLOT_BYTES)
     dtype = torch.bfloat16
     big = world * top // 2  # elements of the largest buffer
     inp_all, out_all = comm.empty(big, dtype=dtype), comm.empty(big, dtype=dtype)
     stream = torch.cuda.Stream()
     out = []
 
-    def callers(op: str, x, y):
+    def callers(op: str, x, y, nbytes: int):
         nccl = {"all_reduce": lambda: (y.copy_(x), dist.all_reduce(y)),
                 "all_gather": lambda: dist.all_gather_into_tensor(y, x),
                 "reduce_scatter": lambda: dist.reduce_scatter_tensor(y, x),
                 "all_to_all": lambda: dist.all_to_all_single(y, x)}[op]
         impls = {"sm": lambda: comm.collective(op, y, x, path="sm"), "default": lambda: comm.collective(op, y, x),
                  "dma": lambda: comm.collective(op, y, x, path="dma"), "nccl": nccl}
+        if nbytes > sm_fits:  # the sizes are bytes per peer for every op here
+            del impls["sm"]
         if op == "all_reduce":
             impls["symm_mem_one_shot"] = lambda: y.copy_(torch.ops.symm_mem.one_shot_all_reduce(
                 x, "sum", comm.group.group_name))
@@ -108,7 +111,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
             n_in, n_out = (b // 2 for b in shapes(op, world, nbytes))
             x, y = inp_all[:n_in], out_all[:n_out]
             x.normal_()
-            for impl, fn in callers(op, x, y).items():
+            for impl, fn in callers(op, x, y, nbytes).items():
                 for mode in MODES:
                     try:
                         samples = bench_time(fn, cfg["calls"], cfg["repeats"], mode=mode, warmup=2, stream=stream,
