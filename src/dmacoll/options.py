@@ -28,9 +28,10 @@ from .tuning import CHOSEN, Choice, TuningTable
 
 HANDSHAKES = ("full", "lean")
 PATHS = ("dma", "sm")
-# 'auto' takes the sm path up to this many bytes per peer (the sm path's slots): one-shot kernels measured faster
-# than NCCL and than the copy engines' calls there (results/h200x4/sm_path, results/h200x4/small_calls)
-SM_AUTO_MAX_BYTES = 256 << 10
+# 'auto' takes the sm path up to this many bytes per peer (the sm path's default slots): graph-replayed on 2x and 4x
+# H200 its one-shot kernels beat NCCL and the copy engines' calls for every op up to here, not at 4 MB
+# (results/h200x4/sm_path/, results/h200x4/small_calls/)
+SM_AUTO_MAX_BYTES = 2 << 20
 COPY_ENGINE_OPTIONS = ("variant", "direction", "signal", "wait", "prerecord", "submit")
 SUBMITS = ("python", "native")
 MAX_ENGINES = 16

@@ -133,7 +133,7 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
             if not torch.equal(y.cpu().view(torch.int16), expected(op, world, rank, inputs).view(torch.int16)):
                 out["failures"].append(f"{op} graph replay {replay} (seed {seed})")
             dist.barrier()
-    small, large = comm.empty(512, dtype=torch.bfloat16), comm.empty(1 << 20, dtype=torch.bfloat16)
+    small, large = comm.empty(512, dtype=torch.bfloat16), comm.empty(4 << 20, dtype=torch.bfloat16)  # 1 KB, 8 MB
     comm.all_reduce(small, small)
     out["small"] = comm.last_options.path
     comm.all_reduce(large, large)

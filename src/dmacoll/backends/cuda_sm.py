@@ -38,7 +38,7 @@ OPS = {"all_gather": ("gather", False), "all_to_all": ("gather", True), "all_red
 
 # what a communicator reserves per sender and parity (the largest call the sm path takes): $DMACOLL_SM_SLOT_BYTES, for
 # measuring larger one-shot calls; the area is 2 x world x this
-SLOT_BYTES = int(os.environ.get("DMACOLL_SM_SLOT_BYTES", 256 << 10))
+SLOT_BYTES = int(os.environ.get("DMACOLL_SM_SLOT_BYTES", 2 << 20))
 
 
 def slots_offset(world: int) -> int:
@@ -226,12 +226,25 @@ class SmKernels:
         self.sums = {dtype: check(drv.cuModuleGetFunction(module, f"dmacoll_sm_sum_{dtype}".encode()),
                                   "cuModuleGetFunction")[0] for dtype in FOLD_TYPES}
 
-    def launch(self, fn, blocks: int, stream: int, args: tuple) -> None:
-        types = (ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-                 ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_ulonglong,
-                 ctypes.c_void_p)
-        self._check(self._drv.cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, stream, (args, types), 0),
+    TYPES = (ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+             ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p)
+
+    def launch(self, fn, blocks: int, stream: int, params) -> None:
+        """``params``: a ``Launch``'s packed argument array (its address), or the (values, types) pair."""
+        self._check(self._drv.cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, stream, params, 0),
                     "cuLaunchKernel (dmacoll_sm)")
+
+
+class Launch:
+    """One call shape's kernel launch, its arguments packed once into a void* array (a call then passes its
+    address: no argument packing per call, the eager path's cost)."""
+
+    def __init__(self, fn, blocks: int, args: tuple):
+        self.fn, self.blocks = fn, blocks
+        self.values = [t(v) for t, v in zip(SmKernels.TYPES, args)]
+        self.array = (ctypes.c_void_p * len(self.values))(*(ctypes.addressof(v) for v in self.values))
+        self.address = ctypes.addressof(self.array)
+        self.pair = (args, SmKernels.TYPES)
 
 
 _LOADED: dict[tuple, SmKernels] = {}
@@ -266,7 +279,9 @@ class SmPath:
         self.bases = torch.tensor(list(engine.ptrs), dtype=torch.int64, device=engine.heap.device)
         # a bit per silent sender, set by a kernel whose wait gave up: pinned, so the kernel writes it directly
         self.silent = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-
+        self._silent_host = self.silent.numpy()  # the same memory, read without torch's indexing cost
+        self._launches: dict[tuple, Launch] = {}
+        self._by_address = True
     @classmethod
     def open(cls, engine, group, area: int, slot_bytes: int, timeout_s: float, drv,
              check: Callable[[tuple, str], tuple]) -> "SmPath":
@@ -301,6 +316,22 @@ class SmPath:
     def run(self, op: str, output, input) -> None:
         import torch
 
+        stream = torch.cuda.current_stream(input.device).cuda_stream
+        key = (op, input.data_ptr(), output.data_ptr(), input.numel(), output.numel(), input.dtype, stream)
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = self._launches[key] = self._prepare(op, output, input)
+        kernels = self.kernels()
+        if self._by_address:
+            try:
+                kernels.launch(launch.fn, launch.blocks, stream, launch.address)
+                return
+            except TypeError:  # bindings that take only (values, types): pack per call from now on
+                self._by_address = False
+        kernels.launch(launch.fn, launch.blocks, stream, launch.pair)
+
+    def _prepare(self, op: str, output, input) -> Launch:
+        """The checks of a call shape and its launch (InvalidArgument before any device work)."""
         combine, stride, n = call_shape(op, self.world, input.numel() * input.element_size(),
                                         output.numel() * output.element_size())
         if n > self.slot_bytes:
@@ -311,12 +342,13 @@ class SmPath:
             raise InvalidArgument(f"sm {op}: no sum for {dtype}; it adds {sorted(FOLD_TYPES)}; use path='dma'")
         kernels = self.kernels()
         fn = kernels.gather if combine == "gather" else kernels.sums[dtype]
-        stream = torch.cuda.current_stream(input.device).cuda_stream
-        args = (self.bases.data_ptr(), self.area, slots_offset(self.world), self.rank, self.world, self.slot_bytes,
-                input.data_ptr(), stride, n, output.data_ptr(), self.timeout_ns, self.silent.data_ptr())
-        kernels.launch(fn, grid(self.world, n), stream, args)
+        if len(self._launches) >= 4096:
+            self._launches.clear()
+        return Launch(fn, grid(self.world, n), (self.bases.data_ptr(), self.area, slots_offset(self.world), self.rank,
+                                                 self.world, self.slot_bytes, input.data_ptr(), stride, n,
+                                                 output.data_ptr(), self.timeout_ns, self.silent.data_ptr()))
 
     def silent_ranks(self) -> list[int]:
         """The ranks a wait gave up on since the path opened (no synchronization: the kernel wrote host memory)."""
-        bits = int(self.silent[0]) & 0xFFFFFFFF
+        bits = int(self._silent_host[0]) & 0xFFFFFFFF
         return [q for q in range(self.world) if bits >> q & 1]
