@@ -283,6 +283,12 @@ EARLIER_CONFIG = {
     # runs made with options other than the defaults, on purpose (their READMEs say why)
     "h200x4/small_calls/call_timeline_50_calls": {"calls": 50, "timeline": False},
     "h200x4/small_calls/call_timeline_max_connections": {"worlds": [4], "max_connections": [1, 32], "timeline": False},
+    "h200x4/sm_path/sm_path_50_calls_a": {"calls": 50},
+    "h200x4/sm_path/sm_path_50_calls_b": {"calls": 50},
+    "h200x4/sm_path/sm_path_to_4m_slots": {"sizes": [256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20], "calls": 20,
+                                           "repeats": 20},
+    "h200x4/sm_path/sm_path_to_2m_50_calls": {"sizes": [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20,
+                                                        2 << 20], "calls": 50},
 }
 
 

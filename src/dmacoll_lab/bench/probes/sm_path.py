@@ -7,7 +7,7 @@ symmetric memory's ``one_shot_all_reduce`` on a view of the communicator's heap,
 eager (``--calls`` calls issued back to back). After timing, each implementation runs once more on fresh random
 data into a poisoned output, checked: gathers exactly against NCCL's all_gather of the inputs; the sm path's sums
 exactly against the inputs added in float32 in rank order and rounded once (its arithmetic), in place for all_reduce
-too; other sums within bfloat16's rounding.
+too; other sums (NCCL's adds in bfloat16 along its ring) within two bfloat16 steps at the inputs' scale.
 
 Usage: dmacoll probe sm_path [--worlds 2 4] [--sizes 1K 4K 16K 64K 256K] [--calls 10] [--repeats 30]
 """
@@ -137,7 +137,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                     want = expected(op, world, rank, inputs)
                     exact = op in ("all_gather", "all_to_all") or out[-1]["path"] == "sm"
                     ok = torch.equal(y.view(torch.int16), want.view(torch.int16)) if exact else \
-                        torch.allclose(y.float(), want.float(), rtol=2e-2, atol=2e-2)
+                        torch.allclose(y.float(), want.float(), rtol=2e-2, atol=0.125)  # NCCL adds in bf16: ulps
                     if impl == "sm" and op == "all_reduce":
                         z = x.clone()
                         comm.all_reduce(x, x, path="sm")
