@@ -1,5 +1,7 @@
 """The sm path's GPU-free parts (``dmacoll.backends.cuda_sm``): the area's layout, the grid every rank agrees on,
 the ops' shapes and their refusals, the kernels' source (compiled by NVRTC where cuda-bindings is installed)."""
+import ctypes
+
 import pytest
 
 from dmacoll.backends import cuda_sm
@@ -28,39 +30,66 @@ def test_grid_grows_with_the_bytes_and_stays_within_the_flags():
 
 
 @pytest.mark.parametrize("op, inp, out, want", [
-    ("all_gather", 100, 400, ("gather", 0, 100)),
-    ("all_to_all", 400, 400, ("gather", 100, 100)),
-    ("all_reduce", 256, 256, ("sum", 0, 256)),
-    ("reduce_scatter", 1024, 256, ("sum", 256, 256)),
+    ("all_gather", 100, 400, ("gather", ((0, 100),) * 4, ((0, 100), (100, 100), (200, 100), (300, 100)), 100)),
+    ("all_to_all", 400, 400, ("gather", ((0, 100), (100, 100), (200, 100), (300, 100)),
+                              ((0, 100), (100, 100), (200, 100), (300, 100)), 100)),
+    ("all_reduce", 256, 256, ("sum", ((0, 256),) * 4, ((0, 256),) * 4, 256)),
+    ("reduce_scatter", 1024, 256, ("sum", ((0, 256), (256, 256), (512, 256), (768, 256)), ((0, 256),) * 4, 256)),
 ])
 def test_call_shape_per_op(op, inp, out, want):
-    assert cuda_sm.call_shape(op, 4, inp, out) == want
+    assert tuple(cuda_sm.call_shape(op, 4, 2, inp, out)) == want
+
+
+def test_all_to_all_v_shape_follows_the_matrix():
+    matrix = ((1, 2, 3), (4, 5, 6), (7, 8, 9))  # bytes from rank i to rank j
+    shape = cuda_sm.call_shape("all_to_all_v", 3, 1, 15, 15, matrix)
+    assert shape.send == ((0, 4), (4, 5), (9, 6))  # row 1, back to back in the input
+    assert shape.recv == ((0, 2), (2, 5), (7, 8))  # column 1, in rank order in the output
+    assert shape.largest == 9  # the largest entry: the same on every rank
+    with pytest.raises(InvalidArgument, match="matrix"):
+        cuda_sm.call_shape("all_to_all_v", 3, 1, 15, 15)
 
 
 @pytest.mark.parametrize("op, inp, out", [("all_gather", 100, 300), ("all_reduce", 256, 128), ("all_to_all", 402, 402),
                                           ("reduce_scatter", 1000, 256), ("broadcast", 4, 4)])
 def test_call_shape_refuses_what_does_not_fit(op, inp, out):
     with pytest.raises(InvalidArgument):
-        cuda_sm.call_shape(op, 4, inp, out)
+        cuda_sm.call_shape(op, 4, 0, inp, out)
+
+
+def test_call_shape_refuses_more_ranks_than_the_arguments_hold():
+    with pytest.raises(InvalidArgument, match="up to 8 ranks"):
+        cuda_sm.call_shape("all_reduce", cuda_sm.MAX_WORLD + 1, 0, 64, 64)
 
 
 @pytest.mark.parametrize("op, inp, out, dtype, want", [
     ("all_reduce", 1024, 1024, "bfloat16", 1024),
     ("all_reduce", 1024, 1024, "int8", None),  # no sum for int8
     ("all_gather", 1024, 4096, "int8", 1024),  # gathers move bytes of any dtype
-    ("all_to_all_v", 1024, 1024, "float32", None),  # not an sm op
+    ("broadcast", 1024, 1024, "float32", None),  # not an sm op
     ("reduce_scatter", 4 * cuda_sm.SLOT_BYTES, cuda_sm.SLOT_BYTES, "float32", cuda_sm.SLOT_BYTES),
     ("reduce_scatter", 8 * cuda_sm.SLOT_BYTES, 2 * cuda_sm.SLOT_BYTES, "float32", None),  # beyond the slots
     ("all_gather", 1000, 3000, "float32", None),  # sizes that do not fit the op
 ])
 def test_sm_bytes_says_which_calls_the_path_runs(op, inp, out, dtype, want):
-    assert cuda_sm.sm_bytes(op, 4, inp, out, dtype, cuda_sm.SLOT_BYTES) == want
+    assert cuda_sm.sm_bytes(op, 4, 0, inp, out, dtype, cuda_sm.SLOT_BYTES) == want
+
+
+def test_sm_bytes_of_all_to_all_v_is_its_largest_entry():
+    matrix = ((0, 64, 0, 0), (16, 0, 0, 0), (0, 0, 0, 1 << 20), (0, 0, 0, 0))
+    assert cuda_sm.sm_bytes("all_to_all_v", 4, 3, 64, 1 << 20, "int8", cuda_sm.SLOT_BYTES, matrix) == 1 << 20
+
+
+def test_parts_hold_a_row_per_rank_up_to_the_largest_world():
+    parts = cuda_sm.Parts()
+    assert len(parts.send_off) == cuda_sm.MAX_WORLD and ctypes.sizeof(parts) == 4 * 8 * cuda_sm.MAX_WORLD
 
 
 def test_source_has_a_gather_and_a_sum_per_dtype_and_compiles_where_nvrtc_is():
     src = cuda_sm.source()
     assert "@MAX_BLOCKS@" not in src and f"#define SM_MAX_BLOCKS {cuda_sm.MAX_BLOCKS}" in src
     assert src.count("extern \"C\" __global__ void dmacoll_sm_sum_") == len(cuda_sm.FOLD_TYPES)
+    assert "@MAX_WORLD@" not in src and f"#define SM_MAX_WORLD {cuda_sm.MAX_WORLD}" in src
     pytest.importorskip("cuda.bindings.nvrtc")
     from dmacoll.backends.cuda_kernels import compile_program
     try:

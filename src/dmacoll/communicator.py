@@ -296,10 +296,10 @@ class Communicator:
 
     def _sm_bytes(self, spec: ops.OpSpec, request: ops.Request) -> Optional[int]:
         """The call's bytes per peer on the sm path (None: the path cannot run it here)."""
-        if not self.capabilities.sm_path:
-            return None
+        if not self.capabilities.sm_path or spec.name == "all_to_all_v" and request.in_place:
+            return None  # in place, all_to_all_v's rows and columns overlap: a block could overwrite unsent input
         return self.engine.sm_bytes(spec.name, ops.spec.nbytes(request.input), ops.spec.nbytes(request.output),
-                                    ops.dtype_name(request.input.dtype))
+                                    ops.dtype_name(request.input.dtype), _matrix(spec, request))
 
     def _run_sm(self, spec: ops.OpSpec, request: ops.Request, opts: Options) -> None:
         """One call on the sm path: a kernel on the current stream (the engine's ``sm``); a wait that gave up
@@ -313,7 +313,7 @@ class Communicator:
             raise self.error
         self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
         try:
-            self.engine.sm.run(spec.name, request.output, request.input)
+            self.engine.sm.run(spec.name, request.output, request.input, _matrix(spec, request))
         except InvalidArgument:
             raise
         except Exception as e:
@@ -454,9 +454,10 @@ class Communicator:
                                gated=self._gate is not None or shared)
             if path == "sm":
                 if self._sm_bytes(spec, request) is None:
-                    raise InvalidArgument(f"{spec.name} with path='sm': the sm path runs all_gather, all_to_all, "
+                    raise InvalidArgument(f"{spec.name} with path='sm': the sm path runs all_gather, all_to_all(_v), "
                                           f"all_reduce and reduce_scatter up to {self.engine.sm.slot_bytes} bytes "
-                                          "per peer (sums of float and int dtypes); use path='dma'")
+                                          "per peer and 8 ranks (sums of float and int dtypes; all_to_all_v not in "
+                                          "place); use path='dma'")
                 if self._gate is not None:
                     raise InvalidArgument(f"{spec.name} with path='sm' inside a prelaunch block: prelaunched calls "
                                           "run on the copy engines; use path='dma'")
@@ -672,6 +673,11 @@ def _agreed_backend(requested: str, group, world: int) -> str:
         raise InvalidArgument(f"backend={requested!r} resolved to different backends on the ranks ({chosen}): "
                               "every rank of a communicator must run the same backend on the same kind of device")
     return mine
+
+
+def _matrix(spec: ops.OpSpec, request: ops.Request) -> Optional[tuple]:
+    """all_to_all_v's bytes from rank i to rank j (its request's key), else None."""
+    return request.key[0] if spec.name == "all_to_all_v" else None
 
 
 def _moved_keywords(keywords: dict) -> str:

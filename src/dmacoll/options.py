@@ -67,9 +67,10 @@ class Options:
     three are the communicator's own, set once.
 
     ``path``: ``dma`` (the copy engines: the papers' collectives, every option below), ``sm`` (one one-shot kernel
-    per call: stores into every peer's heap over NVLink, a flag per block, a local copy or sum; all_gather, all_to_all,
-    all_reduce, reduce_scatter up to ``cuda_sm.SLOT_BYTES`` per peer; it occupies up to ``cuda_sm.MAX_BLOCKS`` blocks
-    of ``cuda_sm.THREADS`` threads while it runs; cuda only) or ``auto`` (the default): ``sm`` up to
+    per call: stores into every peer's heap over NVLink, a flag per block, a local copy or sum; all_gather,
+    all_to_all(_v), all_reduce, reduce_scatter up to ``cuda_sm.SLOT_BYTES`` per peer and 8 ranks; it occupies up to
+    ``cuda_sm.MAX_BLOCKS`` blocks of ``cuda_sm.THREADS`` threads while it runs; cuda only) or ``auto`` (the default):
+    ``sm`` up to
     ``SM_AUTO_MAX_BYTES`` per peer where the call fits it and names no copy-engine option, else ``dma``
     (``choose_path``). ``last_options.path`` says which ran.
 

@@ -15,7 +15,7 @@ from dmacoll_lab.verify.launch import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 WORLDS = (2, 4)
-OPS = ("all_gather", "all_to_all", "all_reduce", "reduce_scatter")
+OPS = ("all_gather", "all_to_all", "all_reduce", "reduce_scatter")  # all_to_all_v: its own cases below
 SUM_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
 GATHER_DTYPES = (*SUM_DTYPES, "int8", "uint8", "bool")
 
@@ -96,6 +96,28 @@ def _cases(rank: int, world: int, seed: int) -> list[str]:
                         if not torch.equal(y.cpu().view(torch.uint8), want.view(torch.uint8)):
                             failures.append(f"{op} in place {name} count {count} (seed {seed})")
                     dist.barrier()
+    import random
+
+    rng = random.Random(seed)
+    for name in ("int8", "bfloat16", "int64"):  # all_to_all_v: seeded splits, empty and odd ones, and a large one
+        dtype = getattr(torch, name)
+        for trial in range(6):
+            case += 1
+            counts = [[rng.choice((0, 1, 17, 4099, 65536 if trial == 5 else 3)) for _ in range(world)]
+                      for _ in range(world)]
+            inputs = [draw(sum(counts[r]), dtype, seed + 1000 * case + r) for r in range(world)]
+            x = comm.empty(max(1, sum(counts[rank])), dtype=dtype)
+            y = comm.empty(max(1, sum(row[rank] for row in counts)), dtype=dtype)
+            x[: sum(counts[rank])].copy_(inputs[rank].to(comm.device))
+            y.fill_(77)
+            comm.all_to_all_v(y, x, counts, path="sm")
+            torch.cuda.synchronize()
+            want = torch.cat([inputs[q][sum(counts[q][:rank]): sum(counts[q][:rank]) + counts[q][rank]]
+                              for q in range(world)])
+            got = y[: want.numel()].cpu()
+            if comm.last_options.path != "sm" or not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
+                failures.append(f"all_to_all_v {name} counts {counts} (seed {seed}, case {case})")
+            dist.barrier()
     comm.close()
     return failures
 

@@ -333,9 +333,10 @@ class CudaEngine(StreamEngine):
         """Zero the sm area at heap offset ``area`` on every rank (a barrier): the sm path is ready."""
         self.sm = cuda_sm.SmPath.open(self, self.group, area, cuda_sm.SLOT_BYTES, self.timeout_s, _drv, check_driver)
 
-    def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str) -> Optional[int]:
-        """A call's bytes per peer on the sm path, None where the path cannot run it."""
-        return cuda_sm.sm_bytes(op, self.world, in_bytes, out_bytes, dtype, cuda_sm.SLOT_BYTES)
+    def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str, matrix: Optional[tuple] = None
+                 ) -> Optional[int]:
+        """A call's largest part on the sm path (the same on every rank), None where the path cannot run it."""
+        return cuda_sm.sm_bytes(op, self.world, self.rank, in_bytes, out_bytes, dtype, cuda_sm.SLOT_BYTES, matrix)
 
     def sm_shares_device(self) -> bool:
         """Whether ranks share a GPU (the IPC heap): there one rank's spinning kernel waits for a time slice of the

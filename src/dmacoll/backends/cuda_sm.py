@@ -24,18 +24,17 @@ from __future__ import annotations
 import ctypes
 import os
 import string
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional, Sequence
 
 from ..errors import InvalidArgument
 from .cuda_kernels import FOLD_TYPES, HELPERS, compile_program
 
 MAX_BLOCKS = 64
+MAX_WORLD = 8  # per-peer offsets travel in the kernel's arguments (``Parts``)
 THREADS = 512
 VECTORS_PER_THREAD = 2  # 16-byte vectors each thread sends per peer before another block is worth its launch
-OPS = {"all_gather": ("gather", False), "all_to_all": ("gather", True), "all_reduce": ("sum", False),
-       "reduce_scatter": ("sum", True)}  # op -> (combine, chunked: chunk p of the input goes to rank p)
-
-
+OPS = {"all_gather": "gather", "all_to_all": "gather", "all_to_all_v": "gather", "all_reduce": "sum",
+       "reduce_scatter": "sum"}  # op -> how a rank combines what arrived
 # what a communicator reserves per sender and parity (the largest call the sm path takes): $DMACOLL_SM_SLOT_BYTES, for
 # measuring larger one-shot calls; the area is 2 x world x this
 SLOT_BYTES = int(os.environ.get("DMACOLL_SM_SLOT_BYTES", 2 << 20))
@@ -54,15 +53,20 @@ def area_bytes(world: int, slot_bytes: int) -> int:
 
 
 def grid(world: int, nbytes: int) -> int:
-    """Blocks for a call moving ``nbytes`` to each of ``world - 1`` peers: the same on every rank (the receivers
-    wait for one flag per sender block)."""
+    """Blocks for a call moving up to ``nbytes`` to each of ``world - 1`` peers: the same on every rank (the
+    receivers wait for one flag per sender block)."""
     vectors = (world - 1) * -(-nbytes // 16)
     return max(1, min(MAX_BLOCKS, -(-vectors // (THREADS * VECTORS_PER_THREAD))))
 
 
 COMMON = HELPERS + r"""
 #define SM_MAX_BLOCKS @MAX_BLOCKS@
+#define SM_MAX_WORLD @MAX_WORLD@
 struct __align__(16) V16 { unsigned a, b, c, d; };
+// bytes: what this rank sends to peer p (from its input) and where what sender q sent lands (in its output)
+struct Parts {
+    long long send_off[SM_MAX_WORLD], send_len[SM_MAX_WORLD], recv_off[SM_MAX_WORLD], recv_len[SM_MAX_WORLD];
+};
 
 __device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
@@ -72,17 +76,22 @@ __device__ __forceinline__ u64 now_ns() {
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
     return t;
 }
+__device__ __forceinline__ bool aligned16(const void* a, const void* b, long long n) {
+    return ((((u64)a) | ((u64)b) | (u64)n) & 15) == 0;
+}
+// src -> dst, n bytes: 16-byte vectors over the grid (thread gt, stride gs), unaligned bytes by block 0 alone
+__device__ __forceinline__ void copy_part(char* dst, const char* src, long long n, long long gt, long long gs) {
+    long long nvec = aligned16(dst, src, n) ? n / 16 : 0;
+    for (long long v = gt; v < nvec; v += gs) ((V16*)dst)[v] = ((const V16*)src)[v];
+    if (blockIdx.x == 0)
+        for (long long j = nvec * 16 + threadIdx.x; j < n; j += blockDim.x) dst[j] = src[j];
+}
 
-struct Sm {
-    char* mine; unsigned e; int parity; long long nvec; bool vec;
-    long long gt, gs;  // this thread's first 16-byte vector and the grid's stride
-};
+struct Sm { char* mine; unsigned e; int parity; long long gt, gs; };
 
-// Phase 1 and 2 of every kernel: send this rank's part to every peer's slot, flag it, wait for every peer's flags.
-// ``stride``: 0 sends the whole input to every peer, else chunk p (``stride`` bytes apart) goes to rank p.
+// Phase 1 and 2 of every kernel: send this rank's parts to every peer's slot, flag them, wait for every peer's flags.
 __device__ Sm sm_exchange(const u64* bases, long long area, long long slots_off, int me, int world,
-                          long long slot_bytes, const char* in, long long stride, long long n, const char* out,
-                          u64 timeout_ns, unsigned* silent) {
+                          long long slot_bytes, const char* in, const Parts& P, u64 timeout_ns, unsigned* silent) {
     __shared__ unsigned epoch;
     Sm s;
     s.mine = (char*)bases[me] + area;
@@ -91,17 +100,12 @@ __device__ Sm sm_exchange(const u64* bases, long long area, long long slots_off,
     __syncthreads();
     s.e = epoch;
     s.parity = s.e & 1;
-    s.vec = ((((u64)in) | ((u64)out) | (u64)stride | (u64)n) & 15) == 0;
-    s.nvec = s.vec ? n / 16 : 0;
     s.gt = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     s.gs = (long long)gridDim.x * blockDim.x;
     for (int i = 1; i < world; ++i) {
         int p = (me + i) % world;
-        const char* src = in + stride * p;
         char* dst = (char*)bases[p] + area + slots_off + ((long long)s.parity * world + me) * slot_bytes;
-        for (long long v = s.gt; v < s.nvec; v += s.gs) ((V16*)dst)[v] = ((const V16*)src)[v];
-        if (blockIdx.x == 0)
-            for (long long j = s.nvec * 16 + threadIdx.x; j < n; j += blockDim.x) dst[j] = src[j];
+        copy_part(dst, in + P.send_off[p], P.send_len[p], s.gt, s.gs);
     }
     __syncthreads();  // every thread's stores, then one release per peer: the flag says the block's part is there
     if (threadIdx.x < world - 1) {
@@ -141,31 +145,34 @@ __device__ __forceinline__ void sm_finish(const Sm& s, int world) {
 }
 
 #define SM_ARGS const u64* bases, long long area, long long slots_off, int me, int world, long long slot_bytes, \
-    const char* in, long long stride, long long n, char* out, u64 timeout_ns, unsigned* silent
+    const char* in, char* out, u64 timeout_ns, unsigned* silent, Parts P
 
+// all_gather, all_to_all(_v): what sender q sent (our own part from the input) lands at recv_off[q]
 extern "C" __global__ void dmacoll_sm_gather(SM_ARGS) {
-    Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, stride, n, out, timeout_ns, silent);
+    Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, P, timeout_ns, silent);
     for (int q = 0; q < world; ++q) {
-        const char* src = q == me ? in + stride * me : slot_of(s, slots_off, world, slot_bytes, q);
-        char* dst = out + n * q;
-        if (src == dst) continue;  // an in-place all_gather: our chunk is there
-        for (long long v = s.gt; v < s.nvec; v += s.gs) ((V16*)dst)[v] = ((const V16*)src)[v];
-        if (blockIdx.x == 0)
-            for (long long j = s.nvec * 16 + threadIdx.x; j < n; j += blockDim.x) dst[j] = src[j];
+        const char* src = q == me ? in + P.send_off[me] : slot_of(s, slots_off, world, slot_bytes, q);
+        char* dst = out + P.recv_off[q];
+        if (src != dst) copy_part(dst, src, P.recv_len[q], s.gt, s.gs);  // in place: our part is there
     }
     sm_finish(s, world);
 }
 """
 
+# all_reduce, reduce_scatter: out (recv_len[me] bytes) = the parts of every rank, added in rank order. Each thread
+# sends and later writes the same 16-byte vectors (send_off is 0 for an all_reduce), so in place is safe.
 SUM = string.Template(r"""
 extern "C" __global__ void dmacoll_sm_sum_$NAME(SM_ARGS) {
-    Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, stride, n, out, timeout_ns, silent);
+    Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, P, timeout_ns, silent);
     const int E = 16 / sizeof($T);
+    const long long n = P.recv_len[me];
+    const char* own = in + P.send_off[me];
     $T* o = ($T*)out;
-    for (long long v = s.gt; v < s.nvec; v += s.gs) {
+    const long long nvec = aligned16(own, out, n) ? n / 16 : 0;
+    for (long long v = s.gt; v < nvec; v += s.gs) {
         $ACC acc[16 / sizeof($T)];
         for (int q = 0; q < world; ++q) {  // rank order: every rank adds alike
-            const char* src = q == me ? in + stride * me : slot_of(s, slots_off, world, slot_bytes, q);
+            const char* src = q == me ? own : slot_of(s, slots_off, world, slot_bytes, q);
             V16 w = ((const V16*)src)[v];
             const $T* el = (const $T*)&w;
             for (int k = 0; k < E; ++k) { $T x = el[k]; $ACC y = $LOAD; acc[k] = q == 0 ? y : acc[k] + y; }
@@ -176,10 +183,10 @@ extern "C" __global__ void dmacoll_sm_sum_$NAME(SM_ARGS) {
         ((V16*)o)[v] = w;
     }
     if (blockIdx.x == 0) {
-        for (long long j = s.nvec * E + threadIdx.x; j < n / (long long)sizeof($T); j += blockDim.x) {
+        for (long long j = nvec * E + threadIdx.x; j < n / (long long)sizeof($T); j += blockDim.x) {
             $ACC acc = 0;
             for (int q = 0; q < world; ++q) {
-                const $T* src = (const $T*)(q == me ? in + stride * me : slot_of(s, slots_off, world, slot_bytes, q));
+                const $T* src = (const $T*)(q == me ? own : slot_of(s, slots_off, world, slot_bytes, q));
                 $T x = src[j];
                 $ACC y = $LOAD;
                 acc = q == 0 ? y : acc + y;
@@ -194,17 +201,39 @@ extern "C" __global__ void dmacoll_sm_sum_$NAME(SM_ARGS) {
 
 
 def source() -> str:
-    return COMMON.replace("@MAX_BLOCKS@", str(MAX_BLOCKS)) + "".join(
-        SUM.substitute(NAME=name, T=t, ACC=acc, LOAD=load, STORE=store) for name, (t, acc, load, store)
-        in FOLD_TYPES.items())
+    common = COMMON.replace("@MAX_BLOCKS@", str(MAX_BLOCKS)).replace("@MAX_WORLD@", str(MAX_WORLD))
+    return common + "".join(SUM.substitute(NAME=name, T=t, ACC=acc, LOAD=load, STORE=store)
+                            for name, (t, acc, load, store) in FOLD_TYPES.items())
 
 
-def call_shape(op: str, world: int, in_bytes: int, out_bytes: int) -> tuple[str, int, int]:
-    """(kernel combine, stride, bytes per peer) of ``op`` for tensors of those sizes; InvalidArgument where the
-    sizes do not fit the op."""
+class Parts(ctypes.Structure):
+    """The kernels' ``Parts``: per peer, the bytes this rank sends (offset in its input, length) and where what
+    each sender sent lands in its output."""
+
+    _fields_ = [(name, ctypes.c_longlong * MAX_WORLD) for name in ("send_off", "send_len", "recv_off", "recv_len")]
+
+
+class Shape(NamedTuple):
+    combine: str                       # "gather" or "sum"
+    send: tuple[tuple[int, int], ...]  # per peer p: (input offset, bytes) sent to p (p = rank: this rank's own part)
+    recv: tuple[tuple[int, int], ...]  # per sender q: (output offset, bytes) of what q sent
+    largest: int                       # the largest part any rank sends any peer: the same on every rank
+
+
+def call_shape(op: str, world: int, rank: int, in_bytes: int, out_bytes: int,
+               matrix: Optional[Sequence[Sequence[int]]] = None) -> Shape:
+    """What ``op`` sends and receives at ``rank`` for tensors of those sizes (``matrix``: all_to_all_v's bytes from
+    rank i to rank j); InvalidArgument where the sizes do not fit the op."""
     if op not in OPS:
         raise InvalidArgument(f"the sm path has no {op!r}; it runs {sorted(OPS)}")
-    combine, chunked = OPS[op]
+    if world > MAX_WORLD:
+        raise InvalidArgument(f"the sm path runs up to {MAX_WORLD} ranks, not {world}")
+    if op == "all_to_all_v":
+        if matrix is None:
+            raise InvalidArgument("sm all_to_all_v needs its matrix of bytes")
+        send = tuple((sum(matrix[rank][:p]), matrix[rank][p]) for p in range(world))
+        recv = tuple((sum(matrix[q][rank] for q in range(p)), matrix[p][rank]) for p in range(world))
+        return Shape("gather", send, recv, max(max(row) for row in matrix))
     fits = {"all_gather": out_bytes == world * in_bytes, "all_reduce": out_bytes == in_bytes,
             "all_to_all": in_bytes == out_bytes and in_bytes % world == 0,
             "reduce_scatter": in_bytes == world * out_bytes}[op]
@@ -213,11 +242,30 @@ def call_shape(op: str, world: int, in_bytes: int, out_bytes: int) -> tuple[str,
                               f"{world}")
     n = {"all_gather": in_bytes, "all_reduce": in_bytes, "all_to_all": in_bytes // world,
          "reduce_scatter": out_bytes}[op]
-    return combine, (n if chunked else 0), n
+    chunked = op in ("all_to_all", "reduce_scatter")  # part p of the input goes to rank p
+    send = tuple((n * p if chunked else 0, n) for p in range(world))
+    recv = tuple((n * q if OPS[op] == "gather" else 0, n) for q in range(world))
+    return Shape(OPS[op], send, recv, n)
+
+
+def sm_bytes(op: str, world: int, rank: int, in_bytes: int, out_bytes: int, dtype: str, slot_bytes: int,
+             matrix: Optional[Sequence[Sequence[int]]] = None) -> Optional[int]:
+    """The largest part of a call the sm path can run (its op, world, sizes, a sum of its dtype, its slots), else
+    None. The same on every rank."""
+    if op not in OPS or OPS[op] == "sum" and dtype not in FOLD_TYPES:
+        return None
+    try:
+        n = call_shape(op, world, rank, in_bytes, out_bytes, matrix).largest
+    except InvalidArgument:
+        return None
+    return n if n <= slot_bytes else None
 
 
 class SmKernels:
     """The loaded functions of ``source()`` on one device."""
+
+    TYPES = (ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p, Parts)
 
     def __init__(self, drv, check: Callable[[tuple, str], tuple], arch: str):
         self._drv, self._check = drv, check
@@ -226,11 +274,8 @@ class SmKernels:
         self.sums = {dtype: check(drv.cuModuleGetFunction(module, f"dmacoll_sm_sum_{dtype}".encode()),
                                   "cuModuleGetFunction")[0] for dtype in FOLD_TYPES}
 
-    TYPES = (ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-             ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p)
-
-    def launch(self, fn, blocks: int, stream: int, params) -> None:
-        """``params``: a ``Launch``'s packed argument array (its address), or the (values, types) pair."""
+    def launch(self, fn, blocks: int, stream: int, params: int) -> None:
+        """``params``: the address of a ``Launch``'s packed argument array (void**)."""
         self._check(self._drv.cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, stream, params, 0),
                     "cuLaunchKernel (dmacoll_sm)")
 
@@ -241,25 +286,12 @@ class Launch:
 
     def __init__(self, fn, blocks: int, args: tuple):
         self.fn, self.blocks = fn, blocks
-        self.values = [t(v) for t, v in zip(SmKernels.TYPES, args)]
+        self.values = [v if isinstance(v, ctypes.Structure) else t(v) for t, v in zip(SmKernels.TYPES, args)]
         self.array = (ctypes.c_void_p * len(self.values))(*(ctypes.addressof(v) for v in self.values))
         self.address = ctypes.addressof(self.array)
-        self.pair = (args, SmKernels.TYPES)
 
 
 _LOADED: dict[tuple, SmKernels] = {}
-
-
-def sm_bytes(op: str, world: int, in_bytes: int, out_bytes: int, dtype: str, slot_bytes: int) -> Optional[int]:
-    """The bytes per peer of a call the sm path can run (its op, its sizes, a sum of its dtype, its slots), else
-    None."""
-    if op not in OPS or OPS[op][0] == "sum" and dtype not in FOLD_TYPES:
-        return None
-    try:
-        n = call_shape(op, world, in_bytes, out_bytes)[2]
-    except InvalidArgument:
-        return None
-    return n if n <= slot_bytes else None
 
 
 class SmPath:
@@ -281,7 +313,6 @@ class SmPath:
         self.silent = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         self._silent_host = self.silent.numpy()  # the same memory, read without torch's indexing cost
         self._launches: dict[tuple, Launch] = {}
-        self._by_address = True
     @classmethod
     def open(cls, engine, group, area: int, slot_bytes: int, timeout_s: float, drv,
              check: Callable[[tuple, str], tuple]) -> "SmPath":
@@ -313,40 +344,39 @@ class SmPath:
             self._kernels = _LOADED[key]
         return self._kernels
 
-    def run(self, op: str, output, input) -> None:
+    def run(self, op: str, output, input, matrix: Optional[tuple] = None) -> None:
+        """One call on the current stream (``matrix``: all_to_all_v's bytes from rank i to rank j, a tuple)."""
         import torch
 
         stream = torch.cuda.current_stream(input.device).cuda_stream
-        key = (op, input.data_ptr(), output.data_ptr(), input.numel(), output.numel(), input.dtype, stream)
+        key = (op, input.data_ptr(), output.data_ptr(), input.numel(), output.numel(), input.dtype, stream, matrix)
         launch = self._launches.get(key)
         if launch is None:
-            launch = self._launches[key] = self._prepare(op, output, input)
-        kernels = self.kernels()
-        if self._by_address:
-            try:
-                kernels.launch(launch.fn, launch.blocks, stream, launch.address)
-                return
-            except TypeError:  # bindings that take only (values, types): pack per call from now on
-                self._by_address = False
-        kernels.launch(launch.fn, launch.blocks, stream, launch.pair)
+            launch = self._launches[key] = self._prepare(op, output, input, matrix)
+        self.kernels().launch(launch.fn, launch.blocks, stream, launch.address)
 
-    def _prepare(self, op: str, output, input) -> Launch:
+    def _prepare(self, op: str, output, input, matrix: Optional[tuple]) -> Launch:
         """The checks of a call shape and its launch (InvalidArgument before any device work)."""
-        combine, stride, n = call_shape(op, self.world, input.numel() * input.element_size(),
-                                        output.numel() * output.element_size())
-        if n > self.slot_bytes:
-            raise InvalidArgument(f"sm {op}: {n} bytes per peer exceed the sm path's slots of {self.slot_bytes}; "
-                                  "use path='dma'")
+        shape = call_shape(op, self.world, self.rank, input.numel() * input.element_size(),
+                           output.numel() * output.element_size(), matrix)
+        if shape.largest > self.slot_bytes:
+            raise InvalidArgument(f"sm {op}: {shape.largest} bytes per peer exceed the sm path's slots of "
+                                  f"{self.slot_bytes}; use path='dma'")
         dtype = str(input.dtype).removeprefix("torch.")
-        if combine == "sum" and dtype not in FOLD_TYPES:
+        if shape.combine == "sum" and dtype not in FOLD_TYPES:
             raise InvalidArgument(f"sm {op}: no sum for {dtype}; it adds {sorted(FOLD_TYPES)}; use path='dma'")
         kernels = self.kernels()
-        fn = kernels.gather if combine == "gather" else kernels.sums[dtype]
+        fn = kernels.gather if shape.combine == "gather" else kernels.sums[dtype]
+        parts = Parts()
+        for p, ((send_off, send_len), (recv_off, recv_len)) in enumerate(zip(shape.send, shape.recv)):
+            parts.send_off[p], parts.send_len[p], parts.recv_off[p], parts.recv_len[p] = \
+                send_off, send_len, recv_off, recv_len
         if len(self._launches) >= 4096:
             self._launches.clear()
-        return Launch(fn, grid(self.world, n), (self.bases.data_ptr(), self.area, slots_offset(self.world), self.rank,
-                                                 self.world, self.slot_bytes, input.data_ptr(), stride, n,
-                                                 output.data_ptr(), self.timeout_ns, self.silent.data_ptr()))
+        return Launch(fn, grid(self.world, shape.largest),
+                      (self.bases.data_ptr(), self.area, slots_offset(self.world), self.rank, self.world,
+                       self.slot_bytes, input.data_ptr(), output.data_ptr(), self.timeout_ns, self.silent.data_ptr(),
+                       parts))
 
     def silent_ranks(self) -> list[int]:
         """The ranks a wait gave up on since the path opened (no synchronization: the kernel wrote host memory)."""

@@ -118,7 +118,8 @@ def activities(trace: dict) -> list[dict]:
         args = dict(e.get("args", {}))
         stream = args.pop("stream", "")
         nbytes = args.pop("bytes", 0)
-        keep = {k: v for k, v in args.items() if k in ("device", "correlation", "graph node id", "memory bandwidth (GB/s)")}
+        kept = ("device", "correlation", "graph node id", "memory bandwidth (GB/s)")
+        keep = {k: v for k, v in args.items() if k in kept}
         out.append({"name": e.get("name", ""), "stream": stream, "start_us": float(e["ts"]), "dur_us": float(e["dur"]),
                     "nbytes": int(nbytes or 0), "args": json.dumps(keep, sort_keys=True)})
     return out

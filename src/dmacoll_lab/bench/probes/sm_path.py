@@ -3,9 +3,9 @@
 Per world, op and size (bytes per rank: all_gather's input, all_to_all's and reduce_scatter's chunk, all_reduce's
 tensor), bfloat16, through ``Communicator``: ``path='sm'``, ``path='dma'`` (the copy engines, the table's choice),
 the default call (``path='auto'``: the ``path`` column says which ran), beside NCCL and, for all_reduce, PyTorch
-symmetric memory's ``one_shot_all_reduce`` on a view of the communicator's heap, each graph-replayed (``--calls`` calls per graph, the slowest rank per replay) and
-eager (``--calls`` calls issued back to back). After timing, each implementation runs once more on fresh random
-data into a poisoned output, checked: gathers exactly against NCCL's all_gather of the inputs; the sm path's sums
+symmetric memory's ``one_shot_all_reduce`` on a view of the communicator's heap, each graph-replayed (``--calls``
+calls per graph, the slowest rank per replay) and eager (``--calls`` calls issued back to back). After timing, each
+implementation runs once more on fresh random data into a poisoned output, checked: gathers exactly against NCCL's all_gather of the inputs; the sm path's sums
 exactly against the inputs added in float32 in rank order and rounded once (its arithmetic), in place for all_reduce
 too; other sums (NCCL's adds in bfloat16 along its ring) within two bfloat16 steps at the inputs' scale.
 
@@ -178,7 +178,8 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
             rows.append(row(world, first["op"], first["impl"], first["mode"], first["bytes"], samples, args.calls,
                             all(m.get("correct") for m in mine), error, first.get("path", "")))
             r = rows[-1]
-            print(f"w{world} {r['op']:14s} {r['impl']:18s} {r['path']:3s} {r['mode']:5s} {r['bytes']:>7} {r['per_call_us']:8.2f} us "
+            print(f"w{world} {r['op']:14s} {r['impl']:18s} {r['path']:3s} {r['mode']:5s} {r['bytes']:>7} "
+                  f"{r['per_call_us']:8.2f} us "
                   f"(p10 {r['per_call_us_p10']:.2f}, p90 {r['per_call_us_p90']:.2f}) correct={r['correct']} "
                   f"{r['error']}", flush=True)
     config = {k: getattr(args, k) for k in ("worlds", "sizes", "ops", "calls", "repeats")}
