@@ -106,8 +106,9 @@ def _cases(rank: int, world: int, seed: int) -> list[str]:
             counts = [[rng.choice((0, 1, 17, 4099, 65536 if trial == 5 else 3)) for _ in range(world)]
                       for _ in range(world)]
             inputs = [draw(sum(counts[r]), dtype, seed + 1000 * case + r) for r in range(world)]
-            x = comm.empty(max(1, sum(counts[rank])), dtype=dtype)
-            y = comm.empty(max(1, sum(row[rank] for row in counts)), dtype=dtype)
+            # empty() is collective: every rank allocates the largest row and column
+            x = comm.empty(max(1, max(map(sum, counts))), dtype=dtype)
+            y = comm.empty(max(1, max(map(sum, zip(*counts)))), dtype=dtype)
             x[: sum(counts[rank])].copy_(inputs[rank].to(comm.device))
             y.fill_(77)
             comm.all_to_all_v(y, x, counts, path="sm")
