@@ -27,7 +27,7 @@ import statistics
 import time
 from collections import Counter
 
-from .common import Table, add_repeats, count, driver, size_multiple_of
+from .common import Table, add_repeats, count, driver, quantiles, size_multiple_of
 
 NAME = "call_cost"
 HELP = "per-call time and structure of a small all-gather by variant and handshake, against its floors (1 GPU)"
@@ -53,16 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_repeats(p, 20, "graph replays (their median per call is reported)")
 
 
-def quantiles(samples: list[float]) -> tuple[float, float, float]:
-    """Median, p10, p90 (nearest rank) of ``samples``."""
-    s = sorted(samples)
-    q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]  # noqa: E731
-    return statistics.median(s), q(0.1), q(0.9)
 
 
 def row(setting: str, world: int, variant: str, handshake: str, signal: str, wait: str, mode: str, nbytes: int,
         samples: list[float], **counts) -> dict:
-    med, p10, p90 = quantiles(samples) if samples else (float("nan"),) * 3
+    med, p10, p90 = quantiles(samples)
     out = {"setting": setting, "world": world, "variant": variant, "handshake": handshake, "signal": signal,
            "wait": wait, "mode": mode, "bytes": nbytes, "per_call_us": med, "per_call_us_p10": p10,
            "per_call_us_p90": p90, "host_us": float("nan"), "driver_calls": "", "graph_nodes": "",

@@ -34,7 +34,7 @@ import statistics
 import tempfile
 from typing import Optional
 
-from .common import Table, add_repeats, count, driver, size_multiple_of
+from .common import Table, add_repeats, count, driver, quantiles, size_multiple_of
 
 NAME = "call_timeline"
 HELP = "a small all-gather per configuration against its floors and NCCL, a GPU per rank, with a CUPTI timeline"
@@ -81,13 +81,6 @@ def library_name(variant: str, signal: str, wait: str, handshake: str, in_place:
     return f"{variant} {signal}/{wait} {handshake} {'in place' if in_place else 'out of place'}"
 
 
-def quantiles(samples: list[float]) -> tuple[float, float, float]:
-    """Median, p10, p90 (nearest rank) of ``samples``; nan for none."""
-    if not samples:
-        return (float("nan"),) * 3
-    s = sorted(samples)
-    q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]  # noqa: E731
-    return statistics.median(s), q(0.1), q(0.9)
 
 
 def slowest(per_rank: list[list[float]]) -> list[float]:

@@ -13,6 +13,17 @@ class Table(NamedTuple):
     config: dict  # what the provenance sidecar records as the run's config
 
 
+def quantiles(samples: list[float]) -> tuple[float, float, float]:
+    """Median, p10, p90 (nearest rank) of ``samples``; nan for none."""
+    import statistics
+
+    if not samples:
+        return (float("nan"),) * 3
+    s = sorted(samples)
+    q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]  # noqa: E731
+    return statistics.median(s), q(0.1), q(0.9)
+
+
 def require_gpus(n: int, what: str) -> None:
     """Raise BackendUnavailable unless ``n`` CUDA GPUs are visible."""
     import torch

@@ -14,9 +14,8 @@ Usage: dmacoll probe sm_path [--worlds 2 4] [--sizes 1K 4K 16K 64K 256K] [--call
 from __future__ import annotations
 
 import argparse
-import statistics
 
-from .common import Table, add_repeats, count, driver, size_multiple_of
+from .common import Table, add_repeats, count, driver, quantiles, size_multiple_of
 
 NAME = "sm_path"
 HELP = "one-shot SM collectives over the heap (the sm path) against NCCL and torch symmetric memory, a GPU per rank"
@@ -38,12 +37,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_repeats(p, 30, "samples (the median of the slowest rank's per-call time is reported)")
 
 
-def quantiles(samples: list[float]) -> tuple[float, float, float]:
-    if not samples:
-        return (float("nan"),) * 3
-    s = sorted(samples)
-    q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]  # noqa: E731
-    return statistics.median(s), q(0.1), q(0.9)
 
 
 def row(world: int, op: str, impl: str, mode: str, nbytes: int, samples: list[float], calls: int,
