@@ -182,3 +182,17 @@ def test_a_measured_no_options_call_is_the_default_where_a_sweep_has_one():
     key = ("all_gather", "graph", 4096)
     assert p["default"].loc[key, "time_us"] == 9.0 and p["default"].loc[key, "impl"] == "dma_default"
     assert p["oracle"].loc[key, "time_us"] == 6.0  # the oracle picks among the configurations, not the default row
+
+
+def test_a_default_call_on_the_sm_path_is_not_the_copy_engines_default():
+    """Issue 49: the report's default is the papers' DMA reproduction; a no-options call that took the sm path
+    (``path`` column 'sm') is not one of its rows."""
+    rows = []
+    for impl, variant, path, t in (("nccl", "", "", 10.0), ("dma_default", "b2b", "sm", 4.0),
+                                   ("dma", "b2b", "dma", 6.0)):
+        rows.append({"op": "all_gather", "impl": impl, "variant": variant, "direction": "push", "place": "out",
+                     "signal": "memop", "wait": "memop", "prerecord": False, "submit": "python", "handshake": "full",
+                     "path": path, "mode": "graph", "bytes_per_rank": 4096, "time_us": t, "busbw_GBps": 1.0,
+                     "status": "ok", "correct": True, "error": "", "ok": True})
+    default = report.picks(pd.DataFrame(rows))["default"]
+    assert not default["measured"].any() and (default["time_us"] != 4.0).all()
