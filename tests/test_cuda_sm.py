@@ -99,3 +99,17 @@ def test_source_has_a_gather_and_a_sum_per_dtype_and_compiles_where_nvrtc_is():
             raise
         pytest.skip(f"NVRTC unavailable: {e}")
     assert len(cubin) > 0
+
+
+@pytest.mark.parametrize("op, inp, out, matrix, whole", [
+    ("all_to_all", 4 * 8196 * 33, 4 * 8196 * 33, None, False),  # Mixtral's dispatch rows: 33 x 8196 bytes per peer
+    ("all_to_all", 4 * 8192 * 33, 4 * 8192 * 33, None, True),
+    ("all_reduce", 34, 34, None, False),
+    ("all_to_all_v", 64, 64, ((16, 48), (32, 0)), True),
+    ("all_to_all_v", 64, 64, ((16, 48), (30, 2)), False),  # one rank's odd part: every rank says the same
+])
+def test_whole_vectors_says_which_calls_the_kernels_copy_fast(op, inp, out, matrix, whole):
+    world = 2 if matrix else 4
+    fast = cuda_sm.sm_bytes(op, world, 0, inp, out, "bfloat16", 1 << 30, matrix, whole_vectors=True)
+    assert (fast is not None) == whole
+    assert cuda_sm.sm_bytes(op, world, 0, inp, out, "bfloat16", 1 << 30, matrix) is not None  # still runs
