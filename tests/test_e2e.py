@@ -508,3 +508,21 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
     bench = [x for x in r.stdout.splitlines() if "-m dmacoll_lab vllm bench" in x and "--bench latency" in x]
     assert any("--plugin dma" in x for x in bench) and any("--plugin vllm" in x for x in bench)
     assert all("--spec mixtral-8x7b" in x and "--ep" in x and "--batch 8" in x and "--tp 2" in x for x in bench)
+
+
+def _paths_rank(rank: int, world: int) -> str:
+    from dmacoll_lab.e2e.collectives import DmaCollectives
+
+    coll = DmaCollectives(torch.device("cpu"), {"reduce": 8}, torch.float32, backend="host")
+    x = coll.buffer("reduce", 8).fill_(1.0)
+    coll.collective("all_reduce", x)
+    coll.collective("all_reduce", x)
+    first, second = coll.take_paths(), coll.take_paths()
+    coll.close()
+    return f"{first}|{second}"
+
+
+def test_the_dma_collectives_count_the_data_path_of_each_op():
+    """The run log says which data path (sm or the copy engines) each op's calls took: the host emulator has no sm
+    path, so every call is 'dma'; a take clears the counts."""
+    assert run_ranks(_paths_rank, 2, timeout_s=120) == ["all_reduce dma x2|"] * 2

@@ -374,8 +374,9 @@ def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int, checked:
             check.update({k: timed[k] for k in ("logits_max_abs_diff", "logits_ref_max_abs", "argmax_agree")})
             check.update(checked.get((impl, schedule), {}))
         rows.append({**row, **dict.fromkeys(MEASURED_COLUMNS, nan), **got, **check, "status": "ok"})
+        paths = getattr(rn.colls[impl], "take_paths", lambda: "")()
         if rn.rank == 0:
-            print(progress(rows[-1]), flush=True)
+            print(progress(rows[-1]) + (f"\n  data paths of its calls: {paths}" if paths else ""), flush=True)
     return rows
 
 

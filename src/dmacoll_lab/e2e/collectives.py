@@ -10,6 +10,7 @@ contents are valid until the next use of the same name.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Mapping, Optional
 
 import torch
@@ -93,6 +94,7 @@ class DmaCollectives(Collectives):
                                  options=Options(variant="auto", sync="reset"))
         self.comm.calibrate(force=False)  # where the platform has no table: now, not inside a timed or captured call
         super().__init__(self.comm.device, dist.get_rank(group), dist.get_world_size(group))
+        self.paths: Counter = Counter()
         if torch.device(device).type != self.device.type:
             raise ValueError(f"dmacoll's {self.comm.backend} backend runs on {self.device}, the model on {device}")
         self.reserve(elements, dtype)
@@ -101,7 +103,15 @@ class DmaCollectives(Collectives):
         return self.comm.empty(n, dtype=dtype)
 
     def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.comm.collective(op, out, x)
+        self.comm.collective(op, out, x)
+        self.paths[(op, self.comm.last_options.path)] += 1  # which data path each op took (the run log says)
+        return out
+
+    def take_paths(self) -> str:
+        """The (op, data path) counts of the calls since the last take, as one line ('' for none)."""
+        text = ", ".join(f"{op} {path} x{n}" for (op, path), n in sorted(self.paths.items()))
+        self.paths.clear()
+        return text
 
     def close(self) -> None:
         self.comm.close()
