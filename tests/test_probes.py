@@ -377,9 +377,12 @@ def test_the_command_refuses_in_one_line_without_a_traceback(tmp_path):
 
 
 # -- the probes as the workflow and the reference runs call them ----------------------------------------------------
-def test_workflow_config_names_every_probe():
-    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
-    assert sorted(schema["properties"]["probes"]["items"]["enum"]) == NAMES
+def test_workflow_config_takes_every_probe_and_no_other():
+    from dmacoll_lab.workflow_config import problems
+
+    assert problems({"probes": NAMES}) == []
+    assert problems({"probes": ["sm_path", "nope"]}) == [f"config probes: unknown value(s) nope; choose from "
+                                                          f"{', '.join(PROBES)}"]
     assert yaml.safe_load((ROOT / "config/config.yaml").read_text())["probes"] == []
 
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or shutil.which("snakemake")
@@ -53,8 +54,34 @@ def test_a_collective_the_registry_lacks_is_rejected_when_the_workflow_loads(sec
     r = dry_run("--configfile", "config/config.yaml", str(cfg))
     out = r.stdout + r.stderr
     assert r.returncode != 0
-    assert f"config {section}.ops: unknown collective(s) broadcast; the registered ones are all_gather, " in out, \
+    assert f"config {section}.ops: unknown value(s) broadcast; choose from all_gather, " in out, \
         out[-2000:]
+
+
+@pytest.mark.parametrize("section, value, where", [
+    ({"operator": {"impls": ["nccl", "magic"]}}, "magic", "operator.impls"),
+    ({"operator": {"waits": ["poll"]}}, "poll", "operator.waits"),
+    ({"operator": {"prerecord": ["maybe"]}}, "maybe", "operator.prerecord"),
+    ({"c3": {"strategies": ["dma", "teleport"]}}, "teleport", "c3.strategies"),
+    ({"e2e": {"models": ["gpt5"]}}, "gpt5", "e2e.models"),
+    ({"e2e": {"schedules": ["pipelined"]}}, "pipelined", "e2e.schedules"),
+    ({"vllm": {"models": [{"name": "x", "spec": "gpt5"}]}}, "gpt5", "vllm.models[*].spec"),
+    ({"amd_dmalatte": {"runs": {"r": {"command": "x", "op": "bcast", "variant": "pcpy"}}}}, "bcast",
+     "amd_dmalatte.runs[*].op"),
+])
+def test_a_name_no_command_takes_is_named_with_what_they_take(section, value, where):
+    """The schema keeps no list of names: the commands' choices decide (dmacoll_lab.workflow_config)."""
+    from dmacoll_lab.workflow_config import problems
+
+    found = problems(section)
+    assert len(found) == 1 and found[0].startswith(f"config {where}: unknown value(s) {value}; choose from "), found
+
+
+def test_the_shipped_configs_name_only_what_the_commands_take():
+    from dmacoll_lab.workflow_config import problems
+
+    for path in sorted((ROOT / "config").glob("*.yaml")):
+        assert problems(yaml.safe_load(path.read_text()) or {}) == [], path
 
 
 def test_lint_is_clean():
