@@ -1,0 +1,116 @@
+"""tools/ is transport for the lent machines, under one README, each script exercised by a test: here the shell
+scripts no other test runs, with the commands they call replaced by stubs on PATH (no GPU, no nvidia-smi)."""
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "tools"
+
+
+def stub(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def run(script: str, *args: str, env: dict, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(TOOLS / script), *args], cwd=cwd, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_tool_is_named_in_the_readme_and_shell_scripts_parse():
+    readme = (TOOLS / "README.md").read_text()
+    for path in sorted(TOOLS.iterdir()):
+        if path.name != "README.md":
+            assert f"`{path.name}`" in readme, path.name
+        if path.suffix == ".sh":
+            assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, path.name
+
+
+def test_machine_probe_says_what_ran_and_the_commit(tmp_path):
+    stub(tmp_path, "nvidia-smi", 'echo "stub-smi $*"\n')
+    stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')
+    r = run("machine_probe.sh", env={"PATH": f"{tmp_path}:{os.environ['PATH']}", "DMACOLL_GIT_SHA": "abc123"})
+    assert r.returncode == 0, r.stderr
+    assert "stub-smi" in r.stdout and "stub-smi topo -m" in r.stdout and "torch" in r.stdout
+    assert "DMACOLL_GIT_SHA=abc123" in r.stdout
+
+
+def lanes(tmp_path: Path, queue: str, **env) -> tuple[str, str]:
+    state, log = tmp_path / "state", tmp_path / "lanes.log"
+    (tmp_path / "queue").write_text(queue)
+    r = run("gpu_lanes.sh", str(state), str(tmp_path / "queue"), str(log),
+            env={"LANES": "2", "DEADLINE_S": "60", **env})
+    assert r.returncode == 0, r.stderr
+    return log.read_text(), (state / "done").read_text()
+
+
+def test_gpu_lanes_run_each_item_once_within_its_limit_and_go_on_where_they_stopped(tmp_path):
+    queue = ("# LIMIT_S NAME COMMAND\n"
+             "20 passes echo $CUDA_VISIBLE_DEVICES\n"
+             "20 fails echo boom; exit 3\n"
+             "2 hangs sleep 30\n"
+             "20 skips echo '1 skipped in 0.1s'\n"
+             "90 too_long true\n")  # longer than the deadline: left for the next call
+    log, done = lanes(tmp_path, queue)
+    verdicts = {line.split()[3]: line.split()[0] for line in done.splitlines()}
+    assert verdicts == {"passes": "PASS", "fails": "FAIL", "hangs": "TIMEOUT", "skips": "SKIP"}
+    assert "1 item(s) not run yet" in log and "[fails] boom" in log  # a failure's tail goes into the log
+    assert {line.split()[2] for line in done.splitlines()} <= {"gpu0", "gpu1"}  # a lane per GPU
+    assert (tmp_path / "state/logs/passes.log").read_text().strip() in ("0", "1")  # the lane's GPU only
+    # the same command again: nothing run twice; with a later deadline the long item runs
+    log2, done2 = lanes(tmp_path, queue, DEADLINE_S="200")
+    assert [line.split()[3] for line in done2.splitlines()].count("passes") == 1
+    assert "too_long" in done2 and "0 item(s) not run yet" in log2
+
+
+def test_gpu_suite_queues_every_gpu_test_check_and_tune_and_runs_them(tmp_path):
+    """With python3 a stub (collect-only lists two tests, everything else succeeds) the suite writes its queue,
+    runs every item over the lanes and copies the logs beside the queue."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    stub(bin_, "python3", 'case "$*" in *--collect-only*) echo "tests/gpu/test_a.py::test_one[2]"; '
+                          'echo "tests/gpu/test_b.py::test_every_op_variant[4]";; esac; exit 0\n')
+    stub(bin_, "nvidia-smi", 'echo "GPU 0: stub"\n')
+    work = tmp_path / "repo"
+    (work / "tools").mkdir(parents=True)
+    for name in ("gpu_suite.sh", "gpu_lanes.sh", "machine_probe.sh"):
+        (work / "tools" / name).write_text((TOOLS / name).read_text())
+    (work / "build/native").mkdir(parents=True)
+    (work / "build/native/libdmacoll_submit.so").write_text("")
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", "tools/gpu_suite.sh"], cwd=work, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out),
+                            "DEADLINE_S": "2000"})  # every item's limit fits (they end at once)
+    assert r.returncode == 0, r.stderr
+    queue = (out / "one_gpu/queue.txt").read_text()
+    names = [line.split()[1] for line in queue.splitlines() if not line.startswith("#")]
+    assert names[0] == "test_b.py__test_every_op_variant_4_"  # the longest first
+    assert {"test_a.py__test_one_2_", "check_w4", "check_w2", "tune_quick_w2", "tune_quick_w4", "check_w8"} \
+        <= set(names)
+    done = (out / "one_gpu/done").read_text()
+    assert done.count("PASS") == len(names)
+
+
+def test_gpu_smoke_checks_every_output_and_packs_them(tmp_path):
+    """python3 -m dmacoll_lab stubbed to write a one-row CSV (correct True, or False for one step): the smoke run
+    packs every step's folder and fails on the wrong one."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    stub(bin_, "python3", f'[ "$1" = "-" ] && exec {sys.executable} "$@"\n'
+                          'out=""; prev=""; for a in "$@"; do [ "$prev" = "--out" ] && out=$a; prev=$a; done\n'
+                          'mkdir -p "$(dirname "$out")"\n'
+                          'case "$*" in *" c3 "*) echo "correct"; echo "False";; *) echo "correct"; echo "True";; '
+                          'esac > "$out"\n')
+    dest = tmp_path / "out"
+    r = subprocess.run(["bash", str(TOOLS / "gpu_smoke.sh"), str(dest)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
+    assert r.returncode == 1, r.stdout + r.stderr  # the wrong c3 row fails the smoke run
+    assert "ok     sweep" in r.stdout and "1 wrong" in r.stdout
+    listing = subprocess.run(["tar", "tzf", str(dest / "results.tgz")], capture_output=True, text=True).stdout
+    assert "./smoke/sweep/data.csv" in listing and "./smoke/e2e/run.log" in listing
