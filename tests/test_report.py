@@ -20,9 +20,10 @@ def test_reference_results_have_provenance_and_all_columns():
     x4 = ROOT / "results/h200x4/operator"
     for csv in CSVS + [str(x4 / run / "data.csv") for run in ("sweep_all_gather", "sweep_all_to_all", "nccl_ce")]:
         df = pd.read_csv(csv)
-        # in order; `submit`, `handshake`, `wait` came later and report.load fills in their defaults for older sweeps
+        # in order; `submit`, `handshake`, `wait`, `path` came later and report.load fills in their defaults for
+        # older sweeps
         assert list(df.columns) == [c for c in COLUMNS if c in df.columns]
-        assert set(COLUMNS) - set(df.columns) <= {"submit", "handshake", "wait"}
+        assert set(COLUMNS) - set(df.columns) <= {"submit", "handshake", "wait", "path"}
         side = Path(csv).with_suffix(".json")
         assert side.exists()
         text = side.read_text()
@@ -196,3 +197,25 @@ def test_a_default_call_on_the_sm_path_is_not_the_copy_engines_default():
                      "status": "ok", "correct": True, "error": "", "ok": True})
     default = report.picks(pd.DataFrame(rows))["default"]
     assert not default["measured"].any() and (default["time_us"] != 4.0).all()
+
+
+def test_e2e_and_ficco_claims_are_scored_from_their_runs():
+    """Issue 52: the end-to-end and FiCCO claims are claims like the others (counted on the index): each the best
+    point of its run, the same number the pages compute another way."""
+    from dmacoll_lab.analysis import claims, ficco_rules, tables
+    from dmacoll_lab.analysis import load as results
+
+    d = ROOT / "results/h200x4"
+    e2e, ficco = str(d / "e2e/e2e/data.csv"), str(d / "ficco/ficco/data.csv")
+    rows = {r["id"]: r for r in claims.evaluate(SWEEPS, e2e_csvs=[e2e], ficco_csvs=[ficco])}
+    ratios = tables.e2e_ratios(results.read("e2e", [e2e]))
+    assert rows["dmalatte-e2e-decode"]["reproduced"] == round(ratios["decode_dma_over_nccl"].min(), 3)
+    assert rows["dmalatte-e2e-ttft"]["reproduced"] == round(ratios["ttft_dma_over_nccl"].min(), 3)
+    assert rows["dmalatte-e2e-throughput"]["reproduced"] == round(ratios["tokens_per_s_dma_over_nccl"].max(), 3)
+    coll = ficco_rules.collapse(ficco_rules.load([ficco]))
+    decomposed = coll[coll["option"].str.startswith("dma") & (coll["pieces"] > 1)]
+    assert rows["ficco-speedup"]["reproduced"] == round(decomposed["speedup_vs_nccl_serial"].max(), 3)
+    for claim_id in ("dmalatte-e2e-decode", "dmalatte-e2e-ttft", "dmalatte-e2e-throughput", "ficco-speedup"):
+        assert rows[claim_id]["status"] in ("pass", "within noise", "fail"), claim_id
+    without = {r["id"]: r["status"] for r in claims.evaluate(SWEEPS)}
+    assert without["dmalatte-e2e-decode"] == without["ficco-speedup"] == "not run"

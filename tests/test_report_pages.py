@@ -64,7 +64,8 @@ def evaluate(machine: str) -> dict:
 
     d = ROOT / "results" / machine
     sweeps = [str(d / f"operator/{n}/data.csv") for n in ("sweep_all_gather", "sweep_all_to_all", "nccl_ce")]
-    rows = claims.evaluate(sweeps, str(d / "power/power/data.csv"), [str(p) for p in c3_rules.runs(d / "c3")])
+    rows = claims.evaluate(sweeps, str(d / "power/power/data.csv"), [str(p) for p in c3_rules.runs(d / "c3")],
+                           [str(d / "e2e/e2e/data.csv")], [str(d / "ficco/ficco/data.csv")])
     return {(r["id"], r["configuration"]): r for r in rows}
 
 

@@ -43,6 +43,9 @@ rule claims:
         sweeps=lambda wc: operator_csvs(wc.platform),
         power=lambda wc: [] if EMULATED else result(wc.platform, "power/power/data.csv"),  # no power on the CPU
         c3=lambda wc: c3_runs(wc.platform) if (wc.platform, "c3") in RENDERS else [],
+        e2e=lambda wc: [result(wc.platform, "e2e/e2e/data.csv")] if (wc.platform, "e2e") in RENDERS else [],
+        ficco=lambda wc: NOTEBOOK_INPUTS["ficco"](wc.platform)
+        if (wc.platform, "ficco") in RENDERS else [],
     output:
         json=f"{REPORT}/{{platform}}/claims.json",
         md=f"{REPORT}/{{platform}}/claims.md",
@@ -54,10 +57,13 @@ rule claims:
         py=PY,
         power=lambda wc, input: f"--power {input.power}" if input.power else "",
         c3=lambda wc, input: f"--c3 {input.c3}" if input.c3 else "",
+        e2e=lambda wc, input: f"--e2e {input.e2e}" if input.e2e else "",
+        ficco=lambda wc, input: f"--ficco {input.ficco}" if input.ficco else "",
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{params.py} -m dmacoll_lab report claims --csv {input.sweeps} {params.power} {params.c3} --out {output.json} "
+        "{params.py} -m dmacoll_lab report claims --csv {input.sweeps} {params.power} {params.c3} {params.e2e} "
+        "{params.ficco} --out {output.json} "
         "> {log} 2>&1; "
         "cat {log}"
 

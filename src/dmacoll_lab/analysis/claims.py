@@ -17,13 +17,17 @@ concerns (a row each), never on a mix:
   fact), all three on the same scenarios: the shapes the rule was not learned on (``c3_rules.held_out``); the
   ConCCL baseline claim: the **nccl** baseline strategy, on those scenarios too. Fractions of ideal are clipped
   at 1 (``c3_rules.collapse``: a pair cannot overlap better than perfectly; values above 1 are timing noise),
-  and each row says how many were.
+  and each row says how many were;
+* end-to-end claims (``dmacoll e2e``): **default** (the benchmark's dma implementation is ``Communicator()``
+  with no options), best over every (model, batch, prompt) point of the serial schedule, as the papers' "up to";
+* the FiCCO claim: **oracle**, the best of the dma schedules (pieces) per scenario, over the scenarios.
 
 Every value carries its spread, the interval the noise of the measurement allows (``spread``):
 
 * operator: the p10-p90 of the repeats, as a ratio (the configuration's p10 over NCCL's p90 up to its p90 over
   NCCL's p10); a worst (best) value over sizes takes the worst (best) of the sizes' bounds;
 * power: the p10-p90 of the power samples over GPUs and repeats, the same way;
+* end to end: the best point's p10-p90 of its repeats, as a ratio (as operator);
 * several runs (C3 tables of the same scenarios): the range over the runs, and each run's own spread;
 * C3 from one run (its tables keep the median of the repeats only): the value +- the widest range over runs of
   one strategy's mean where a strategy was measured in several runs (the run-to-run noise of such a mean); no
@@ -75,7 +79,7 @@ class Claim:
     statement: str
     paper: str
     metric: str                                  # what the value is
-    data: str                                    # operator | power | c3
+    data: str                                    # operator | power | c3 | e2e | ficco
     value: Callable[[object, str], Value]        # (prepared data, configuration) -> Value
     test: tuple[str, float]                      # e.g. ("<=", 1.05)
     paper_value: float                           # the paper's number in the metric's terms
@@ -260,7 +264,62 @@ C3_CLAIMS = [
           "21% of ideal on average", "mean fraction of ideal, NCCL baseline strategy, held-out C3 scenarios", "c3",
           _c3_mean(lambda c: ["baseline"]), ("<=", 0.21), 0.21, ("nccl",)),
 ]
-CLAIMS = OPERATOR_CLAIMS + POWER_CLAIMS + C3_CLAIMS
+
+
+# -- end to end (DMA-Latte's inference claims) and FiCCO ------------------------------------------------------------
+def _e2e_best(metric: str, lower: bool):
+    """The best point's dma/NCCL ratio of ``metric`` (``decode_ms``, ``ttft_ms``: times, lower is better;
+    ``e2e_tok_s``: rates, higher is better) over the serial schedule's (model, batch, prompt) points, its spread from
+    the repeats' p10-p90 where the table keeps them."""
+    from .tables import E2E_KEYS
+
+    def value(e2e: pd.DataFrame, config: str) -> Value:
+        ok = e2e[(e2e["status"] == "ok") & (e2e["schedule"] == "serial")]
+        wide = ok.pivot_table(index=E2E_KEYS, columns="impl", values=[c for c in (metric, f"{metric}_p10",
+                                                                                 f"{metric}_p90") if c in ok])
+        if (metric, "dma") not in wide or (metric, "nccl") not in wide:
+            return None
+        ratio = (wide[(metric, "dma")] / wide[(metric, "nccl")]).dropna()
+        if ratio.empty:
+            return None
+        best = ratio.idxmin() if lower else ratio.idxmax()
+        lo = hi = NAN
+        if (f"{metric}_p10", "dma") in wide and (f"{metric}_p90", "nccl") in wide:
+            lo = float(wide.loc[best, (f"{metric}_p10", "dma")] / wide.loc[best, (f"{metric}_p90", "nccl")])
+            hi = float(wide.loc[best, (f"{metric}_p90", "dma")] / wide.loc[best, (f"{metric}_p10", "nccl")])
+        where = ", ".join(f"{k} {v}" for k, v in zip(E2E_KEYS, best if isinstance(best, tuple) else (best,)))
+        return Measure(round(float(ratio[best]), 3), round(lo, 3), round(hi, 3), len(ratio), f"best at {where}")
+    return value
+
+
+def _ficco_best(coll: pd.DataFrame, config: str) -> Value:
+    """The largest speedup over NCCL's serial schedule of any decomposed dma schedule (pieces > 1: the finer-grain
+    overlap) in any scenario."""
+    dma = coll[coll["option"].str.startswith("dma") & (coll["pieces"] > 1)]
+    if dma.empty:
+        return None
+    best = dma.loc[dma["speedup_vs_nccl_serial"].idxmax()]
+    return Measure(round(float(best["speedup_vs_nccl_serial"]), 3), n=int(dma["option"].nunique()),
+                   note=f"best: {best['option']}, {best['model']} {best['pattern']} {int(best['tokens'])} tokens")
+
+
+E2E_CLAIMS = [
+    Claim("dmalatte-e2e-decode", "DMA-Latte", "DMA collectives lower LLM inference latency (decode step)",
+          "up to 1.5x lower latency than vLLM", "min dma/NCCL decode-step time over the points, serial schedule",
+          "e2e", _e2e_best("decode_ms", True), ("<=", round(1 / 1.5, 3)), round(1 / 1.5, 3), ("default",)),
+    Claim("dmalatte-e2e-ttft", "DMA-Latte", "DMA collectives lower LLM inference latency (time to first token)",
+          "up to 1.5x lower latency than vLLM", "min dma/NCCL TTFT over the points, serial schedule",
+          "e2e", _e2e_best("ttft_ms", True), ("<=", round(1 / 1.5, 3)), round(1 / 1.5, 3), ("default",)),
+    Claim("dmalatte-e2e-throughput", "DMA-Latte", "DMA collectives raise LLM inference throughput",
+          "up to 1.9x higher throughput than vLLM", "max dma/NCCL tokens/s (prefill and decode) over the points, "
+          "serial schedule", "e2e", _e2e_best("e2e_tok_s", False), (">=", 1.9), 1.9, ("default",)),
+]
+FICCO_CLAIMS = [
+    Claim("ficco-speedup", "FiCCO", "Finer-grain overlap of dependent communication and computation, offloaded to "
+          "DMA, speeds it up", "up to 1.6x speedup", "max speedup of a decomposed dma schedule over NCCL's serial "
+          "one, over the scenarios", "ficco", _ficco_best, (">=", 1.6), 1.6, ("oracle",)),
+]
+CLAIMS = OPERATOR_CLAIMS + POWER_CLAIMS + C3_CLAIMS + E2E_CLAIMS + FICCO_CLAIMS
 
 
 def _c3_runs(c3_csvs: Sequence[str]) -> list[dict]:
@@ -277,12 +336,15 @@ def _fmt(lo: float, hi: float) -> str:
 
 
 def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None,
-             c3_csvs: Sequence[str] = ()) -> list[dict]:
-    """Every claim against its data, a row per configuration: the sweeps, and where given the power table and
-    C3 runs (each C3 CSV one run; 'not run' without)."""
+             c3_csvs: Sequence[str] = (), e2e_csvs: Sequence[str] = (), ficco_csvs: Sequence[str] = ()) -> list[dict]:
+    """Every claim against its data, a row per configuration: the sweeps, and where given the power table, C3 runs,
+    e2e runs and FiCCO runs (each CSV one run; 'not run' without)."""
+    from . import ficco_rules
+
     runs = {"operator": [_operator(report.load(sweep_csvs))],
             "power": [results.read("power", [power_csv])] if power_csv else [],
-            "c3": _c3_runs(c3_csvs)}
+            "c3": _c3_runs(c3_csvs), "e2e": [results.read("e2e", [c]) for c in e2e_csvs],
+            "ficco": [ficco_rules.collapse(ficco_rules.load([c])) for c in ficco_csvs]}
     noise = {"c3": c3_noise(runs["c3"])}
     rows = []
     for c in CLAIMS:
@@ -299,6 +361,8 @@ def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None,
                 notes.append(f"spread: +-{width:g}, the run-to-run range of one strategy's mean ({source})")
             elif value is not None and not bounds:
                 notes.append("no spread: one run, whose table keeps no spread of its repeats")
+            elif value is None:
+                notes.append(f"no {c.data} result to score")
             if c.why:
                 notes.append(f"tolerance looser than the paper's {c.paper_value:g}: {c.why}")
             rows.append({"id": c.id, "source": c.source, "claim": c.statement, "paper (MI300X)": c.paper,
@@ -316,9 +380,9 @@ def counts(rows: Sequence[dict]) -> dict[str, int]:
 
 
 def write(sweep_csvs: list[str], out_json: Path, out_md: Path, power_csv: Optional[str] = None,
-          c3_csvs: Sequence[str] = ()) -> list[dict]:
-    rows = evaluate(sweep_csvs, power_csv, c3_csvs)
-    sources = list(sweep_csvs) + ([power_csv] if power_csv else []) + list(c3_csvs)
+          c3_csvs: Sequence[str] = (), e2e_csvs: Sequence[str] = (), ficco_csvs: Sequence[str] = ()) -> list[dict]:
+    rows = evaluate(sweep_csvs, power_csv, c3_csvs, e2e_csvs, ficco_csvs)
+    sources = list(sweep_csvs) + ([power_csv] if power_csv else []) + list(c3_csvs) + list(e2e_csvs) + list(ficco_csvs)
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps({"sources": sources, "claims": rows}, indent=2) + "\n")
     header = ("Claims of the papers (measured there on AMD MI300X) against results measured here on NVIDIA "

@@ -63,7 +63,7 @@ def cmd_report(a: argparse.Namespace) -> int:
         from ..analysis import claims
 
         out = Path(a.out or "results/local/claims.json")
-        rows = claims.write(a.csv, out, out.with_suffix(".md"), a.power, a.c3)
+        rows = claims.write(a.csv, out, out.with_suffix(".md"), a.power, a.c3, a.e2e, a.ficco)
         for r in rows:
             print(f"{r['status']:12s} {r['id']} ({r['configuration']}): {r['reproduced']} "
                   f"(spread {r['spread'] or 'none'}, tolerance {r['tolerance']})")
@@ -109,6 +109,10 @@ def register(sub) -> None:
     r.add_argument("--c3", nargs="+", type=existing_file, default=[],
                    help="claims: `dmacoll c3` tables, one per run (its claims are 'not run' without; several runs: "
                         "the worst decides, the spread is reported)")
+    r.add_argument("--e2e", nargs="+", type=existing_file, default=[],
+                   help="claims: `dmacoll e2e` tables, one per run (its claims are 'not run' without)")
+    r.add_argument("--ficco", nargs="+", type=existing_file, default=[],
+                   help="claims: `dmacoll ficco` tables, one per run (its claim is 'not run' without)")
     r.add_argument("--report-dir", type=existing_dir, help="index, check: the folder of rendered platforms")
     r.add_argument("--platform", nargs=2, action="append", metavar=("NAME", "LABEL"),
                    help="index: a rendered platform (repeat)")
