@@ -442,8 +442,9 @@ class Communicator:
         both buffers in the heap or not, changes), then a dict lookup: the size is the same on every rank
         (``Request.nbytes``), so the ranks choose alike. A rejected call stores nothing."""
         try:
+            # all_to_all_v's matrix too: its path depends on every entry, not only on the largest row
             key = (spec.name, request.nbytes, request.in_place, capturing, heap, request.input.dtype,
-                   self._gate is not None, tuple(sorted(changes.items())) if changes else ())
+                   self._gate is not None, _matrix(spec, request), tuple(sorted(changes.items())) if changes else ())
             resolved = self._resolved.get(key)
         except TypeError:  # an unhashable value: not an option (resolve says which), nothing to cache
             key, resolved = None, None
