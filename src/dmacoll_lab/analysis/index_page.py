@@ -60,7 +60,9 @@ def _headline(report_dir: Path, name: str) -> str:
         'class="dmacoll-table"', 'class="dmacoll-table headline-table"', 1)
     return (f'<img class="headline-figure" src="{name}/{HEADLINE}.png" alt="time per call against size, {name}">'
             f"<p>dmacoll over NCCL, graph-replayed (below 1: dmacoll faster); brackets: the p10-p90 of the repeats "
-            f"as a ratio, and N, the measured configurations a pick was made from.</p>{table}")
+            f"as a ratio, and N, the measured configurations a pick was made from; (derived): no call with no "
+            f"options was measured at that point, so the default shown is the shipped table's pick from the same "
+            f"sweep.</p>{table}")
 
 
 def render(report_dir: Path, platforms: list[tuple[str, str]]) -> str:
