@@ -19,8 +19,9 @@
 #   all-gather when they run together on separate streams; fraction of ideal overlap
 #   = (serial - together) / (serial - max(alone)).
 #
-# `dma pcpy` is the plain collective, `dma auto` the tuned choice. Measured on NVIDIA Hopper; the
-# papers measured AMD MI300X.
+# `dma pcpy` is the plain collective, `dma default` what `Communicator()` picks with no options (every option
+# 'auto': the name the operator page and the claims give it; the CSVs keep the variant `auto`). Measured on NVIDIA
+# Hopper; the papers measured AMD MI300X.
 
 # %% tags=["parameters"]
 csvs = ["results/h200x2/power/power/data.csv", "results/h200x2/power/sm_usage/data.csv",
@@ -47,11 +48,6 @@ out.mkdir(parents=True, exist_ok=True)
 power, sm, inter = (load.read(kind, [p]) for kind, p in zip(("power", "sm_usage", "interference"), csvs))
 report.print_provenance(csvs)
 
-
-def label(df: pd.DataFrame) -> pd.Series:
-    return df["impl"] + df["variant"].fillna("").map(lambda v: f" {v}" if v else "")
-
-
 # %% [markdown]
 # ## Power and energy per call
 
@@ -75,7 +71,7 @@ page.table(summary.drop(columns=["bytes_per_rank"]))
 # ## What runs on the SMs
 
 # %%
-sm["impl"] = label(sm)
+sm["impl"] = tables.config_names(sm)
 sm_table = sm[["op", "impl", "bytes_per_rank", "mode", "kernels_per_call", "kernel_us_per_call", "copies_per_call",
                "memsets_per_call", "kernel_names"]]
 (out / "sm_usage.md").write_text(report.markdown(sm_table) + "\n")

@@ -7,11 +7,19 @@ import pandas as pd
 from dmacoll.sizes import human
 
 
+def config_names(df: pd.DataFrame) -> pd.Series:
+    """A row's implementation as every page names it: the impl, then its variant, the variant 'auto' (every option
+    left to ``Communicator()``) as 'default', the name the operator page and the claims give that configuration:
+    'nccl', 'dma pcpy', 'dma default'."""
+    variant = df["variant"].fillna("").replace({"auto": "default"})
+    return df["impl"] + variant.map(lambda v: f" {v}" if v else "")
+
+
 def power_summary(power: pd.DataFrame) -> pd.DataFrame:
     """Per (op, implementation, size): median average power, idle power, and energy per call above idle (also
     per byte, and over NCCL's), over every GPU and repeat."""
     runs = power[power["impl"] != "idle"].copy()
-    runs["impl"] = runs["impl"] + runs["variant"].fillna("").map(lambda v: f" {v}" if v else "")
+    runs["impl"] = config_names(runs)
     runs["size"] = runs["bytes_per_rank"].map(lambda b: human(int(b)))
     summary = (runs.groupby(["op", "impl", "bytes_per_rank", "size"])
                [["avg_power_w", "idle_power_w", "dynamic_energy_per_call_uj", "dynamic_energy_per_byte_pj"]]
