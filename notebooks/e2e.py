@@ -68,6 +68,7 @@ def ratio_bars(long: pd.DataFrame, hue: str, name: str, title: str) -> None:
     g = sns.catplot(data=long, x="batch", y="value", hue=hue, col="model", row="ratio", kind="bar", height=2.6,
                     aspect=1.4, errorbar=None, sharey=False)
     for (row, _), ax in g.axes_dict.items():
+        ax.set_ylabel(f"dmacoll / NCCL, {row}")  # the ratio, not seaborn's column name
         ax.axhline(1, color="grey", lw=0.8)
         ax.axhline(PAPER_LINE["tokens/s" if "tokens/s" in row else "time"], color="tab:red", ls="--", lw=0.8)
     g.figure.suptitle(f"{title}, {platform_label}; dashed: the DMA-Latte paper's up to 1.5x lower latency (time "
