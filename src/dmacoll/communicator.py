@@ -464,7 +464,6 @@ class Communicator:
                 if self._gate is not None:
                     raise InvalidArgument(f"{spec.name} with path='sm' inside a prelaunch block: prelaunched calls "
                                           "run on the copy engines; use path='dma'")
-                resolved = dataclasses.replace(resolved, path="sm")
             elif resolved.submit == "native" and wanted.submit == "auto" and not self._native_available():
                 resolved = resolve(wanted, self.capabilities, call, self.tuning)  # chosen again, from Python
             resolved = dataclasses.replace(resolved, path=path)

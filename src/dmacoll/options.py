@@ -70,8 +70,7 @@ class Options:
     per call: stores into every peer's heap over NVLink, a flag per block, a local copy or sum; all_gather,
     all_to_all(_v), all_reduce, reduce_scatter up to ``cuda_sm.SLOT_BYTES`` per peer and 8 ranks; it occupies up to
     ``cuda_sm.MAX_BLOCKS`` blocks of ``cuda_sm.THREADS`` threads while it runs; cuda only) or ``auto`` (the default):
-    ``sm`` up to
-    ``SM_AUTO_MAX_BYTES`` per peer where the call fits it and names no copy-engine option, else ``dma``
+    ``sm`` up to ``SM_AUTO_MAX_BYTES`` per peer where the call fits it and names no copy-engine option, else ``dma``
     (``choose_path``). ``last_options.path`` says which ran.
 
     ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue), ``multi`` (one handshake, copies

@@ -317,6 +317,7 @@ class SmPath:
         self.silent = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         self._silent_host = self.silent.numpy()  # the same memory, read without torch's indexing cost
         self._launches: dict[tuple, Launch] = {}
+
     @classmethod
     def open(cls, engine, group, area: int, slot_bytes: int, timeout_s: float, drv,
              check: Callable[[tuple, str], tuple]) -> "SmPath":

@@ -219,23 +219,25 @@ def time_copy_alone(args) -> list[dict]:
 
 
 # -- shared: world processes on GPU 0 ---------------------------------------------------------------------------
-def floor_plans(rank: int, world: int, crossings: int, in_off: int, out_off: int, nbytes: int):
+def floor_plans(rank: int, world: int, crossings: int, in_off: int, out_off: int, nbytes: int,
+                with_copy: bool = True):
     """One peer copy (to the next rank) with the flags of a handshake with every peer: none, one crossing (signal
     every peer, wait for every peer; alternating DONE words, as the lean handshake) or two (READY, then DONE after
-    the copy): call k runs plan k % len(plans)."""
+    the copy); ``with_copy=False``: the flags alone (a barrier). Call k runs plan k % len(plans)."""
     from dmacoll.plan import DONE, DONE_ALT, READY, Copy, Plan, Ref, Signal, Wait
 
     peers = [(rank + i) % world for i in range(1, world)]
-    copy = Copy(Ref("sym", rank, in_off), Ref("sym", peers[0], out_off + rank * nbytes), nbytes)
+    copy = (Copy(Ref("sym", rank, in_off), Ref("sym", peers[0], out_off + rank * nbytes), nbytes),) if with_copy \
+        else ()
 
     def handshake(phase):
         return (*(Signal(p, phase) for p in peers), *(Wait(p, phase) for p in peers))
 
     if crossings == 0:
-        return [Plan(rank, world, (), ((copy,),), ())]
+        return [Plan(rank, world, (), (copy,), ())]
     if crossings == 1:
-        return [Plan(rank, world, (), ((copy, *handshake(ph)),), ()) for ph in (DONE, DONE_ALT)]
-    return [Plan(rank, world, (), ((*handshake(READY), copy, *handshake(DONE)),), ())]
+        return [Plan(rank, world, (), ((*copy, *handshake(ph)),), ()) for ph in (DONE, DONE_ALT)]
+    return [Plan(rank, world, (), ((*handshake(READY), *copy, *handshake(DONE)),), ())]
 
 
 def _shared_rank(rank: int, world: int, cfg: dict) -> list[dict]:

@@ -137,18 +137,6 @@ def ran(comm) -> str:
 
 
 # -- the ranks -----------------------------------------------------------------------------------------------------
-def floor_plans(rank: int, world: int, with_copy: bool, in_off: int, out_off: int, nbytes: int):
-    """One peer copy (to the next rank) and/or one flag crossing with every peer (signal every peer, wait for every
-    peer; alternating DONE words, as the lean handshake): call k runs plan k % len(plans)."""
-    from dmacoll.plan import DONE, DONE_ALT, Copy, Plan, Ref, Signal, Wait
-
-    peers = [(rank + i) % world for i in range(1, world)]
-    copy = (Copy(Ref("sym", rank, in_off), Ref("sym", peers[0], out_off + rank * nbytes), nbytes),) if with_copy \
-        else ()
-    return [Plan(rank, world, (), ((*copy, *(Signal(p, ph) for p in peers), *(Wait(p, ph) for p in peers)),), ())
-            for ph in (DONE, DONE_ALT)]
-
-
 def _profiled(graph, barrier) -> list[dict]:
     """One replay of ``graph`` under the PyTorch profiler (CUDA activities only): its GPU records."""
     import torch
@@ -172,6 +160,8 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
     from dmacoll import Communicator, Options
     from dmacoll.executor import lower, run
     from dmacoll.timing import bench_time, capture
+
+    from .call_cost import floor_plans
 
     comm = Communicator(timeout_s=60, options=Options(submit="python", prerecord=False))
     k = cfg["calls"] + cfg["calls"] % 2  # even: the floors alternate two flag words
@@ -210,13 +200,12 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                 in_place=False)
         results[-1]["resolved"] = ran(comm)
         in_off, out_off = comm.engine.sym_offset(x), comm.engine.sym_offset(outs[0])
+        # (name, (signal, wait) of the crossing or None for no crossing, with the copy)
         floors = [("floor: copy", None, True)]
         floors += [(f"floor: barrier {s}/{w}", (s, w), False) for s, w in BARRIERS]
         floors += [(f"floor: copy + barrier {s}/{w}", (s, w), True) for s, w in BARRIERS[:3]]
         for name, flags, with_copy in floors:
-            plans = floor_plans(rank, world, with_copy, in_off, out_off, nbytes)
-            if flags is None:
-                plans = [type(plans[0])(rank, world, (), ((plans[0].queues[0][0],),), ())]
+            plans = floor_plans(rank, world, 0 if flags is None else 1, in_off, out_off, nbytes, with_copy)
             programs = [lower(p, "reset", *(flags or ("memop", "memop"))) for p in plans]
 
             def floor_call(i, programs=programs):
