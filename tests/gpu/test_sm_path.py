@@ -1,5 +1,5 @@
 """The sm path (``path='sm'``: one one-shot kernel per call, ``backends/cuda_sm.py``) through ``Communicator`` at worlds
-2 and 4: every op and dtype it claims, odd sizes, heap and private buffers, in place, graph replays of fresh data,
+2 and 4: every op and dtype it claims, odd sizes, heap, private and misaligned buffers, in place, graph replays of fresh data,
 'auto' choosing it only where it should, and a peer that never calls named by a timeout instead of a hang.
 
 Sums are checked bit for bit against the inputs added in rank order (float32 for half types, wrapping for integers):
@@ -68,10 +68,11 @@ def _cases(rank: int, world: int, seed: int) -> list[str]:
                 if count * size > 256 << 10:
                     continue
                 n_in, n_out = shapes(op, world, count)
-                for buffers in ("heap", "private"):
+                for buffers in ("heap", "private", "offset"):  # offset: addresses one element past a vector
                     case += 1
                     make = (lambda n: comm.empty(n, dtype=dtype)) if buffers == "heap" else \
-                        (lambda n: torch.empty(n, dtype=dtype, device=comm.device))
+                        (lambda n: torch.empty(n, dtype=dtype, device=comm.device)) if buffers == "private" else \
+                        (lambda n: torch.empty(n + 1, dtype=dtype, device=comm.device)[1:])
                     x, y = make(n_in), make(n_out)
                     inputs = [draw(n_in, dtype, seed + 1000 * case + r) for r in range(world)]
                     x.copy_(inputs[rank].to(comm.device))

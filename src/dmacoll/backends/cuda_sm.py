@@ -76,15 +76,25 @@ __device__ __forceinline__ u64 now_ns() {
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
     return t;
 }
-__device__ __forceinline__ bool aligned16(const void* a, const void* b, long long n) {
-    return ((((u64)a) | ((u64)b) | (u64)n) & 15) == 0;
+// the widest unit (16, 8, 4, 2 or 1 bytes) that divides both addresses and the length
+__device__ __forceinline__ int granule(const void* a, const void* b, long long n) {
+    u64 x = ((u64)a) | ((u64)b) | (u64)n;
+    return (x & 15) == 0 ? 16 : (x & 7) == 0 ? 8 : (x & 3) == 0 ? 4 : (x & 1) == 0 ? 2 : 1;
 }
-// src -> dst, n bytes: 16-byte vectors over the grid (thread gt, stride gs), unaligned bytes by block 0 alone
+template <typename U>
+__device__ __forceinline__ void copy_units(char* dst, const char* src, long long n, long long gt, long long gs) {
+    for (long long u = gt; u < n / (long long)sizeof(U); u += gs) ((U*)dst)[u] = ((const U*)src)[u];
+}
+// src -> dst, n bytes, in the widest unit that divides them, over the grid (thread gt, stride gs): a thread copies
+// the same units of a part whenever the part's addresses agree (what in-place calls rely on)
 __device__ __forceinline__ void copy_part(char* dst, const char* src, long long n, long long gt, long long gs) {
-    long long nvec = aligned16(dst, src, n) ? n / 16 : 0;
-    for (long long v = gt; v < nvec; v += gs) ((V16*)dst)[v] = ((const V16*)src)[v];
-    if (blockIdx.x == 0)
-        for (long long j = nvec * 16 + threadIdx.x; j < n; j += blockDim.x) dst[j] = src[j];
+    switch (granule(dst, src, n)) {
+        case 16: copy_units<V16>(dst, src, n, gt, gs); break;
+        case 8: copy_units<unsigned long long>(dst, src, n, gt, gs); break;
+        case 4: copy_units<unsigned>(dst, src, n, gt, gs); break;
+        case 2: copy_units<unsigned short>(dst, src, n, gt, gs); break;
+        default: copy_units<unsigned char>(dst, src, n, gt, gs);
+    }
 }
 
 struct Sm { char* mine; unsigned e; int parity; long long gt, gs; };
@@ -168,7 +178,9 @@ extern "C" __global__ void dmacoll_sm_sum_$NAME(SM_ARGS) {
     const long long n = P.recv_len[me];
     const char* own = in + P.send_off[me];
     $T* o = ($T*)out;
-    const long long nvec = aligned16(own, out, n) ? n / 16 : 0;
+    // in units of the send's granule (the slots are 16-byte aligned): in place, a thread adds the units it sent
+    const int g = granule(own, out, n);
+    const long long nvec = g == 16 ? n / 16 : 0;
     for (long long v = s.gt; v < nvec; v += s.gs) {
         $ACC acc[16 / sizeof($T)];
         for (int q = 0; q < world; ++q) {  // rank order: every rank adds alike
@@ -182,8 +194,10 @@ extern "C" __global__ void dmacoll_sm_sum_$NAME(SM_ARGS) {
         for (int k = 0; k < E; ++k) { $ACC x = acc[k]; el[k] = $STORE; }
         ((V16*)o)[v] = w;
     }
-    if (blockIdx.x == 0) {
-        for (long long j = nvec * E + threadIdx.x; j < n / (long long)sizeof($T); j += blockDim.x) {
+    const int per = g / (int)sizeof($T);  // elements per unit below 16 bytes (a dtype's element divides g)
+    for (long long u = s.gt; g < 16 && u < n / g; u += s.gs) {
+        for (int k = 0; k < per; ++k) {
+            long long j = u * per + k;
             $ACC acc = 0;
             for (int q = 0; q < world; ++q) {
                 const $T* src = (const $T*)(q == me ? own : slot_of(s, slots_off, world, slot_bytes, q));
