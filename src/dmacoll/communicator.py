@@ -294,14 +294,12 @@ class Communicator:
         syms = (self.engine.sym_offset(request.input), self.engine.sym_offset(request.output))
         return spec, request, self._options(spec, request, options, capturing, None not in syms), syms
 
-    def _sm_bytes(self, spec: ops.OpSpec, request: ops.Request, whole_vectors: bool = False) -> Optional[int]:
-        """The call's bytes per peer on the sm path (None: the path cannot run it here; ``whole_vectors``: or its
-        parts are not whole 16-byte vectors, which the kernels copy slowly: 'auto' leaves those to the copy
-        engines)."""
+    def _sm_bytes(self, spec: ops.OpSpec, request: ops.Request) -> Optional[int]:
+        """The call's bytes per peer on the sm path (None: the path cannot run it here)."""
         if not self.capabilities.sm_path or spec.name == "all_to_all_v" and request.in_place:
             return None  # in place, all_to_all_v's rows and columns overlap: a block could overwrite unsent input
         return self.engine.sm_bytes(spec.name, ops.spec.nbytes(request.input), ops.spec.nbytes(request.output),
-                                    ops.dtype_name(request.input.dtype), _matrix(spec, request), whole_vectors)
+                                    ops.dtype_name(request.input.dtype), _matrix(spec, request))
 
     def _run_sm(self, spec: ops.OpSpec, request: ops.Request, opts: Options) -> None:
         """One call on the sm path: a kernel on the current stream (the engine's ``sm``); a wait that gave up
@@ -453,10 +451,10 @@ class Communicator:
             call = Call(spec.tuning_op, request.nbytes, request.in_place, capturing, heap)
             resolved = resolve(wanted, self.capabilities, call, self.tuning)
             shared = self.capabilities.sm_path and self.engine.sm_shares_device()
-            path = choose_path(wanted, self.capabilities, self._sm_bytes(spec, request, whole_vectors=True),
-                               gated=self._gate is not None or shared)
+            sm_bytes = self._sm_bytes(spec, request)
+            path = choose_path(wanted, self.capabilities, sm_bytes, gated=self._gate is not None or shared)
             if path == "sm":
-                if self._sm_bytes(spec, request) is None:
+                if sm_bytes is None:
                     raise InvalidArgument(f"{spec.name} with path='sm': the sm path runs all_gather, all_to_all(_v), "
                                           f"all_reduce and reduce_scatter up to {self.engine.sm.slot_bytes} bytes "
                                           "per peer and 8 ranks (sums of float and int dtypes; all_to_all_v not in "

@@ -333,12 +333,10 @@ class CudaEngine(StreamEngine):
         """Zero the sm area at heap offset ``area`` on every rank (a barrier): the sm path is ready."""
         self.sm = cuda_sm.SmPath.open(self, self.group, area, cuda_sm.SLOT_BYTES, self.timeout_s, _drv, check_driver)
 
-    def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str, matrix: Optional[tuple] = None,
-                 whole_vectors: bool = False) -> Optional[int]:
-        """A call's largest part on the sm path (the same on every rank), None where the path cannot run it
-        (``whole_vectors``: or runs it slowly, see ``cuda_sm.sm_bytes``)."""
-        return cuda_sm.sm_bytes(op, self.world, self.rank, in_bytes, out_bytes, dtype, cuda_sm.SLOT_BYTES, matrix,
-                                whole_vectors)
+    def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str,
+                 matrix: Optional[tuple] = None) -> Optional[int]:
+        """A call's largest part on the sm path (the same on every rank), None where the path cannot run it."""
+        return cuda_sm.sm_bytes(op, self.world, self.rank, in_bytes, out_bytes, dtype, cuda_sm.SLOT_BYTES, matrix)
 
     def sm_shares_device(self) -> bool:
         """Whether ranks share a GPU (the IPC heap): there one rank's spinning kernel waits for a time slice of the

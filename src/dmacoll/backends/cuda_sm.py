@@ -263,18 +263,14 @@ def call_shape(op: str, world: int, rank: int, in_bytes: int, out_bytes: int,
 
 
 def sm_bytes(op: str, world: int, rank: int, in_bytes: int, out_bytes: int, dtype: str, slot_bytes: int,
-             matrix: Optional[Sequence[Sequence[int]]] = None, whole_vectors: bool = False) -> Optional[int]:
+             matrix: Optional[Sequence[Sequence[int]]] = None) -> Optional[int]:
     """The largest part of a call the sm path can run (its op, world, sizes, a sum of its dtype, its slots), else
-    None. The same on every rank. ``whole_vectors``: only where every part is whole 16-byte vectors (every rank's
-    parts, so the ranks agree): the kernels copy other parts a byte at a time with one block, far slower than the
-    copy engines (seen as Mixtral's decode in ``results/h200x4/e2e/``)."""
+    None. The same on every rank."""
     if op not in OPS or OPS[op] == "sum" and dtype not in FOLD_TYPES:
         return None
     try:
         n = call_shape(op, world, rank, in_bytes, out_bytes, matrix).largest
     except InvalidArgument:
-        return None
-    if whole_vectors and any(b % 16 for row in (matrix or ((n,),)) for b in row):
         return None
     return n if n <= slot_bytes else None
 
