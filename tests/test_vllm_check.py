@@ -87,6 +87,8 @@ FAKE = textwrap.dedent('''\
                                     "route": True, "reason": route}) + "\\n")
         if route == "all" and os.environ.get("BREAK_SUMS"):
             rows[0]["prompt_logprobs"][2] += 0.5
+    elif os.environ.get("JITTER_OFF_AGAIN") and out.endswith("off_bf16_again.json"):
+        rows[0]["sample_logprobs"][1] += 0.03
     json.dump(rows, open(out, "w"))
 ''')
 
@@ -109,8 +111,10 @@ def test_driver_runs_every_setting_and_writes_the_verdicts(tmp_path, fake_python
     argv = ["vllm", "check", str(out), "--tp", "2", "--model-dir", model, "--python", exe, "--prompts", "3"]
     assert cli.main(argv) == 0
     df = pd.read_csv(out / "data.csv")
-    assert list(df["comparison"]) == ["moves_bf16 vs off_bf16", "all_fp32 vs off_fp32"] and df["ok"].all()
-    assert list(df["routed"]) == ["all_gather graph any size", "all_gather graph any size; all_reduce graph any size"]
+    assert list(df["comparison"]) == ["off_bf16_again vs off_bf16", "moves_bf16 vs off_bf16",
+                                      "all_fp32 vs off_fp32"] and df["ok"].all()
+    assert list(df["routed"].fillna("")) == ["", "all_gather graph any size",
+                                             "all_gather graph any size; all_reduce graph any size"]
     assert (out / "data.json").exists() and (out / "all_fp32.log").exists()
     monkeypatch.setenv("BREAK_SUMS", "1")
     assert cli.main(argv) == 1
@@ -121,7 +125,16 @@ def test_a_comparison_that_routed_nothing_fails(tmp_path, fake_python, monkeypat
     exe, model = fake_python
     monkeypatch.setattr(vc, "SETTINGS", tuple(dataclasses.replace(s, route="measured") for s in vc.SETTINGS))
     rows = vc.check(tmp_path / "c", model, 2, "llama-3.1-8b", 2, exe, n=2)
-    assert not rows[1]["ok"] and "nothing of kind 'sums' was routed" in rows[1]["why"]
+    assert not rows[2]["ok"] and "nothing of kind 'sums' was routed" in rows[2]["why"]
+
+
+def test_an_exact_comparison_is_not_judged_when_vllm_does_not_repeat_itself(tmp_path, fake_python, monkeypatch):
+    exe, model = fake_python
+    monkeypatch.setenv("JITTER_OFF_AGAIN", "1")  # the stand-in's second plugin-off run differs a little
+    rows = vc.check(tmp_path / "c", model, 2, "llama-3.1-8b", 2, exe, n=2)
+    assert not rows[0]["ok"] and rows[0]["why"] == "vLLM does not repeat its own outputs bit for bit"
+    assert not rows[1]["ok"] and rows[1]["why"].startswith("not judged: the plugin-off repeat differs too"), rows[1]
+    assert rows[2]["ok"]
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "mixtral-8x7b"])
