@@ -62,7 +62,7 @@ BAD = {
     "local_copy_paths": [["--bytes", "-1M"], ["--bytes", "1000"], ["--orders", "sideways"], ["--ways", "dma"]],
     "memcpy_batch": [["--bytes", "-1"], ["--bytes", "12"]],
     "sm_carveout": [["--copy-bytes", "-64M"], ["--copy-bytes", "1000K"], ["--rounds", "0"]],
-    "sm_path": [["--worlds", "0"], ["--sizes", "100"], ["--ops", "broadcast"], ["--calls", "0"]],
+    "sm_path": [["--worlds", "0"], ["--sizes", "101"], ["--ops", "broadcast"], ["--calls", "0"]],  # not whole bf16
     "submit_cost": [["--bytes", "-4K"], ["--bytes", "100"], ["--calls", "0"]],
 }
 EVERY_PROBE_BAD = [["--repeats", "0"], ["--repeats", "-3"], ["--repeats", "two"], ["--nope"], ["--out"]]
@@ -289,6 +289,9 @@ EARLIER_CONFIG = {
                                            "repeats": 20},
     "h200x4/sm_path/sm_path_to_2m_50_calls": {"sizes": [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20,
                                                         2 << 20], "calls": 50},
+    "h200x2/sm_path/sm_path_unaligned": {"worlds": [2], "ops": ["all_to_all", "all_gather", "all_reduce"],
+                                         "sizes": [8196, 24588, 106548, 262144, 270468, 532740, 1048576, 1057284],
+                                         "repeats": 20},
 }
 
 
