@@ -1,11 +1,15 @@
 # Two entry points (see README): `make artifact` runs the workflow, `make test` the tests.
-# Both create the virtual environment .venv first (once; again when pyproject.toml changes).
+# Both create the virtual environment .venv first (once; again when either pyproject.toml changes).
 VENV      ?= .venv
 PY        := $(VENV)/bin/python
 # CPU machines take torch 2.13.0 (a CPU wheel where one is on local disk); GPU machines keep
-# their own CUDA torch >= 2.11: `make TORCH='torch>=2.11' EXTRAS=cuda,workflow,test artifact`.
+# their own CUDA torch >= 2.11: `make TORCH='torch>=2.11' LIB_EXTRAS=cuda artifact`.
+# Two distributions from this repository: dmacoll (the library, pyproject.toml; LIB_EXTRAS) and dmacoll-lab (the
+# artifact, lab/pyproject.toml; EXTRAS), both installed editable.
 TORCH     ?= torch==2.13.0
+LIB_EXTRAS ?=
 EXTRAS    ?= workflow,test
+LIB       = $(if $(LIB_EXTRAS),'.[$(LIB_EXTRAS)]',.)
 CORES     ?= 2
 # GPU rules ask for every GPU (resources: gpu=N); declaring what the machine has keeps them from overlapping
 GPUS      ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)
@@ -26,10 +30,10 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml lab/pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check '$(TORCH)'
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q --disable-pip-version-check -e $(LIB) -e './lab[$(EXTRAS)]'
 	touch $@
 
 artifact: $(STAMP)
@@ -49,13 +53,13 @@ test: $(STAMP)
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not gpu"
 
-$(VLLM_STAMP): pyproject.toml Makefile
+$(VLLM_STAMP): pyproject.toml lab/pyproject.toml Makefile
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check '$(TORCH)' '$(VLLM_CI)'
 	# PyPI's torchvision, torchaudio and torchcodec are built for CUDA torch: with the CPU torch their libraries
 	# fail to load when transformers imports them (vLLM does not need them for text models)
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -e . -e './lab[test]'
 	touch $@
 
 test-vllm: $(VLLM_STAMP)
@@ -71,7 +75,7 @@ SLURM_TESTS = tests/test_slurm_profiles.py tests/test_slurm_cluster.py
 SLURM_STAMP := $(VENV)/.slurm-installed
 
 $(SLURM_STAMP): $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[$(EXTRAS),slurm]'
+	$(PY) -m pip install -q --disable-pip-version-check -e $(LIB) -e './lab[$(EXTRAS),slurm]'
 	touch $@
 
 test-slurm: $(SLURM_STAMP)

@@ -33,7 +33,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dmacoll_lab.analysis import dmalatte_reference, load, page, readings, report, tables  # noqa: E402
-from dmacoll.sizes import human  # noqa: E402
+from dmacoll.lab_api import human  # noqa: E402
 
 page.setup()
 out = Path(outdir)

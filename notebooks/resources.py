@@ -40,7 +40,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from dmacoll_lab.analysis import load, page, readings, report, tables  # noqa: E402
-from dmacoll.sizes import human  # noqa: E402
+from dmacoll.lab_api import human  # noqa: E402
 
 page.setup()
 out = Path(outdir)

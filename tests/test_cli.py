@@ -79,8 +79,10 @@ def test_version():
 
     done = dmacoll("--version")
     assert done.returncode == 0 and done.stdout.strip() == f"dmacoll {__version__}"
-    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    assert f'\nversion = "{__version__}"\n' in pyproject  # one version, said in two places
+    root = Path(__file__).resolve().parents[1]
+    for pyproject in (root / "pyproject.toml", root / "lab/pyproject.toml"):  # one version, said in three places
+        assert f'\nversion = "{__version__}"\n' in pyproject.read_text(), pyproject
+    assert f'"dmacoll=={__version__}"' in (root / "lab/pyproject.toml").read_text()
 
 
 def test_the_deadline_counts_from_the_first_rank_s_start():

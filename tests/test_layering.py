@@ -2,6 +2,7 @@
 library never imports the artifact or the artifact's dependencies, and works without them; the runtime imports
 nothing above it; no two modules import each other. Every import of a module is read, those inside functions too."""
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,47 @@ def test_the_library_imports_none_of_the_artifacts_dependencies():
     assert not any(found.values()), {m: d for m, d in found.items() if d}
 
 
+SURFACE = "dmacoll.lab_api"  # the library's names the lab uses beyond dmacoll.__all__, listed once
+
+
+def test_the_lab_imports_only_the_public_api_and_the_named_surface():
+    """The artifact reaches the library through ``dmacoll`` (its ``__all__``) and ``dmacoll.lab_api`` only, and the
+    library itself never imports that surface (it is the lab's)."""
+    import dmacoll
+
+    wrong = []
+    for top in (SRC / ARTIFACT, SRC.parent / "notebooks"):
+        for path in sorted(top.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    wrong += [f"{path.name}: import {a.name}" for a in node.names if a.name.split(".")[0] == LIBRARY]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == LIBRARY:
+                    wrong += [f"{path.name}: from dmacoll import {a.name}" for a in node.names
+                              if a.name not in dmacoll.__all__]
+                elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(LIBRARY + ".") \
+                        and node.module != SURFACE:
+                    wrong.append(f"{path.name}: from {node.module}")
+    assert not wrong, wrong
+    graph = module_imports()
+    assert SURFACE in graph["dmacoll_lab.cli.bench"]  # the graph sees the lab's imports of it
+    assert not [m for m in graph if m.split(".")[0] == LIBRARY and SURFACE in graph[m]]
+
+
+def test_the_surface_names_resolve_to_the_library_objects():
+    from dmacoll import lab_api
+
+    for name in lab_api.__all__:
+        module, attribute = lab_api._SURFACE[name]
+        loaded = importlib.import_module(module)
+        assert getattr(lab_api, name) is (loaded if attribute is None else getattr(loaded, attribute)), name
+    try:
+        lab_api.not_a_name
+    except AttributeError as e:
+        assert "not_a_name" in str(e)
+    else:
+        raise AssertionError("an unknown name must raise AttributeError")
+
+
 def layer(module: str) -> str:
     return (module.split(".") + [""])[1]
 
@@ -142,8 +184,33 @@ def test_the_cli_without_the_lab_extra_says_so_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-c", guard + f"sys.exit(main(['report', 'table', '--csv', {str(csv)!r}]))"],
                           capture_output=True, text=True)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.strip() == ("dmacoll report: needs pandas, which the extra 'lab' installs: pip install "
-                                   "'dmacoll[lab]'"), done.stderr[-2000:]
+    assert done.stderr.strip() == ("dmacoll report: needs pandas, which dmacoll-lab installs (from the repository "
+                                   "root: pip install -e './lab')"), done.stderr[-2000:]
+
+
+def test_two_distributions_one_package_each(tmp_path):
+    """pyproject.toml builds the library (dmacoll) alone, lab/pyproject.toml the artifact (dmacoll-lab, with the
+    `dmacoll` command), which requires the library at the same version."""
+    import pytest
+
+    pytest.importorskip("setuptools", reason="building without isolation needs setuptools in this environment")
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                           str(tmp_path), str(SRC.parent), str(SRC.parent / "lab")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import zipfile
+
+    tops = {}
+    for wheel in tmp_path.glob("*.whl"):
+        names = zipfile.ZipFile(wheel).namelist()
+        dist = wheel.name.split("-")[0]
+        tops[dist] = {n.split("/")[0] for n in names if ".dist-info" not in n.split("/")[0]}
+        meta = next(zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
+        if dist == "dmacoll_lab":
+            assert "Requires-Dist: dmacoll==0.1.0" in meta
+            points = next(zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith("entry_points.txt"))
+            assert "dmacoll = dmacoll_lab.cli:main" in points
+    assert tops == {"dmacoll": {LIBRARY}, "dmacoll_lab": {ARTIFACT}}, tops
 
 
 def test_every_dmacoll_name_the_tests_import_exists():

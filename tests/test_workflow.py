@@ -210,12 +210,13 @@ def test_sdm_conda_runs_rules_in_their_environments(platform_file, extra, module
 @pytest.mark.parametrize("env", sorted((ROOT / "envs").glob("*.yaml")), ids=lambda p: p.name)
 def test_conda_envs_install_this_checkout(env):
     """Snakemake hands conda a copy of the env file in .snakemake/conda/ and conda runs pip in that folder, so
-    dmacoll's editable install names the checkout through ${DMACOLL_ROOT} (the workflow sets it), not `..`."""
+    the editable installs of both distributions (the library, then dmacoll-lab from lab/) name the checkout through
+    ${DMACOLL_ROOT} (the workflow sets it), not `..`."""
     import yaml
 
     pip = next(d["pip"] for d in yaml.safe_load(env.read_text())["dependencies"] if isinstance(d, dict))
-    (editable,) = [line for line in pip if line.startswith("-e ")]
-    assert editable.split()[1].split("[")[0] == "${DMACOLL_ROOT}"
+    editable = [line.split()[1].split("[")[0] for line in pip if line.startswith("-e ")]
+    assert editable == ["${DMACOLL_ROOT}", "${DMACOLL_ROOT}/lab"]
 
 
 def artifact_flags():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Iterator
 
-from dmacoll.errors import InvalidArgument
+from dmacoll.lab_api import InvalidArgument
 
 # config section -> the `dmacoll` command whose options its keys are (the rule passes them as its flags)
 SECTIONS = {"operator": ("sweep",), "c3": ("c3",), "e2e": ("e2e",)}

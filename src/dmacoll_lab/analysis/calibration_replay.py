@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dmacoll import options, tuning
-from dmacoll.calibration import strategy
+from dmacoll.lab_api import calibration_strategy as strategy, options, tuning
 from . import load
 
 BUDGET_S = 20.0

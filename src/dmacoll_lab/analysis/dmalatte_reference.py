@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dmacoll.sizes import human, parse_size
+from dmacoll.lab_api import human, parse_size
 
 PATH = Path(__file__).resolve().parents[3] / "reference/amd_dmalatte/PERFORMANCE.md"
 OPS = {"All-Gather": "all_gather", "All-to-All": "all_to_all"}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dmacoll.sizes import human
+from dmacoll.lab_api import human
 from . import report
 
 # the headline's lines: name -> how a sweep gives it (report.best of a baseline, or one of report.picks)

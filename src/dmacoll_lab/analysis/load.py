@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from dmacoll.tuning import Platform
+from dmacoll.lab_api import Platform
 
 
 def csv_path(path: str | Path) -> Path:

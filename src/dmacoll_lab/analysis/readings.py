@@ -6,7 +6,7 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from dmacoll.sizes import human
+from dmacoll.lab_api import human
 
 
 def _num(x: float, digits: int = 2) -> str:

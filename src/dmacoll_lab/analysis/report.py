@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dmacoll import options, tuning
-from dmacoll.sizes import human
+from dmacoll.lab_api import human, options, tuning
 from . import load as results
 
 TABLE_SIZES = (1 << 10, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 64 << 20, 256 << 20)
@@ -67,7 +66,7 @@ def shipped_table(df: pd.DataFrame):
 
 
 def _table_choice(table, op: str, nbytes: int, mode: str, in_place: bool, allowed: dict) -> tuple:
-    from dmacoll import ops  # the op specs (torch) only where the analysis needs them
+    from dmacoll.lab_api import ops  # the op specs (torch) only where the analysis needs them
 
     op = ops.get(op).tuning_op  # all_to_all_v's choice comes from all_to_all's rows, as in the communicator
     choice = table.select(op, nbytes, mode, in_place, allowed) if table else None

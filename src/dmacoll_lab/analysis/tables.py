@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dmacoll.sizes import human
+from dmacoll.lab_api import human
 
 
 def config_names(df: pd.DataFrame) -> pd.Series:

@@ -1,8 +1,7 @@
 """A tuning table for ``variant='auto'`` derived from a measured sweep (``dmacoll tune``)."""
 from __future__ import annotations
 
-from dmacoll.errors import InvalidArgument
-from dmacoll.tuning import Entry, TuningTable
+from dmacoll.lab_api import Entry, InvalidArgument, TuningTable
 from . import load, report
 
 

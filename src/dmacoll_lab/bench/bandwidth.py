@@ -1,7 +1,7 @@
 """Bytes and bandwidths of one sweep point (nccl-tests conventions, from the op's spec; see bench/sweep.py)."""
 from __future__ import annotations
 
-from dmacoll import ops
+from dmacoll.lab_api import ops
 
 
 def bandwidths(op: str, impl: str, nbytes: int, world: int, time_us: float) -> tuple[int, float, float]:

@@ -11,9 +11,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from dmacoll import ops
-from dmacoll.errors import BackendUnavailable
-from dmacoll.plan import Ref
+from dmacoll.lab_api import BackendUnavailable, Ref, ops
 from .harness import Rank, torch_caller
 
 NCCL_CTA_POLICY_ZERO = 0x02  # nccl.h (2.28): no CTAs, copy engines carry the data where NCCL can

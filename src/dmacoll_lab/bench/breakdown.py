@@ -96,7 +96,7 @@ def run_breakdown(sizes: list[int], transfers: int = 30, warmup: int = 5, src: i
     from cuda.bindings import driver as drv
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from dmacoll.backends.cuda import check_driver
+    from dmacoll.lab_api import check_driver
 
     if dst is None:
         dst = 1 if torch.cuda.device_count() > 1 else 0

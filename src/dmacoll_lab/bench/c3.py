@@ -56,8 +56,7 @@ from typing import Callable, Optional
 
 import torch
 
-from dmacoll import ops
-from dmacoll.timing import capture, check_after
+from dmacoll.lab_api import capture, check_after, ops
 from . import harness
 from .c3_grid import (C3_COLUMNS, CARVEOUT, CARVEOUT_STRATEGIES, COMM_FIRST, GRAPH_OF, NAN, NCCL_STRATEGIES, Shape,
                       comm_points, comp_reps, compute_setting, metrics_row, option_fields, options, scenario_fields,

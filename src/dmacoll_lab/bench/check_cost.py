@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from dmacoll import ops
+from dmacoll.lab_api import ops
 from . import harness
 
 CHECK_COST_COLUMNS = ["op", "bytes_per_rank", "world", "device", "check_calls", "calls", "repeats", "time_us",

@@ -30,8 +30,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from dmacoll import ops
-from dmacoll.timing import capture
+from dmacoll.lab_api import capture, ops
 from ..verify.reference import POISON
 from .harness import Rank
 from .ficco_grid import (BAND, FICCO_COLUMNS, NAN, Scenario, heap_top, metrics, option_label, piece_major_order,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dmacoll.errors import BackendUnavailable
+from dmacoll.lab_api import BackendUnavailable
 
 SM_GRANULE = 8  # Hopper: minimum and multiple of an SM split
 

@@ -27,8 +27,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from dmacoll import ops
-from dmacoll.timing import Timed, bench_time, elapsed_us, synchronize
+from dmacoll.lab_api import Timed, bench_time, elapsed_us, ops, synchronize
 from ..verify.reference import draw, mismatch, poison
 from . import provenance
 
@@ -66,7 +65,7 @@ class Rank:
         self.comm = None
         out = world * pool_bytes
         if pool_bytes and communicator:
-            from dmacoll.communicator import Communicator
+            from dmacoll.lab_api import Communicator
 
             # staging: a reduce-scatter receives every rank's chunk (its input's size), a one-exchange all-reduce
             # every rank's whole tensor (up to twice its size at two ranks)

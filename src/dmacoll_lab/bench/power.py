@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, Optional, Protocol
 
-from dmacoll.errors import BackendUnavailable
+from dmacoll.lab_api import BackendUnavailable
 
 
 class Meter(Protocol):
@@ -170,7 +170,7 @@ POWER_COLUMNS = ["op", "impl", "variant", "direction", "place", "world", "rank",
 def power_points(op: str, impls) -> list:
     """NCCL; DMA-Latte's unoptimised baseline (pcpy push, out of place) and what Communicator() does by default
     (variant auto, in place where the op has the form)."""
-    from dmacoll import ops
+    from dmacoll.lab_api import ops
     from .sweep import Point
 
     out = []
@@ -185,8 +185,7 @@ def power_points(op: str, impls) -> list:
 def run_power(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
     import torch
 
-    from dmacoll import ops
-    from dmacoll.timing import capture, check_after
+    from dmacoll.lab_api import capture, check_after, ops
     from . import harness
     from .baselines import Baselines
     from .sweep import Bound, point_fields

@@ -58,7 +58,7 @@ def gpu_activities(fn, calls: int) -> list[tuple[str, float]]:
 
 
 def run_sm_usage(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
-    from dmacoll.timing import capture
+    from dmacoll.lab_api import capture
     from . import harness
     from .baselines import Baselines
     from .power import power_points

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
-from dmacoll import ops, tuning
+from dmacoll.lab_api import ops, tuning
 from ..verify.reference import compare_bytes, poison
 from . import harness
 from .bandwidth import bandwidths

@@ -16,13 +16,13 @@ from typing import Optional, Sequence
 from ..vllm import cli as vllm
 from . import analysis, bench, e2e, probe, verify
 
-# what the artifact imports beyond the library, and the extra that installs it
-EXTRA_OF = {"pandas": "lab", "yaml": "lab", "packaging": "lab", "matplotlib": "workflow",
-            "seaborn": "workflow", "IPython": "workflow"}
+# what the artifact imports beyond the library: dmacoll-lab's own requirements ("") or the extra that installs it
+EXTRA_OF = {"pandas": "", "yaml": "", "packaging": "", "matplotlib": "workflow", "seaborn": "workflow",
+            "IPython": "workflow"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dmacoll import __version__
+    from dmacoll.lab_api import __version__
 
     p = argparse.ArgumentParser(prog="dmacoll", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"dmacoll {__version__}")
@@ -41,7 +41,7 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from dmacoll.errors import DmaCollError
+    from dmacoll.lab_api import DmaCollError
 
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     parser = build_parser()
@@ -60,8 +60,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         extra = EXTRA_OF.get((e.name or "").split(".")[0])
         if extra is None:
             raise
-        print(f"dmacoll {args.cmd}: needs {e.name}, which the extra '{extra}' installs: pip install "
-              f"'dmacoll[{extra}]'", file=sys.stderr)
+        which = f"dmacoll-lab's extra '{extra}'" if extra else "dmacoll-lab"
+        print(f"dmacoll {args.cmd}: needs {e.name}, which {which} installs (from the repository root: pip install "
+              f"-e './lab{f'[{extra}]' if extra else ''}')", file=sys.stderr)
         return 2
 
 

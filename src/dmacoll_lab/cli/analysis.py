@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dmacoll.errors import InvalidArgument
+from dmacoll.lab_api import InvalidArgument
 from .common import existing_dir, existing_file
 
 

@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from dmacoll.errors import InvalidArgument
-from dmacoll.sizes import seconds
+from dmacoll.lab_api import InvalidArgument, seconds
 from .common import (add_out, add_ranks, add_sizes, apply_timeout, existing_file, gpu_world, parse_size, planned_world,
                      positive, run_on_gpus)
 
@@ -87,8 +86,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
 def tune_rank(rank: int, world: int, backend: str, budget: Optional[float] = None) -> tuple[Optional[str], str]:
     """One rank of ``dmacoll tune --quick``: ``Communicator.calibrate()`` (whatever table the platform has) within
     ``budget`` seconds; the table (JSON; None where the calibration failed) and where it is cached."""
-    from dmacoll import Communicator, tuning
-    from dmacoll.calibration import cache
+    from dmacoll.lab_api import Communicator, calibration_cache as cache, tuning
 
     os.environ["DMACOLL_CALIBRATE"] = "0"  # the constructor looks for no table to calibrate: calibrate() does
     comm = Communicator(backend=backend)
@@ -101,7 +99,7 @@ def tune_rank(rank: int, world: int, backend: str, budget: Optional[float] = Non
 
 
 def cmd_tune_quick(a: argparse.Namespace) -> int:
-    from dmacoll.backends import resolve
+    from dmacoll.lab_api import resolve
     from ..bench import provenance
     from ..verify.launch import run_ranks
 
@@ -197,7 +195,7 @@ def cmd_check_cost(a: argparse.Namespace) -> int:
     cfg = dict(ops=a.ops, sizes=a.sizes, calls=a.calls, repeats=a.repeats, dtype=a.dtype, seed=a.seed)
     if torch.cuda.device_count():
         return run_on_gpus(a, run_check_cost, CHECK_COST_COLUMNS, cfg)
-    from dmacoll import validate
+    from dmacoll.lab_api import validate
 
     world = a.world or 2
     validate.check_world(world)
@@ -216,9 +214,7 @@ def cmd_amd_dmalatte(a: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from ..bench.sweep import CUDA_IMPLS, DEFAULT_IMPLS, IMPLS
-    from dmacoll.executor import SIGNAL_MODES
-    from dmacoll.ops import names
-    from dmacoll.plan import DIRECTIONS, VARIANTS
+    from dmacoll.lab_api import DIRECTIONS, SIGNAL_MODES, VARIANTS, names
 
     s = sub.add_parser("sweep", help="time collectives over message sizes (GPUs)")
     add_ranks(s, deadline_s=3600.0)
@@ -307,7 +303,7 @@ def register(sub) -> None:
 
 
 def add_sweep_options(s: argparse.ArgumentParser, variants, directions, signals) -> None:
-    from dmacoll.executor import WAIT_MODES
+    from dmacoll.lab_api import WAIT_MODES
 
     s.add_argument("--variants", nargs="+", choices=variants, default=list(variants))
     s.add_argument("--directions", nargs="+", choices=directions, default=list(directions))
@@ -342,7 +338,7 @@ def add_gpu_tool(parser: argparse.ArgumentParser, ops: tuple, sizes: tuple[str, 
 
 
 def add_c3_parser(sub, name: str, d: dict, out: str, text: str) -> None:
-    from dmacoll.ops import names
+    from dmacoll.lab_api import names
     from ..bench import c3_grid as g
 
     def shape(value: str) -> str:

@@ -15,9 +15,7 @@ import argparse
 import os
 from pathlib import Path
 
-from dmacoll.errors import BackendUnavailable
-from dmacoll.sizes import count as positive
-from dmacoll.sizes import parse_size, seconds
+from dmacoll.lab_api import BackendUnavailable, count as positive, parse_size, seconds
 
 __all__ = ["parse_size", "positive", "existing_file", "existing_dir", "add_ranks", "add_sizes", "add_out",
            "gpu_world", "run_on_gpus"]

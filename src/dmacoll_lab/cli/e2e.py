@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dmacoll.errors import InvalidArgument
+from dmacoll.lab_api import InvalidArgument
 from .common import add_out, add_ranks, planned_world, positive, run_on_gpus
 
 

@@ -14,9 +14,7 @@ HOST_MAX_WORLD = 32
 
 
 def cmd_check(a: argparse.Namespace) -> int:
-    from dmacoll import validate
-    from dmacoll.backends import engine_class, resolve
-    from dmacoll.errors import InvalidArgument
+    from dmacoll.lab_api import InvalidArgument, engine_class, resolve, validate
     from ..verify.check import check_rank, families
     from ..verify.launch import gpus_for, run_ranks
 
@@ -68,7 +66,7 @@ def cmd_check(a: argparse.Namespace) -> int:
 
 
 def cmd_build(a: argparse.Namespace) -> int:
-    from dmacoll.backends import native
+    from dmacoll.lab_api import native
 
     record = native.build(a.out, a.cc)
     print(f"built {record['library']} with {record['compiler_version']}; self-test passed "
@@ -77,9 +75,7 @@ def cmd_build(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from dmacoll.executor import SIGNAL_MODES, SYNC_MODES, WAIT_MODES
-    from dmacoll.ops import names
-    from dmacoll.plan import DIRECTIONS, VARIANTS
+    from dmacoll.lab_api import DIRECTIONS, SIGNAL_MODES, SYNC_MODES, VARIANTS, WAIT_MODES, names
     from ..verify.reference import DTYPES
 
     c = sub.add_parser("check", help="run every op x variant on a backend and compare with the reference")

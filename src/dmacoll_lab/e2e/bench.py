@@ -40,8 +40,7 @@ import math
 import statistics
 from typing import Callable, Optional
 
-from dmacoll.graphs import graph_capture
-from dmacoll.timing import bench_time
+from dmacoll.lab_api import bench_time, graph_capture
 from ..bench.c3_grid import c3_metrics
 from ..bench.harness import Rank
 from .calls import PREFILL_ONLY, check_calls, expected_calls, merged_schedule_buffers, split

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from dmacoll.errors import InvalidArgument
+from dmacoll.lab_api import InvalidArgument
 from .config import ModelSpec, buffer_elements
 
 SCHEDULES = ("serial", "microbatch", "seqpar")

@@ -15,7 +15,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from dmacoll import ops
+from dmacoll.lab_api import ops
 from .calls import staging_elements
 
 
@@ -81,8 +81,7 @@ class DmaCollectives(Collectives):
                  backend: str = "auto", timeout_s: Optional[float] = None, group=None):
         import torch.distributed as dist
 
-        from dmacoll.communicator import ALIGN, DEFAULT_TIMEOUT_S, Communicator
-        from dmacoll.options import Options
+        from dmacoll.lab_api import ALIGN, Communicator, DEFAULT_TIMEOUT_S, Options
 
         size = torch.empty((), dtype=dtype).element_size()
         heap = sum((n * size + ALIGN - 1) // ALIGN * ALIGN for n in elements.values()) + (1 << 20)

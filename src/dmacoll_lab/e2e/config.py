@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from dmacoll.errors import InvalidArgument
+from dmacoll.lab_api import InvalidArgument
 
 LLAMA3_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                        "original_max_position_embeddings": 8192}

@@ -10,7 +10,7 @@ import statistics
 
 import torch
 
-from dmacoll.timing import bench_time
+from dmacoll.lab_api import bench_time
 
 
 def _median_us(fn, repeats: int, device: torch.device) -> float:

@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from dmacoll import ops
+from dmacoll.lab_api import ops
 from .calls import Part, split
 from .collectives import Collectives
 from .model import KVCache, Model

@@ -14,9 +14,7 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed
 
-from dmacoll.graphs import graph_capture
-from dmacoll.options import EngineCapabilities, Options
-from dmacoll.ops import OpSpec, get, names
+from dmacoll.lab_api import EngineCapabilities, OpSpec, Options, get, graph_capture, names
 from .reference import DTYPES, POISON, compare_bytes, compare_sum, draw, expected, fuzzy, mismatch, poison
 from .splits import PATTERNS, split_counts
 
@@ -409,7 +407,7 @@ def _tagged(rows: list[dict], family: str) -> list[dict]:
 def _family_rows(rank: int, world: int, args: dict, family: str, options: dict) -> list[dict]:
     """One family (``families``) on a communicator of its own: the core grid's ops, variants and directions on the
     first two dtypes, reset sync (every family's option needs it)."""
-    from dmacoll.communicator import DEFAULT_TIMEOUT_S, Communicator
+    from dmacoll.lab_api import Communicator, DEFAULT_TIMEOUT_S
 
     options = dict(options)
     sequence, splits = options.pop("sequence", False), options.pop("splits", None)
@@ -439,7 +437,7 @@ def check_rank(rank: int, world: int, args: dict) -> list[dict]:
     lean-handshake pipelines, then (``args['families']``: names from ``families``) each option family, then every
     op, dtype and count on ``Communicator()`` with no options (every option 'auto': variant and direction 'auto'
     in the rows); a result row per case, its ``family`` named."""
-    from dmacoll.communicator import DEFAULT_TIMEOUT_S, Communicator
+    from dmacoll.lab_api import Communicator, DEFAULT_TIMEOUT_S
 
     signal = args.get("signal", "memop")
     core = f"core (signal={signal}, wait={args.get('wait', 'memop')}, submit={args.get('submit', 'python')})"

@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from dmacoll.errors import DmaCollError, DmaCollTimeoutError, InvalidArgument
+from dmacoll.lab_api import DmaCollError, DmaCollTimeoutError, InvalidArgument
 
 # Never let anything started from here use NVLink multicast (shared hosts; see README).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -15,8 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from dmacoll.ops import OpSpec
-from dmacoll.ops.spec import Counts
+from dmacoll.lab_api import Counts, OpSpec
 
 DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,

@@ -127,7 +127,7 @@ def compare(off: list[dict], on: list[dict], kind: str, rtol: float = RTOL) -> d
 
 def routed_kinds(decisions: list[dict]) -> set[str]:
     """``moves`` and / or ``sums``: what the plugin sent to dmacoll in a run."""
-    from dmacoll.integrations.vllm_routes import SERVED_BY, moves
+    from dmacoll.lab_api import SERVED_BY, moves
 
     return {"moves" if moves(SERVED_BY[d["op"]]) else "sums" for d in decisions if d["route"]}
 

@@ -7,8 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dmacoll.errors import InvalidArgument
-from dmacoll.sizes import count as positive
+from dmacoll.lab_api import InvalidArgument, count as positive
 
 
 def cmd_results(a: argparse.Namespace) -> int:

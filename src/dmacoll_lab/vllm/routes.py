@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dmacoll.integrations import vllm_routes
+from dmacoll.lab_api import vllm_routes
 from ..analysis import load as results
 from ..analysis import report
 

@@ -94,8 +94,7 @@ def loopback(world: int, heap):
     signaller 0) lands on rank 0's word for signaller p, the one rank 0 waits on for p."""
     import torch
 
-    from dmacoll.backends.cuda import CudaEngine
-    from dmacoll.executor import one_index
+    from dmacoll.lab_api import CudaEngine, one_index
 
     base = heap.data_ptr()
     eng = CudaEngine.for_commands(0, world, [base] + [base + 4 * p for p in range(1, world)],
@@ -106,8 +105,7 @@ def loopback(world: int, heap):
 
 def structure_program(world: int, nbytes: int, variant: str, handshake: str, signal: str, wait: str):
     """Rank 0's lowered all-gather and its layout's heap size (flag words, then input, then output)."""
-    from dmacoll.executor import flag_words, lower
-    from dmacoll.plan import DONE, FULL, Handshake, Layout, all_gather_exchange, build_plan
+    from dmacoll.lab_api import DONE, FULL, Handshake, Layout, all_gather_exchange, build_plan, flag_words, lower
 
     staging = -(-flag_words(world) * 4 // 4096) * 4096
     layout = Layout(input_sym=staging + 4096, output_sym=staging + 4096 + nbytes + 4096, staging=staging)
@@ -135,8 +133,7 @@ def _settled(event, heap, seconds: float = 5.0) -> bool:
 def time_structure(args, world: int, variant: str, handshake: str, signal: str, wait: str) -> list[dict]:
     import torch
 
-    from dmacoll.backends import cuda as cuda_backend
-    from dmacoll.executor import critical_crossings, run
+    from dmacoll.lab_api import critical_crossings, cuda_backend, run
     from .common import checked
 
     program, heap_bytes = structure_program(world, args.bytes, variant, handshake, signal, wait)
@@ -202,7 +199,7 @@ def time_structure(args, world: int, variant: str, handshake: str, signal: str, 
 def graph_per_call_us(call, k: int, repeats: int, stream) -> list[float]:
     """Per-call microseconds of ``k`` calls captured in one CUDA graph on ``stream``, one sample per replay (the
     timing loop, ``dmacoll.timing.bench_time``; no eager warm-up: the copies and the loopback's calls need none)."""
-    from dmacoll.timing import bench_time
+    from dmacoll.lab_api import bench_time
 
     return bench_time(call, k, repeats, mode="graph", warmup=0, stream=stream).samples
 
@@ -224,7 +221,7 @@ def floor_plans(rank: int, world: int, crossings: int, in_off: int, out_off: int
     """One peer copy (to the next rank) with the flags of a handshake with every peer: none, one crossing (signal
     every peer, wait for every peer; alternating DONE words, as the lean handshake) or two (READY, then DONE after
     the copy); ``with_copy=False``: the flags alone (a barrier). Call k runs plan k % len(plans)."""
-    from dmacoll.plan import DONE, DONE_ALT, READY, Copy, Plan, Ref, Signal, Wait
+    from dmacoll.lab_api import Copy, DONE, DONE_ALT, Plan, READY, Ref, Signal, Wait
 
     peers = [(rank + i) % world for i in range(1, world)]
     copy = (Copy(Ref("sym", rank, in_off), Ref("sym", peers[0], out_off + rank * nbytes), nbytes),) if with_copy \
@@ -245,9 +242,7 @@ def _shared_rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
     from dmacoll import Communicator, Options
-    from dmacoll.executor import critical_crossings, lower, run
-    from dmacoll.plan import VARIANTS
-    from dmacoll.timing import bench_time
+    from dmacoll.lab_api import VARIANTS, bench_time, critical_crossings, lower, run
 
     comm = Communicator(timeout_s=60, options=Options(signal="memop", wait="memop", submit="python", prerecord=False))
     nbytes = cfg["bytes"]
@@ -311,7 +306,7 @@ def time_shared(args, world: int) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Table]:
-    from dmacoll.plan import VARIANTS
+    from dmacoll.lab_api import VARIANTS
 
     driver()
     rows = []

@@ -158,8 +158,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch.distributed as dist
 
     from dmacoll import Communicator, Options
-    from dmacoll.executor import lower, run
-    from dmacoll.timing import bench_time, capture
+    from dmacoll.lab_api import bench_time, capture, lower, run
 
     from .call_cost import floor_plans
 

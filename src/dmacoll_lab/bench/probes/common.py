@@ -4,8 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, NamedTuple, Optional
 
-from dmacoll.errors import BackendUnavailable
-from dmacoll.sizes import count, parse_size
+from dmacoll.lab_api import BackendUnavailable, count, parse_size
 
 
 class Table(NamedTuple):
@@ -55,7 +54,7 @@ def nvrtc_functions(source: str, name: str, arch: str, kernels: tuple[str, ...],
                     options: tuple[str, ...] = ()) -> dict:
     """The ``kernels`` of CUDA ``source``, compiled by NVRTC to a cubin for ``arch`` (``sm_90``) and loaded into the
     current context: kernel name -> CUfunction."""
-    from dmacoll.backends.cuda_kernels import compile_program
+    from dmacoll.lab_api import compile_program
 
     drv = driver()
     cubin = compile_program(source, name, arch, options)
@@ -79,7 +78,7 @@ def idle_gpu_us(fn: Callable[[], None], stream, repeats: int = 1, warmup: int = 
     timing loop, ``dmacoll.timing.bench_time``: CUDA events), after ``warmup`` calls."""
     import torch
 
-    from dmacoll.timing import bench_time
+    from dmacoll.lab_api import bench_time
 
     return bench_time(fn, 1, repeats, warmup=warmup, stream=stream, each=torch.cuda.synchronize).samples
 

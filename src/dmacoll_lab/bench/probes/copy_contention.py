@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from dmacoll.sizes import parse_size
+from dmacoll.lab_api import parse_size
 from .common import Table, add_repeats, count
 
 NAME = "copy_contention"
@@ -46,7 +46,7 @@ def config(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> dict[str, Table]:
     import torch
 
-    from dmacoll.errors import BackendUnavailable
+    from dmacoll.lab_api import BackendUnavailable
 
     n = args.bytes
     rows = []

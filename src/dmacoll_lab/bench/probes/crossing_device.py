@@ -399,7 +399,7 @@ class Runner:
         """Each side's half (the baseline: side 0's legs) captured once as a CUDA graph on its stream."""
         import torch
 
-        from dmacoll.graphs import graph_capture
+        from dmacoll.lab_api import graph_capture
 
         graphs = {}
         for s in self.solo_or_all(solo):

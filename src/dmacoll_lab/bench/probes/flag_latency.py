@@ -69,7 +69,7 @@ def _ok(result) -> None:
 def run(args: argparse.Namespace) -> dict[str, Table]:
     import torch
 
-    from dmacoll.graphs import graph_capture
+    from dmacoll.lab_api import graph_capture
 
     from ..c3 import greatest_priority_stream
     from .local_copy_paths import vmm_buffer

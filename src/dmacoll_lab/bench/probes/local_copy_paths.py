@@ -89,7 +89,7 @@ def vmm_buffer(nbytes: int, device: int):
 def run(args: argparse.Namespace) -> dict[str, Table]:
     import torch
 
-    from dmacoll.graphs import graph_capture
+    from dmacoll.lab_api import graph_capture
 
     from ..c3 import greatest_priority_stream
     from ..harness import sleep_cycles_per_us

@@ -91,8 +91,7 @@ def probe_rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from dmacoll.communicator import Communicator
-    from dmacoll.graphs import graph_capture
+    from dmacoll.lab_api import Communicator, graph_capture
 
     drv = driver()
     peer = 1 - rank

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from dmacoll.sizes import human
+from dmacoll.lab_api import human
 from .common import Table, add_repeats, count, gemm_and_side_operands, idle_gpu_us, next_to_gemms, size_multiple_of
 
 NAME = "sm_carveout"

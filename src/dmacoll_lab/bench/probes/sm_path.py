@@ -74,7 +74,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch.distributed._symmetric_memory  # noqa: F401 - registers torch.ops.symm_mem
 
     from dmacoll import Communicator
-    from dmacoll.timing import bench_time
+    from dmacoll.lab_api import bench_time
 
     torch.manual_seed(cfg["seed"] + rank)
     comm = Communicator(timeout_s=30)

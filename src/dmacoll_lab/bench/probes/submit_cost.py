@@ -69,9 +69,7 @@ def savings(rows: list[dict]) -> list[str]:
 def run(args: argparse.Namespace) -> dict[str, Table]:
     import torch
 
-    from dmacoll.backends import native
-    from dmacoll.backends.cuda import memcpy_batch
-    from dmacoll.timing import bench_time
+    from dmacoll.lab_api import bench_time, memcpy_batch, native
 
     drv = driver()
     lib = native.load(native.ensure_built())
