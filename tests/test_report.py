@@ -219,3 +219,25 @@ def test_e2e_and_ficco_claims_are_scored_from_their_runs():
         assert rows[claim_id]["status"] in ("pass", "within noise", "fail"), claim_id
     without = {r["id"]: r["status"] for r in claims.evaluate(SWEEPS)}
     assert without["dmalatte-e2e-decode"] == without["ficco-speedup"] == "not run"
+
+
+def test_nccl_tests_table_compares_one_run_and_counts_wrong_rows():
+    from dmacoll_lab.analysis import tables
+
+    def row(impl, place, time, ok=True, path="", variant=""):
+        return {"op": "all_gather", "impl": impl, "variant": variant, "place": place, "path": path, "mode": "graph",
+                "bytes_per_rank": 4096, "time_us": time, "algbw_GBps": 8192 / time / 1e3,
+                "busbw_GBps": 4096 / time / 1e3, "ok": ok}
+    sweep = pd.DataFrame([row("nccl", "out", 10.0), row("dma_default", "out", 8.0, path="sm"),
+                          row("dma", "out", 15.0, variant="pcpy"), row("dma", "out", 12.0, variant="b2b"),
+                          row("dma", "out", 5.0, ok=False, variant="multi"),  # wrong: never the best, counted
+                          row("dma", "out", 9.0, path="sm", variant="auto"),  # an sm row: not a copy-engine one
+                          row("dma", "in", 7.0, variant="pcpy")])  # NCCL ran no in-place point: left out
+    t = tables.nccl_tests(sweep)
+    assert len(t) == 1
+    r = t.iloc[0]
+    assert (r["size"], r["place"], r["NCCL us"], r["Communicator() us"], r["path"]) == ("4 KB", "out", 10.0, 8.0, "sm")
+    assert (r["oracle us"], r["oracle #wrong"], r["of N"], r["NCCL #wrong"]) == (12.0, 1, 3, 0)
+    assert r["oracle busbw"] == round(4096 / 12.0 / 1e3, 2)
+    alone = tables.nccl_tests(sweep[sweep["impl"] != "dma_default"])
+    assert "Communicator() us" not in alone and "path" not in alone  # a run without it shows no such columns

@@ -211,6 +211,30 @@ def check_cost(machine: str) -> str:
     return _table(tables.check_cost(load.read("check_cost", _abs(paths))), paths)
 
 
+NCCL_TESTS_EXPERIMENTS = ("operator", "defaults")  # where a machine's sweeps with NCCL side by side live
+
+
+def nccl_tests_runs(machine: str) -> list[str]:
+    """A machine's committed sweep runs that measured NCCL beside dmacoll (operator and defaults experiments)."""
+    found = []
+    for experiment in NCCL_TESTS_EXPERIMENTS:
+        for data in sorted((ROOT / "results" / machine / experiment).glob("*/data.csv")):
+            header = data.open().readline().rstrip().split(",")
+            if {"impl", "busbw_GBps", "place"} <= set(header) and ",nccl," in data.read_text():
+                found.append(str(data.relative_to(ROOT)))
+    return found
+
+
+def nccl_tests(machine: str) -> str:
+    """Per run, nccl-tests' table (``tables.nccl_tests``), graph-replayed, at the operator table's sizes."""
+    parts = []
+    for path in nccl_tests_runs(machine):
+        table = tables.nccl_tests(report.load(_abs([path])), sizes=report.TABLE_SIZES)
+        parts.append(_table(table, [path]))
+    return "\n\n".join(parts) + ("\n\nGraph-replayed, median per call of the slowest rank; busbw as nccl-tests "
+                                  "defines it; sizes are bytes per rank; 'not run': the run did not measure it.")
+
+
 def sources(machine: str) -> str:
     """Every committed run of a machine: its code, when it ran, and its GPUs."""
     rows = []
@@ -229,7 +253,7 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "calibration": calibration,
     "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
     "ficco": ficco, "e2e": e2e, "native": native, "probes": probes, "call_cost": call_cost, "check_cost": check_cost,
-    "sources": sources,
+    "nccl_tests": nccl_tests, "sources": sources,
 }
 
 

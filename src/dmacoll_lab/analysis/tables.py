@@ -219,3 +219,49 @@ def call_cost_shared(rows: pd.DataFrame) -> pd.DataFrame:
     out["over its floor"] = [t / floors[(w, c)] if c == c and (w, c) in floors else float("nan")
                              for w, c, t in zip(out["world"], crossings, out["per_call_us"])]
     return out.round(2).astype(object).fillna("").reset_index(drop=True)
+
+
+NCCL_TESTS_IMPLS = ("NCCL", "Communicator()", "oracle")
+
+
+def nccl_tests(sweep: pd.DataFrame, mode: str = "graph", sizes=None) -> pd.DataFrame:
+    """One sweep run as nccl-tests prints a run: per op, size (bytes per rank) and place (out of / in place) that
+    NCCL ran, each implementation the run measured side by side: NCCL, ``Communicator()`` (its ``dma_default`` rows; ``path``:
+    the data path its calls took) and the oracle, the fastest copy-engine configuration (``dma`` rows; ``of N``:
+    how many it was picked from). Time per call (us), algbw and busbw (GB/s, nccl-tests' definitions, from the sweep), and
+    ``#wrong``: that implementation's rows at the point whose output check failed or that did not run."""
+    rows = sweep[sweep["mode"] == mode]
+    if sizes is not None:
+        rows = rows[rows["bytes_per_rank"].isin(sizes)]
+    on_dma = rows["path"].fillna("") != "sm" if "path" in rows else pd.Series(True, index=rows.index)
+    chosen = {"NCCL": rows["impl"] == "nccl", "Communicator()": rows["impl"] == "dma_default",
+              "oracle": (rows["impl"] == "dma") & on_dma}
+    out = []
+    for (op, size, place), point in rows.groupby(["op", "bytes_per_rank", "place"], sort=True):
+        if not chosen["NCCL"].loc[point.index].any():
+            continue  # a point NCCL did not run (its in-place rows): nothing to compare in the same run
+        row = {"op": op, "size": human(int(size)), "place": place}
+        for name in NCCL_TESTS_IMPLS:
+            sub = point[chosen[name].loc[point.index]]
+            if sub.empty:
+                continue
+            good = sub[sub["ok"]]
+            best = good.loc[good["time_us"].idxmin()] if len(good) else None
+            row[f"{name} us"] = round(float(best["time_us"]), 1) if best is not None else "none correct"
+            row[f"{name} algbw"] = round(float(best["algbw_GBps"]), 2) if best is not None else ""
+            row[f"{name} busbw"] = round(float(best["busbw_GBps"]), 2) if best is not None else ""
+            row[f"{name} #wrong"] = int((~sub["ok"]).sum())
+            if name == "Communicator()":
+                row["path"] = str(best["path"]) if best is not None and "path" in best else ""
+            if name == "oracle":
+                row["of N"] = len(sub)
+        out.append(row)
+    columns = ["op", "size", "place"] + [c for name in NCCL_TESTS_IMPLS
+                                         for c in (f"{name} us", f"{name} algbw", f"{name} busbw", f"{name} #wrong",
+                                                   *(("path",) if name == "Communicator()" else ()),
+                                                   *(("of N",) if name == "oracle" else ()))]
+    table = pd.DataFrame(out)
+    table = table.reindex(columns=[c for c in columns if c in table])
+    for c in [c for c in table if c.endswith("#wrong") or c == "of N"]:  # counts, not floats beside the gaps
+        table[c] = pd.Series([int(v) if pd.notna(v) else v for v in table[c]], index=table.index, dtype=object)
+    return table.astype(object).where(table.notna(), "not run")
