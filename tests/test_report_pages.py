@@ -196,18 +196,40 @@ def fake_report(tmp_path: Path) -> Path:
 
 def test_the_index_opens_with_each_machines_headline(tmp_path):
     report_dir = fake_report(tmp_path)
-    text = index_page.render(report_dir, [("h200x2", "2x H200"), ("h200x4", "4x H200")])
+    (report_dir / "h100x2/notebooks").mkdir(parents=True)  # claims (so sweeps) but no operator page: no headline
+    (report_dir / "h100x2/claims.json").write_text(json.dumps({"claims": []}))
+    machines = [("h200x2", "2x H200"), ("h200x4", "4x H200"), ("h100x2", "2x H100")]
+    text = index_page.render(report_dir, machines)
     (report_dir / "index.html").write_text(text)
     assert 'src="h200x2/figures/operator/headline.png"' in text and "headline-table" in text
     assert text.index("headline-figure") < text.index("<ul")  # the headline before any list
     assert '<span class="status-pass">1 pass</span>' in text
     assert '<span class="status-within-noise">1 within noise</span>' in text
     assert 'class="nowrap status-fail">fail</td>' in text
-    assert 'href="h200x2/notebooks/operator.html"' in text and "no headline" in text  # h200x4 has none
-    assert page_check.index_problems(report_dir / "index.html", ["h200x2"]) == []
-    assert page_check.index_problems(report_dir / "index.html", ["h200x4"]) == [
-        f"{report_dir / 'index.html'}: h200x4 has no headline figure",
-        f"{report_dir / 'index.html'}: h200x4 has no headline table"]
+    assert 'href="h200x2/notebooks/operator.html"' in text
+    assert ("Pages: operator. No page (not run on this machine, or nothing to compare): speedup, breakdown, "
+            "resources, c3, ficco, e2e.") in text
+    # h200x4: no claims, so no sweeps: it says so in place of the headline, and the check accepts that
+    assert f'class="{page_check.NO_SWEEPS}">No operator sweep was committed' in text
+    assert page_check.index_problems(report_dir / "index.html", ["h200x2", "h200x4"]) == []
+    assert page_check.index_problems(report_dir / "index.html", ["h100x2"]) == [
+        f"{report_dir / 'index.html'}: h100x2 has no headline figure",
+        f"{report_dir / 'index.html'}: h100x2 has no headline table"]
+
+
+def test_the_check_finds_a_machine_folder_without_a_section(tmp_path):
+    report_dir = fake_report(tmp_path / "report")
+    (report_dir / "index.html").write_text(index_page.render(report_dir, [("h200x2", "2x H200")]))
+    results = tmp_path / "results"
+    for machine, gpus in (("h200x2", ["NVIDIA H200"] * 2), ("h100x4", ["NVIDIA H100 80GB HBM3"] * 4), ("cpu2", [])):
+        run = results / machine / "operator" / "sweep"
+        run.mkdir(parents=True)
+        (run / "data.csv").write_text("op\n")
+        (run / "data.json").write_text(json.dumps({"hardware": {"gpus": gpus, "topology": "GPU0 X NV18"}}))
+    index = report_dir / "index.html"
+    assert page_check.machine_problems(index, results) == [
+        f"{index}: no section for h100x4 ({results / 'h100x4'} holds results)"]  # cpu2's runs had no GPU
+    assert any("no section for h100x4" in p for p in page_check.report_problems(report_dir, False, results))
 
 
 def test_a_page_without_a_figure_is_caught(tmp_path):

@@ -26,10 +26,15 @@ def test_default_target_renders_from_reference_results(tmp_path):
     r = dry_run(config=("platform=none", f"outdir={tmp_path}"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "host_check" in r.stdout
-    for platform in ("h200x2", "h200x4"):  # every shipped result set, side by side
+    for platform in ("h200x2", "h200x4"):  # every machine of results/, side by side
         for job in ("claims.json", *(f"notebooks/{n}.html" for n in ("operator", "speedup", "breakdown",
                                                                       "resources"))):
             assert f"{tmp_path}/report/{platform}/{job}" in r.stdout
+    # 2x H100: its defaults study's sweeps give it an operator page and claims; one-GPU sets hold no sweep
+    for job in ("claims.json", "notebooks/operator.html"):
+        assert f"{tmp_path}/report/h100x2/{job}" in r.stdout
+    assert f"{tmp_path}/report/h200x1/claims.json" not in r.stdout
+    assert "rendering h100x1 (results/h100x1), h100x2 (results/h100x2), h200x1 (results/h200x1)" in r.stderr
     for gpu_rule in ("operator_sweep", "breakdown:", "power:", "probe:"):  # no GPUs: nothing is measured
         assert f"rule {gpu_rule}" not in r.stdout
 

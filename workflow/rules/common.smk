@@ -8,6 +8,8 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
+from dmacoll_lab.analysis import machines
+
 # The rules' interpreter. Under `snakemake --sdm conda` Snakemake activates each rule's conda: environment
 # (envs/*.yaml) around its command, so plain `python` is that environment's; otherwise (`make artifact`) the
 # interpreter running snakemake: the project's .venv.
@@ -71,10 +73,13 @@ GPU_JOB = dict(gpu=config["gpus"], mem_mb=(HOST_RANK_MB if EMULATED else GPU_RAN
 
 def platforms():
     """Result sets to render, name -> (directory, label): this machine's fresh results on a GPU
-    machine (or the host emulator's), every shipped reference (results/<name>) otherwise."""
+    machine (or the host emulator's); otherwise the config's `references`, or, where it names none, every machine
+    folder of results/ with a GPU run (dmacoll_lab.analysis.machines: labels from the runs' provenance)."""
     if MEASURED:
         return {"measured": (OUT, config["label"])}
-    return {name: (ref["dir"], ref["label"]) for name, ref in config["references"].items()}
+    if config.get("references"):
+        return {name: (ref["dir"], ref["label"]) for name, ref in config["references"].items()}
+    return machines.discover(Path("results"))
 
 
 PLATFORMS = platforms()
@@ -95,7 +100,10 @@ DMALATTE_ON = PLATFORM == "rocm" and bool(DMALATTE.get("checkout"))
 
 def operator_csvs(platform):
     """The sweeps, NCCL's copy-engine path where there is one (not on ROCm: RCCL has no such mode), and the
-    AMD-DMA-Latte runs where configured."""
+    AMD-DMA-Latte runs where configured; for a shipped set, the sweeps it holds (machines.operator_sweeps) and its
+    NCCL copy-engine run where it has one."""
+    if not MEASURED:
+        return machines.operator_sweeps(Path(PLATFORMS[platform][0])) + shipped_extra(platform, "operator/nccl_ce/data.csv")
     ce = [] if PLATFORM in ("rocm", "host") else [result(platform, "operator/nccl_ce/data.csv")]
     amd = [f"{OUT}/amd_dmalatte/{run}/data.csv" for run in DMALATTE.get("runs", {})] if DMALATTE_ON else []
     return [result(platform, f"operator/sweep_{op}/data.csv") for op in config["operator"]["ops"]] + ce + amd
@@ -115,10 +123,19 @@ NOTEBOOK_INPUTS = {
     "resources": lambda p: [result(p, f"power/{name}/data.csv") for name in ("power", "sm_usage", "interference")],
     "c3": lambda p: [result(p, "c3/c3/data.csv")],
     "ficco": lambda p: [result(p, "ficco/ficco/data.csv")],
-    "e2e": lambda p: [result(p, "e2e/e2e/data.csv")]
-    + ([f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else [])
-    + (sorted(str(f) for f in Path(result(p, "vllm")).glob("*/data.csv")) if not MEASURED else []),  # shipped vLLM runs
+    "e2e": lambda p: e2e_inputs(p),
 }
+
+
+def e2e_inputs(platform):
+    """The e2e run, and vLLM's (fresh where enabled; every shipped one); a shipped set whose e2e run compares no
+    two implementations (1x H100: NCCL alone at world 1) has no e2e page."""
+    main = result(platform, "e2e/e2e/data.csv")
+    if not MEASURED and (not Path(main).exists() or not machines.compares(Path(main))):
+        return []
+    vllm = [f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []
+    shipped = sorted(str(f) for f in Path(result(platform, "vllm")).glob("*/data.csv")) if not MEASURED else []
+    return [main] + vllm + shipped
 
 
 def renders():
@@ -128,7 +145,8 @@ def renders():
     pairs = []
     for platform in PLATFORMS:
         for name, inputs in NOTEBOOK_INPUTS.items():
-            missing = [f for f in inputs(platform) if not Path(f).exists()]
+            files = inputs(platform)
+            missing = [f for f in files if not Path(f).exists()] or ([] if files else ["no such run"])
             if GPU or (EMULATED and name in EMULATED_NOTEBOOKS) or not missing:
                 pairs.append((platform, name))
             else:
@@ -138,6 +156,8 @@ def renders():
 
 
 RENDERS = renders()
+# the platforms with operator sweeps: each has a claims table (a claim rests on the sweeps) and a headline
+CLAIMED = [p for p in PLATFORMS if MEASURED or operator_csvs(p)]
 
 
 def c3_runs(platform):

@@ -1,6 +1,7 @@
 """The report's front page, one HTML file: per machine its headline (the time-per-call figure with p10-p90 bands
 and the README's headline table, both made by the operator notebook), a coloured count of the claims by status and
-the claims table; then the list of every rendered notebook page.
+the claims table, and which pages were rendered and which experiments were not run on it (a machine without
+operator sweeps says so in place of the headline and claims); then the list of every rendered notebook page.
 
     dmacoll report index --report-dir results/local/report --platform h200x2 "2x H200 (NVLink)" ...
 """
@@ -14,11 +15,14 @@ import pandas as pd
 
 from . import page
 from .claims import STATUSES
+from .page_check import NO_SWEEPS
 
 NOTE = ("Everything here was measured on NVIDIA Hopper GPUs with the CUDA copy engines; the papers it reproduces "
         "(ConCCL, DMA-Latte, FiCCO) ran on AMD MI300X. Claims compare the papers' statements with these "
         "measurements; they are not the papers' numbers.")
 HEADLINE = "figures/operator/headline"  # the operator notebook's headline figure (.png) and table (.csv)
+# every page the report renders per machine (notebooks/<name>.py), in the order the workflow lists them
+PAGES = ("operator", "speedup", "breakdown", "resources", "c3", "ficco", "e2e")
 CLAIM_COLUMNS = ["id", "claim", "paper (MI300X)", "metric", "configuration", "n", "reproduced", "spread", "runs",
                  "over runs", "tolerance", "status", "note"]
 COLOURS = {"pass": "#d7f0d2", "within noise": "#fff1c2", "fail": "#f8d3d0", "not run": "#e6e6e6"}
@@ -65,12 +69,29 @@ def _headline(report_dir: Path, name: str) -> str:
             f"sweep.</p>{table}")
 
 
+def _coverage(report_dir: Path, name: str) -> str:
+    """Which pages this machine has, and which experiments its results lack."""
+    have = {p.stem for p in (report_dir / name / "notebooks").glob("*.html")}
+    rendered = ", ".join(p for p in PAGES if p in have) or "none"
+    missing = ", ".join(p for p in PAGES if p not in have)
+    return (f"<p>Pages: {html.escape(rendered)}." + (f" No page (not run on this machine, or nothing to compare): "
+                                                       f"{html.escape(missing)}." if missing else "") + "</p>")
+
+
+def _section(report_dir: Path, name: str, label: str) -> str:
+    head = f'<section id="{html.escape(name)}"><h2>{html.escape(label)} ({html.escape(name)})</h2>'
+    if not (report_dir / name / "claims.json").is_file():  # no operator sweeps: no headline, nothing to claim from
+        return (f'{head}<p class="{NO_SWEEPS}">No operator sweep was committed for this machine: no headline and no '
+                f"claims (a claim rests on the sweeps); its other results are in docs/results.md.</p>"
+                f"{_coverage(report_dir, name)}</section>")
+    rows = _claims(report_dir / name / "claims.json")
+    return (f"{head}{_headline(report_dir, name)}{_counts(rows)}{_coverage(report_dir, name)}"
+            f"<h3>Claims</h3>{_claims_table(rows)}</section>")
+
+
 def render(report_dir: Path, platforms: list[tuple[str, str]]) -> str:
     parts = [f"<h1>dmacoll report</h1><p>{html.escape(NOTE)}</p>"]
-    for name, label in platforms:
-        rows = _claims(report_dir / name / "claims.json")
-        parts.append(f'<section id="{html.escape(name)}"><h2>{html.escape(label)} ({html.escape(name)})</h2>'
-                     f"{_headline(report_dir, name)}{_counts(rows)}<h3>Claims</h3>{_claims_table(rows)}</section>")
+    parts += [_section(report_dir, name, label) for name, label in platforms]
     pages = []
     for name, label in platforms:
         found = sorted((report_dir / name / "notebooks").glob("*.html"))

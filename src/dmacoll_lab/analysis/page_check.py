@@ -19,6 +19,7 @@ WIDTH, HEIGHT = 1280, 900
 FIGURE = re.compile(r"<img[^>]+src=\"(data:image/png;base64,|[^\"]+\.png\")")
 HEADLINE_FIGURE = "headline-figure"  # the classes the index gives them
 HEADLINE_TABLE = "headline-table"
+NO_SWEEPS = "no-sweeps"  # the class of the note a machine without operator sweeps shows in their place
 
 # appended to a copy of the page: once it has loaded, the elements whose right edge passes the window's width
 # (the body's elements; the window has no horizontal scroll bar then) and the images that did not load
@@ -65,6 +66,8 @@ def index_problems(path: Path, platforms: list[str]) -> list[str]:
             problems.append(f"{path}: no section for {name}")
             continue
         section = text[start:text.find("</section>", start)]
+        if f'class="{NO_SWEEPS}"' in section:  # a machine without operator sweeps says so instead
+            continue
         for marker, what in ((HEADLINE_FIGURE, "headline figure"), (HEADLINE_TABLE, "headline table")):
             at = section.find(marker)
             if at < 0:
@@ -115,9 +118,19 @@ def layout_problems(path: Path, width: int = WIDTH) -> list[str]:
     return problems
 
 
-def report_problems(report_dir: Path, use_browser: bool = True) -> list[str]:
+def machine_problems(index: Path, results_dir: Path) -> list[str]:
+    """A machine folder of ``results_dir`` with GPU runs (``machines.discover``) that has no section in the index."""
+    from .machines import discover
+
+    text = Path(index).read_text()
+    return [f"{index}: no section for {name} ({folder} holds results)"
+            for name, (folder, _) in discover(Path(results_dir)).items() if f'<section id="{name}"' not in text]
+
+
+def report_problems(report_dir: Path, use_browser: bool = True, results_dir: Optional[Path] = None) -> list[str]:
     """Every check on a rendered report folder (``<dir>/index.html``, ``<dir>/<platform>/notebooks/*.html``); the
-    browser's where Chromium is installed and ``use_browser``."""
+    browser's where Chromium is installed and ``use_browser``; with ``results_dir`` (a report of the shipped
+    results), a section for every machine folder there."""
     report_dir = Path(report_dir)
     index = report_dir / "index.html"
     pages = sorted(report_dir.glob("*/notebooks/*.html"))
@@ -125,6 +138,8 @@ def report_problems(report_dir: Path, use_browser: bool = True) -> list[str]:
         return [f"{index}: missing"]
     platforms = sorted({p.parent.parent.name for p in pages})
     problems = index_problems(index, platforms)
+    if results_dir is not None:
+        problems += machine_problems(index, results_dir)
     for p in pages:
         problems += page_problems(p)
     if use_browser and browser():

@@ -43,7 +43,7 @@ def cmd_report(a: argparse.Namespace) -> int:
             raise InvalidArgument("check needs --report-dir (a rendered report: index.html, <platform>/notebooks/)")
         if not page_check.browser():
             print("no Chromium installed: the layout in a browser is not checked (apt-get install chromium)")
-        problems = page_check.report_problems(Path(a.report_dir))
+        problems = page_check.report_problems(Path(a.report_dir), results_dir=a.results_dir)
         for p in problems:
             print(p)
         print(f"{a.report_dir}: {len(problems)} problems")
@@ -116,6 +116,9 @@ def register(sub) -> None:
     r.add_argument("--report-dir", type=existing_dir, help="index, check: the folder of rendered platforms")
     r.add_argument("--platform", nargs=2, action="append", metavar=("NAME", "LABEL"),
                    help="index: a rendered platform (repeat)")
+    r.add_argument("--results-dir", type=existing_dir,
+                   help="check, for a report of the shipped results: every machine folder there with GPU runs must "
+                        "have a section on the index")
     r.set_defaults(func=cmd_report)
 
     u = sub.add_parser("rules", help="learn and score the rule that picks a C3 strategy or a FiCCO schedule")

@@ -1,0 +1,74 @@
+"""The machines the report shows, found in ``results/`` instead of listed by hand: every folder holding a run
+(``data.csv`` with its provenance ``data.json``) measured on GPUs. Its label comes from that provenance (GPU count,
+model, NVLink), its operator sweeps from ``operator/sweep_*`` or, where it has none, from the sweep-format runs of
+its other experiments (2x H100's ``defaults/sweep_*``). No pandas: the workflow imports this at parse time.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+NOT_MACHINES = ("local",)  # results/local: this checkout's own fresh runs, not committed
+SWEEP_COLUMNS = {"impl", "bytes_per_rank", "time_us", "busbw_GBps", "place"}  # an operator sweep's header
+GPU_MODELS = ("MI300X", "H200", "H100", "B200", "A100")
+
+
+def runs(folder: Path) -> list[Path]:
+    """Every committed run of a machine folder (its ``data.csv``), sorted."""
+    return sorted(p for p in Path(folder).rglob("data.csv") if p.with_suffix(".json").is_file())
+
+
+def _hardware(run: Path) -> dict:
+    try:
+        return json.loads(run.with_suffix(".json").read_text()).get("hardware", {}) or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def gpu_runs(folder: Path) -> list[Path]:
+    """The runs whose provenance names GPUs (a CPU machine's runs are not a GPU machine's results)."""
+    return [r for r in runs(folder) if _hardware(r).get("gpus")]
+
+
+def label(folder: Path) -> str:
+    """``2x H200 (NVLink NV18)``: from the provenance of the folder's run that saw the most GPUs (a run may have
+    used some of the machine's, ``CUDA_VISIBLE_DEVICES``)."""
+    hw = max((_hardware(r) for r in gpu_runs(folder)), key=lambda h: len(h["gpus"]))
+    gpus = hw["gpus"]
+    model = next((m for m in GPU_MODELS if m in gpus[0]), gpus[0])
+    link = re.search(r"\bNV(\d+)\b", hw.get("topology", "") or "")
+    return f"{len(gpus)}x {model}" + (f" (NVLink NV{link.group(1)})" if link and len(gpus) > 1 else "")
+
+
+def compares(run: Path, column: str = "impl", values: tuple[str, ...] = ("nccl", "dma")) -> bool:
+    """Whether a committed run measured each of ``values`` in ``column`` (a page that compares them can render it;
+    1x H100's e2e run measured NCCL alone, at world 1)."""
+    import csv
+
+    with Path(run).open() as f:
+        seen = {row.get(column) for row in csv.DictReader(f)}
+    return set(values) <= seen
+
+
+def is_sweep(run: Path) -> bool:
+    return SWEEP_COLUMNS <= set(run.open().readline().strip().split(","))
+
+
+def operator_sweeps(folder: Path) -> list[str]:
+    """The machine's operator sweeps (``operator/sweep_*``), else its other experiments' runs named ``sweep_*``
+    in sweep format; paths as the folder was given."""
+    folder = Path(folder)
+    main = sorted(folder.glob("operator/sweep_*/data.csv"))
+    other = sorted(p for p in folder.glob("*/sweep_*/data.csv") if p.parent.parent.name != "operator")
+    return [str(p) for p in (main or other) if is_sweep(p)]
+
+
+def discover(results: Path) -> dict[str, tuple[str, str]]:
+    """name -> (folder, label) of every machine folder under ``results`` with a GPU run, sorted by name; folders
+    as paths under ``results`` as it was given (``results/h200x2`` for ``results``)."""
+    found = {}
+    for folder in sorted(p for p in Path(results).iterdir() if p.is_dir() and p.name not in NOT_MACHINES):
+        if gpu_runs(folder):
+            found[folder.name] = (str(folder), label(folder))
+    return found

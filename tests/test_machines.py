@@ -1,0 +1,42 @@
+"""The report's machines come from results/ (dmacoll_lab.analysis.machines), labelled from their runs' provenance."""
+import json
+from pathlib import Path
+
+from dmacoll_lab.analysis import machines
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_committed_machine_folder_with_gpu_runs_is_found_and_labelled():
+    found = machines.discover(ROOT / "results")
+    assert {"h200x2", "h200x4", "h100x2"} <= set(found) and "cpu2" not in found  # cpu2: runs without GPUs
+    assert found["h200x4"][1] == "4x H200 (NVLink NV18)"  # the run that saw the most GPUs, not the newest
+    assert found["h100x2"][1] == "2x H100 (NVLink NV18)"
+    for name, (folder, label) in found.items():
+        assert Path(folder).name == name and machines.gpu_runs(Path(folder)), name
+
+
+def test_operator_sweeps_fall_back_to_sweep_runs_of_other_experiments():
+    h200x2 = machines.operator_sweeps(ROOT / "results/h200x2")
+    assert [Path(p).parent.name for p in h200x2] == ["sweep_all_gather", "sweep_all_to_all"]
+    assert all(Path(p).parent.parent.name == "operator" for p in h200x2)
+    h100x2 = machines.operator_sweeps(ROOT / "results/h100x2")  # no operator/: its defaults study's sweeps
+    assert [Path(p).relative_to(ROOT / "results/h100x2").parts[:2] for p in h100x2] == [
+        ("defaults", "sweep_all_gather"), ("defaults", "sweep_all_to_all")]
+    assert machines.operator_sweeps(ROOT / "results/h200x1") == []
+
+
+def test_a_run_compares_implementations_only_where_it_measured_both():
+    assert machines.compares(ROOT / "results/h200x2/e2e/e2e/data.csv")
+    assert not machines.compares(ROOT / "results/h100x1/e2e/e2e/data.csv")  # NCCL alone, world 1
+
+
+def test_a_label_names_count_model_and_link(tmp_path):
+    for name, gpus, topology in (("a", ["NVIDIA H200"] * 8, "GPU0 X NV18"), ("b", ["NVIDIA H100 PCIe"], ""),
+                                 ("c", ["AMD Instinct MI300X"] * 8, "")):
+        run = tmp_path / name / "e2e" / "e2e"
+        run.mkdir(parents=True)
+        (run / "data.csv").write_text("x\n")
+        (run / "data.json").write_text(json.dumps({"hardware": {"gpus": gpus, "topology": topology}}))
+    found = machines.discover(tmp_path)
+    assert {k: v[1] for k, v in found.items()} == {"a": "8x H200 (NVLink NV18)", "b": "1x H100", "c": "8x MI300X"}
