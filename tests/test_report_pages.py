@@ -258,7 +258,7 @@ RENDER = [sys.executable, "-m"]
 @pytest.mark.slow
 @pytest.mark.skipif(page_check.browser() is None, reason=NO_BROWSER)
 @pytest.mark.skipif(shutil.which("papermill", path=str(Path(sys.executable).parent)) is None,
-                    reason="papermill not installed (pip install -e .[workflow])")
+                    reason="papermill not installed (pip install -e './lab[workflow]')")
 def test_rendered_pages_fit_the_browser_window(tmp_path):
     """The operator page rendered as the workflow renders it (papermill, nbconvert without code) and the index,
     laid out by headless Chromium: figures shown and loaded, nothing wider than the window."""

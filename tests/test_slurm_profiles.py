@@ -2,7 +2,7 @@
 vLLM and probes, MI300X with AMD-DMA-Latte), with the resources Snakemake resolves for it under the profile, passes
 the plugin's check of `slurm_extra` (which refuses the flags the plugin sets itself: --gres, --gpus, --mem, -p,
 ...), and the plugin's own sbatch command for it asks for what the rule needs. Needs the plugin (pip install -e
-'.[slurm]'; make test-slurm); without it these skip, unless DMACOLL_REQUIRE_SLURM=1."""
+'./lab[slurm]'; make test-slurm); without it these skip, unless DMACOLL_REQUIRE_SLURM=1."""
 import os
 import shutil
 import subprocess
@@ -17,7 +17,7 @@ PROFILES = sorted(p.parent.name for p in (ROOT / "profiles").glob("slurm*/config
 SNAKEMAKE = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or shutil.which("snakemake")
 
 if os.environ.get("DMACOLL_REQUIRE_SLURM") != "1":
-    pytest.importorskip("snakemake_executor_plugin_slurm", reason="pip install -e '.[slurm]' (make test-slurm)")
+    pytest.importorskip("snakemake_executor_plugin_slurm", reason="pip install -e './lab[slurm]' (make test-slurm)")
 from snakemake_executor_plugin_slurm.submit_string import get_submit_command  # noqa: E402
 from snakemake_executor_plugin_slurm.utils import set_gres_string  # noqa: E402
 from snakemake_executor_plugin_slurm.validation import validate_slurm_extra  # noqa: E402

@@ -14,7 +14,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or shutil.which("snakemake")
-pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake not installed (pip install -e .[workflow])")
+pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake not installed (pip install -e './lab[workflow]')")
 
 
 def dry_run(*args, config=("platform=none",)):
