@@ -1,6 +1,6 @@
 """The sm path (``path='sm'``: one one-shot kernel per call, ``backends/cuda_sm.py``) through ``Communicator`` at worlds
-2 and 4: every op and dtype it claims, odd sizes, heap, private and misaligned buffers, in place, graph replays of fresh data,
-'auto' choosing it only where it should, and a peer that never calls named by a timeout instead of a hang.
+2 and 4: every op and dtype it claims, odd sizes, heap, private and misaligned buffers, in place, graph replays of
+fresh data, 'auto' choosing it only where it should, and a peer that never calls named by a timeout instead of a hang.
 
 Sums are checked bit for bit against the inputs added in rank order (float32 for half types, wrapping for integers):
 the kernel's arithmetic, the same on every rank. Ranks share a GPU where there are fewer GPUs than ranks (the IPC

@@ -103,7 +103,8 @@ def operator_csvs(platform):
     AMD-DMA-Latte runs where configured; for a shipped set, the sweeps it holds (machines.operator_sweeps) and its
     NCCL copy-engine run where it has one."""
     if not MEASURED:
-        return machines.operator_sweeps(Path(PLATFORMS[platform][0])) + shipped_extra(platform, "operator/nccl_ce/data.csv")
+        sweeps = machines.operator_sweeps(Path(PLATFORMS[platform][0]))
+        return sweeps + shipped_extra(platform, "operator/nccl_ce/data.csv")
     ce = [] if PLATFORM in ("rocm", "host") else [result(platform, "operator/nccl_ce/data.csv")]
     amd = [f"{OUT}/amd_dmalatte/{run}/data.csv" for run in DMALATTE.get("runs", {})] if DMALATTE_ON else []
     return [result(platform, f"operator/sweep_{op}/data.csv") for op in config["operator"]["ops"]] + ce + amd

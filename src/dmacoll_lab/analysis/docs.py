@@ -16,7 +16,7 @@ from typing import Callable
 
 import pandas as pd
 
-from . import c3_rules, claims, load, report, tables
+from . import c3_rules, claims, load, machines, report, tables
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout whose results/ the blocks read (a source install)
 BLOCK = re.compile(r"(<!-- generated: ([\w-]+) ([\w/]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
@@ -219,8 +219,7 @@ def nccl_tests_runs(machine: str) -> list[str]:
     found = []
     for experiment in NCCL_TESTS_EXPERIMENTS:
         for data in sorted((ROOT / "results" / machine / experiment).glob("*/data.csv")):
-            header = data.open().readline().rstrip().split(",")
-            if {"impl", "busbw_GBps", "place"} <= set(header) and ",nccl," in data.read_text():
+            if machines.is_sweep(data) and machines.compares(data, values=("nccl",)):
                 found.append(str(data.relative_to(ROOT)))
     return found
 

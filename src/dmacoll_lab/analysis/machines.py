@@ -52,7 +52,8 @@ def compares(run: Path, column: str = "impl", values: tuple[str, ...] = ("nccl",
 
 
 def is_sweep(run: Path) -> bool:
-    return SWEEP_COLUMNS <= set(run.open().readline().strip().split(","))
+    with Path(run).open() as f:
+        return SWEEP_COLUMNS <= set(f.readline().strip().split(","))
 
 
 def operator_sweeps(folder: Path) -> list[str]:

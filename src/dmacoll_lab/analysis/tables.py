@@ -226,10 +226,11 @@ NCCL_TESTS_IMPLS = ("NCCL", "Communicator()", "oracle")
 
 def nccl_tests(sweep: pd.DataFrame, mode: str = "graph", sizes=None) -> pd.DataFrame:
     """One sweep run as nccl-tests prints a run: per op, size (bytes per rank) and place (out of / in place) that
-    NCCL ran, each implementation the run measured side by side: NCCL, ``Communicator()`` (its ``dma_default`` rows; ``path``:
-    the data path its calls took) and the oracle, the fastest copy-engine configuration (``dma`` rows; ``of N``:
-    how many it was picked from). Time per call (us), algbw and busbw (GB/s, nccl-tests' definitions, from the sweep), and
-    ``#wrong``: that implementation's rows at the point whose output check failed or that did not run."""
+    NCCL ran, each implementation the run measured side by side: NCCL, ``Communicator()`` (its ``dma_default``
+    rows; ``path``: the data path its calls took) and the oracle, the fastest copy-engine configuration (``dma``
+    rows; ``of N``: how many it was picked from). Time per call (us), algbw and busbw (GB/s, nccl-tests'
+    definitions, from the sweep), and ``#wrong``: that implementation's rows at the point whose output check failed
+    or that did not run."""
     rows = sweep[sweep["mode"] == mode]
     if sizes is not None:
         rows = rows[rows["bytes_per_rank"].isin(sizes)]

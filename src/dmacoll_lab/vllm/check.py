@@ -49,8 +49,8 @@ class Setting:
     dtype: str
 
 
-SETTINGS = (Setting("off_bf16", False, "measured", "bfloat16"), Setting("off_bf16_again", False, "measured", "bfloat16"),
-            Setting("moves_bf16", True, "moves", "bfloat16"),
+SETTINGS = (Setting("off_bf16", False, "measured", "bfloat16"),
+            Setting("off_bf16_again", False, "measured", "bfloat16"), Setting("moves_bf16", True, "moves", "bfloat16"),
             Setting("off_fp32", False, "measured", "float32"), Setting("all_fp32", True, "all", "float32"))
 # (reference, other, kind); 'repeat': the reference against itself, bit for bit, judging what 'exact' can judge
 COMPARISONS = (("off_bf16", "off_bf16_again", "repeat"), ("off_bf16", "moves_bf16", "exact"),
@@ -176,7 +176,8 @@ def check(out_dir: str | Path, model_dir: str, tp: int, model: str, layers: Opti
             row.update(ok=False, why=f"nothing of kind '{need}' was routed: the comparison would test nothing")
         if kind == "exact" and repeat is not None and not repeat["ok"]:
             row.update(ok=False, why=f"not judged: the plugin-off repeat differs too (max |d logprob| "
-                                     f"{repeat['max_abs_logprob_diff']:.3g}, this one {row['max_abs_logprob_diff']:.3g})")
+                                     f"{repeat['max_abs_logprob_diff']:.3g}, "
+                                     f"this one {row['max_abs_logprob_diff']:.3g})")
         if any(results[ref][1]) or kind == "repeat" and any(results[other][1]):
             row.update(ok=False, why="the plugin-off run routed calls")
         repeat = row if kind == "repeat" else repeat
