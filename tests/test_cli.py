@@ -53,6 +53,8 @@ def test_a_library_error_is_one_line_and_exit_code_2(args, says):
     (["report", "claims", "--csv", "missing"], "argument --csv: no such file: 'missing'"),
     (["report", "index", "--report-dir", "nowhere", "--platform", "a", "b"],
      "argument --report-dir: no such folder: 'nowhere'"),
+    (["report", "check", "--report-dir", ".", "--results-dir", "nowhere"],
+     "argument --results-dir: no such folder: 'nowhere'"),
     (["rules", "c3", "missing.csv"], "argument csv: no such file: 'missing.csv'"),
 ])
 def test_a_bad_option_prints_its_commands_usage_and_one_line(args, says, tmp_path):
