@@ -14,7 +14,8 @@ import torch
 import yaml
 
 from dmacoll_lab.bench.probes import (PROBES, call_cost, call_timeline, copy_contention, crossing, crossing_legs,
-                                      few_sm_kernels, flag_latency, local_copy_paths, memcpy_batch, sm_carveout, sm_path, submit_cost,
+                                      few_sm_kernels, flag_latency, local_copy_paths, memcpy_batch, peer_window,
+                                      sm_carveout, sm_path, submit_cost,
                                       table_path, tables)
 from dmacoll_lab.bench.probes.common import Table
 from dmacoll_lab.cli import build_parser, main
@@ -40,6 +41,7 @@ DEFAULTS = {
     "local_copy_paths": dict(bytes=64 << 20, repeats=7, ways=list(local_copy_paths.WAYS),
                              orders=list(local_copy_paths.ORDERS)),
     "memcpy_batch": dict(bytes=1 << 20, repeats=200),
+    "peer_window": dict(worlds=[2, 4], sizes=[1024, 65536, 1 << 20, 16 << 20], calls=10, repeats=30),
     "sm_carveout": dict(repeats=5, rounds=15, copy_bytes=64 << 20, add_elements=16 << 20),
     "sm_path": dict(worlds=[2, 4], sizes=[1024, 4096, 16384, 65536, 262144], ops=list(sm_path.OPS), calls=10,
                     repeats=30),
@@ -61,6 +63,7 @@ BAD = {
     "flag_latency": [["--rounds", "-5"], ["--rounds", str(flag_latency.MAX_ROUNDS + 1)], ["--ways", "smoke_signal"]],
     "local_copy_paths": [["--bytes", "-1M"], ["--bytes", "1000"], ["--orders", "sideways"], ["--ways", "dma"]],
     "memcpy_batch": [["--bytes", "-1"], ["--bytes", "12"]],
+    "peer_window": [["--worlds", "0"], ["--sizes", "100"], ["--calls", "0"]],
     "sm_carveout": [["--copy-bytes", "-64M"], ["--copy-bytes", "1000K"], ["--rounds", "0"]],
     "sm_path": [["--worlds", "0"], ["--sizes", "101"], ["--ops", "broadcast"], ["--calls", "0"]],  # not whole bf16
     "submit_cost": [["--bytes", "-4K"], ["--bytes", "100"], ["--calls", "0"]],
@@ -80,8 +83,8 @@ def test_help_lists_every_probe(capsys):
     out = capsys.readouterr().out
     for name in NAMES:
         assert re.search(rf"^\s+{name}\b", out, re.M), name
-    assert set(NAMES) == {"call_cost", "call_timeline", "copy_contention", "crossing", "few_sm_kernels", "flag_latency", "local_copy_paths",
-                          "memcpy_batch", "sm_carveout", "sm_path", "submit_cost"}
+    assert set(NAMES) == {"call_cost", "call_timeline", "copy_contention", "crossing", "few_sm_kernels", "flag_latency",
+                          "local_copy_paths", "memcpy_batch", "peer_window", "sm_carveout", "sm_path", "submit_cost"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -172,6 +175,10 @@ def fake_tables(name: str) -> dict[str, Table]:
     if name == "sm_path":
         return {name: Table([sm_path.row(4, "all_reduce", "sm", "graph", 1024, [5.0, 4.0, 6.0], 10, True, path="sm"),
                              sm_path.row(2, "", "", "", 0, [], 10, error="rank 1 died")], {"sizes": [1024]})}
+    if name == "peer_window":
+        return {name: Table([peer_window.row(4, "rows + flag rows", "graph", 1024, [9.0, 8.0, 10.0], 10, True,
+                                             "stride 130 MiB (remapped)"),
+                             peer_window.row(2, "", "", 0, [], 10, error="rank 1 died")], {"sizes": [1024]})}
     if name == "submit_cost":
         return {name: Table([submit_cost.row("cuMemcpyAsync", "created", 4, 4096, [9.0, 8.0, 10.0], 8.5, True),
                              submit_cost.row("cuMemcpyBatchAsync", "legacy", 4, 4096, [], NAN, False,
@@ -324,7 +331,7 @@ COMMITTED = committed()
 
 
 # Written, not yet run on a GPU: no results to commit yet (an entry leaves once its results are committed).
-AWAITING_GPU: set[str] = set()
+AWAITING_GPU: set[str] = {"peer_window"}
 
 
 def test_every_probe_table_has_committed_results():
@@ -409,3 +416,12 @@ def test_submit_cost_table_leaves_refused_ways_empty():
     t = tables.submit_cost(rows)
     assert list(t.columns) == ["stream", "copies", "cuMemcpyAsync", "native"]
     assert t.iloc[0].tolist() == ["legacy", 2, 9.0, 7.12]
+
+
+def test_peer_window_rows_cover_every_peer_once():
+    for world in range(1, 9):
+        for rank in range(world):
+            runs = peer_window.row_runs(rank, world)
+            peers = [first + i for first, k in runs for i in range(k)]
+            assert sorted(peers) == [p for p in range(world) if p != rank] and len(runs) <= 2
+            assert all(k > 0 for _, k in runs)

@@ -38,6 +38,8 @@
 #         smpath   the sm path's one-shot kernels (dmacoll.backends.cuda_sm) against NCCL and torch symmetric
 #                  memory's one-shot all-reduce, a GPU per rank, worlds 2 and 4, checked exactly after timing
 #                  (`dmacoll probe sm_path`; SMPATH_ARGS: more options)
+#         window   a rank's peer copies and flags as rows of one 2D copy over a window mapping every peer's heap,
+#                  a GPU per rank, worlds 2 and 4, checked against NCCL (`dmacoll probe peer_window`; WINDOW_ARGS)
 #         submit   one-GPU probe: host cost per call of k copies from Python, one batch call, the native library
 #                  (`dmacoll probe submit_cost`)
 #         crossing a completion crossing by halves: each send (memop, copy, kernel) x each wait (memop, spin,
@@ -149,6 +151,10 @@ case "$part" in
     d=$(rundir probes/sm_path)
     timeout ${SMPATH_TIMEOUT_S:-540} python3 -m dmacoll_lab probe sm_path ${SMPATH_ARGS:-} --out "$d/data.csv" 2>&1 \
       | tee "$d/run.log" | tail -100 ;;
+  window)
+    d=$(rundir small_calls/peer_window)
+    timeout ${WINDOW_TIMEOUT_S:-400} python3 -m dmacoll_lab probe peer_window ${WINDOW_ARGS:-} --out "$d/data.csv" \
+      2>&1 | tee "$d/run.log" | tail -100 ;;
   submit)
     d=$(rundir probes/submit_cost)
     timeout 180 python3 -m dmacoll_lab probe submit_cost --out "$d/data.csv" 2>&1 | tee "$d/run.log" | tail -32 ;;

@@ -17,10 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import (call_cost, call_timeline, copy_contention, crossing, few_sm_kernels, flag_latency, local_copy_paths,
-               memcpy_batch, sm_carveout, sm_path, submit_cost)
+               memcpy_batch, peer_window, sm_carveout, sm_path, submit_cost)
 
 PROBES = {m.NAME: m for m in (call_cost, call_timeline, copy_contention, crossing, few_sm_kernels, flag_latency,
-                              local_copy_paths, memcpy_batch, sm_carveout, sm_path, submit_cost)}
+                              local_copy_paths, memcpy_batch, peer_window, sm_carveout, sm_path,
+                              submit_cost)}
 __all__ = ["PROBES", "tables", "table_path"]
 
 
