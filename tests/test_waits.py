@@ -81,6 +81,9 @@ class FakeKernels:
         self.calls.append(("fold", dtype, slots, own, out, numel, count, flags, tuple(indices), value, geq, stream))
         return self.rearm
 
+    def sum(self, stream, dtype, itemsize, slots, own, out, numel, count):
+        self.calls.append(("sum", dtype, itemsize, slots, own, out, numel, count, stream))
+
 
 @pytest.fixture
 def engine(monkeypatch):
@@ -117,6 +120,49 @@ def test_fold_is_one_kernel_after_the_signals(engine, rearm):
     tail = [fold] if rearm else [fold, ("write", HEAPS[0] + 4 * done, 0, 7)]  # several blocks: re-armed after
     assert engine.drv.calls[-len(tail):] == tail
     assert ("write", flag(1, "reset", DONE, 0), 1, 7) in engine.drv.calls  # our DONE went to the peer before
+
+
+def test_memop_waits_then_one_sum_kernel(engine):
+    (plan,), scratch = reduce_scatter_plans(2, 16, 0, "bfloat16", "b2b", "push", LAYOUT)
+    execute(plan, engine, {}, "reset", wait="memop")
+    assert engine.drv.calls[-1] == ("sum", "bfloat16", 2, HEAPS[0] + scratch.recv, HEAPS[0] + 8192, HEAPS[0] + 16384,
+                                    8, 1, 7)
+
+
+def test_sums_fall_back_to_torch_where_the_kernels_cannot_be_built(engine, monkeypatch):
+    summed = []
+    monkeypatch.setattr(cuda_backend, "reduce_step", lambda queue, step, *rest: summed.append(step))
+
+    def refuse():
+        raise cuda_backend.BackendUnavailable("NVRTC is needed")
+    monkeypatch.setattr(engine, "kernels", refuse)
+    r = Reduce(Ref("sym", 0, 0), Ref("sym", 0, 4096), 64, 1, "float32")
+    with pytest.warns(UserWarning, match="torch's kernels"):
+        engine.reduce(engine.main_queue, r, {})
+    engine.reduce(engine.main_queue, r, {})  # said once; no second attempt to build
+    engine.reduce(engine.main_queue, Reduce(Ref("sym", 0, 0), Ref("sym", 0, 4096), 64, 1, "int8"), {})
+    assert len(summed) == 3 and engine._no_kernels
+
+
+def test_large_folds_wait_in_a_spin_kernel_and_sum_with_the_full_grid(engine, monkeypatch):
+    summed = []
+    monkeypatch.setattr(engine, "reduce", lambda queue, step, bases: summed.append(step))
+    numel = cuda_kernels.FOLD_MAX_BLOCKS * cuda_kernels.FOLD_MAX_TILES * cuda_kernels.THREADS * cuda_kernels.ITEMS
+    waits = (MemOp(True, 0, 3, 1, via="spin"),)
+    for n, folded in ((numel, True), (numel + 1, False)):
+        engine.drv.calls.clear()
+        r = Reduce(Ref("sym", 0, 0), Ref("sym", 0, 4 * n), 4 * n, 1, "float32", None, (1,))
+        engine.folded_reduce(engine.main_queue, Folded(r, waits), {})
+        assert [c[0] for c in engine.drv.calls][:1] == (["fold"] if folded else ["spin"])
+        assert summed == ([] if folded else [r])
+
+
+def test_sum_launches_take_vectors_where_every_address_is_whole_vectors():
+    assert cuda_kernels.sum_launch(1 << 20, 2, [0, 16, 4096]) == (-(-(1 << 17) // cuda_kernels.SUM_THREADS), True)
+    assert cuda_kernels.sum_launch(1 << 30, 2, [0, 16]) == (cuda_kernels.SUM_MAX_BLOCKS, True)
+    assert cuda_kernels.sum_launch(7, 2, [0, 16]) == (1, False)        # 14 bytes: not whole vectors
+    assert cuda_kernels.sum_launch(8, 2, [0, 18]) == (1, False)        # an address off the vector grid
+    assert cuda_kernels.sum_launch(1000, 8, [0, 16]) == (2, True)      # 500 vectors of two float64
 
 
 def test_fold_falls_back_to_a_spin_and_the_sum_beyond_one_launch(engine, monkeypatch):
@@ -160,7 +206,13 @@ def test_launch_arguments_match_the_kernels_parameters():
     values, types = launches[-1][4]
     assert rearm is False and launches[-1][1] == cuda_kernels.FOLD_MAX_BLOCKS and values[1] == 0 and values[-1] == 0
     assert len(values) == len(types) == 11
-    for name in ("dmacoll_spin(", *(f"dmacoll_fold_{d}(" for d in cuda_kernels.FOLD_TYPES)):
+    k.sum_fns = {d: d for d in cuda_kernels.FOLD_TYPES}
+    k.sum(5, "bfloat16", 2, 0x100, None, 0x200, 10 ** 6, 3)
+    values, types = launches[-1][4]
+    assert launches[-1][2] == cuda_kernels.SUM_THREADS and values == (0x100, 0, 0x200, 10 ** 6, 3, 1)
+    assert len(values) == len(types) == 6
+    for name in ("dmacoll_spin(", *(f"dmacoll_{kind}_{d}(" for d in cuda_kernels.FOLD_TYPES
+                                    for kind in ("fold", "sum"))):
         assert name in cuda_kernels.source()
 
 

@@ -166,7 +166,8 @@ class CudaEngine(StreamEngine):
         tests build on an engine without a GPU)."""
         self._geq, self._eq = 0, 1  # CU_STREAM_WAIT_VALUE_GEQ, CU_STREAM_WAIT_VALUE_EQ
         self._batches: dict[tuple, list] = {}  # memop arrays by content (epoch values make new ones)
-        self._kernels = None  # wait='spin' / 'fold': cuda_kernels.Kernels, loaded on first use
+        self._kernels = None  # wait='spin' / 'fold' and sums: cuda_kernels.Kernels, loaded on first use
+        self._no_kernels = False  # NVRTC could not build them: sums fall back to torch
         self._batch_refused: set[int] = set()
         self._attrs = None
 
@@ -232,9 +233,27 @@ class CudaEngine(StreamEngine):
         return self._attrs
 
     def reduce(self, queue: torch.cuda.Stream, step: Reduce, bases: Mapping[str, object]) -> None:
-        """A torch kernel on ``queue`` (the caller's stream in every plan): it runs after the DONE
-        waits queued there before it, never syncs the host and can be captured in a graph."""
-        reduce_step(queue, step, self.heap, self.rank, bases)
+        """One sum kernel on ``queue`` (the caller's stream in every plan; ``cuda_kernels.SUM``): it runs after the
+        DONE waits queued there before it, never syncs the host and can be captured in a graph. torch's kernels
+        where dmacoll's cannot run (a dtype without one, no NVRTC)."""
+        kernels = self._sum_kernels(step.dtype)
+        if kernels is None:
+            reduce_step(queue, step, self.heap, self.rank, bases)
+            return
+        size = torch.empty((), dtype=getattr(torch, step.dtype)).element_size()
+        own = self._addr(step.own, bases) if step.own is not None else None
+        kernels.sum(queue.cuda_stream, step.dtype, size, self._addr(step.src, bases), own,
+                    self._addr(step.dst, bases), step.nbytes // size, step.count)
+
+    def _sum_kernels(self, dtype: str) -> Optional[cuda_kernels.Kernels]:
+        if dtype not in cuda_kernels.FOLD_TYPES or self._no_kernels:
+            return None
+        try:
+            return self.kernels()
+        except BackendUnavailable as e:
+            self._no_kernels = True
+            warnings.warn(f"dmacoll: reductions sum with torch's kernels on this rank: {e}", stacklevel=2)
+            return None
 
     def memops(self, queue: torch.cuda.Stream, ops: Sequence[MemOp]) -> None:
         if any(op.via != "memop" for op in ops):
@@ -280,7 +299,8 @@ class CudaEngine(StreamEngine):
         """One fold kernel (``cuda_kernels``): each slot added once its flag is met; where no fold kernel fits
         (a dtype without one, more slots than one launch polls), a spin wait and then the torch sum."""
         r, waits = step.reduce, step.waits
-        if r.dtype not in cuda_kernels.FOLD_TYPES or r.count > cuda_kernels.MAX_WAITS:
+        if r.dtype not in cuda_kernels.FOLD_TYPES or r.count > cuda_kernels.MAX_WAITS or \
+                not cuda_kernels.folds(r.nbytes // torch.empty((), dtype=getattr(torch, r.dtype)).element_size()):
             self._mixed_ops(queue, waits)
             self.reduce(queue, r, bases)
             return

@@ -26,6 +26,7 @@ MAX_WAITS = 8         # flag words per launch (two 64-bit arguments of 16-bit in
 THREADS = 256         # a fold kernel's block
 ITEMS = 4             # elements per thread per tile
 FOLD_MAX_BLOCKS = 32  # a fold kernel's grid at most (every block polls before its first tile)
+FOLD_MAX_TILES = 8    # tiles per block at most: a larger sum waits in a spin kernel and runs the sum kernel
 
 # dtype name -> (element type, accumulator, load to accumulator, store from accumulator)
 FOLD_TYPES = {
@@ -131,10 +132,60 @@ extern "C" __global__ void dmacoll_fold_$NAME(const $T* __restrict__ slots, cons
 """)
 
 
+# A reduction's local sum without waits (the DONE waits are queued before it): out = slots[0] + ... + own, in the
+# accumulator type, rounded once. Where every address and the slot length are whole 16-byte vectors (``vec``), a
+# thread loads one vector of each slot per step; else one element. A grid-stride loop over a grid sized to the
+# GPU: the sum of a large reduce_scatter runs at memory bandwidth (torch's sum and add wrote a float32 partial).
+SUM = string.Template(r"""
+extern "C" __global__ void dmacoll_sum_$NAME(const $T* __restrict__ slots, const $T* own, $T* out, long long n,
+                                             int count, int vec) {
+    const int V = 16 / sizeof($T);
+    union Vec { uint4 u; $T e[16 / sizeof($T)]; };
+    const long long step = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec) {
+        for (long long v = first; v < n / V; v += step) {
+            $ACC acc[16 / sizeof($T)];
+            for (int k = 0; k < count; ++k) {
+                Vec s; s.u = ((const uint4*)(slots + (long long)k * n))[v];
+                for (int i = 0; i < V; ++i) { $T x = s.e[i]; $ACC a = $LOAD; acc[i] = k == 0 ? a : acc[i] + a; }
+            }
+            if (own) {
+                Vec s; s.u = ((const uint4*)own)[v];
+                for (int i = 0; i < V; ++i) { $T x = s.e[i]; acc[i] = acc[i] + $LOAD; }
+            }
+            Vec r;
+            for (int i = 0; i < V; ++i) { $ACC x = acc[i]; r.e[i] = $STORE; }
+            ((uint4*)out)[v] = r.u;
+        }
+        return;
+    }
+    for (long long j = first; j < n; j += step) {
+        $ACC acc;
+        for (int k = 0; k < count; ++k) { $T x = slots[(long long)k * n + j]; $ACC a = $LOAD; acc = k == 0 ? a : acc + a; }
+        if (own) { $T x = own[j]; acc = acc + $LOAD; }
+        $ACC x = acc;
+        out[j] = $STORE;
+    }
+}
+""")
+SUM_THREADS = 256
+SUM_MAX_BLOCKS = 2048  # enough resident warps to keep HBM busy on any current GPU; more only adds loop overhead
+
+
 def source() -> str:
-    """The whole program: the spin kernel and one fold kernel per dtype of ``FOLD_TYPES``."""
-    return PRELUDE + "".join(FOLD.substitute(NAME=name, T=t, ACC=acc, LOAD=load, STORE=store, ITEMS=ITEMS)
+    """The whole program: the spin and put kernels, and a fold and a sum kernel per dtype of ``FOLD_TYPES``."""
+    return PRELUDE + "".join(FOLD.substitute(NAME=name, T=t, ACC=acc, LOAD=load, STORE=store, ITEMS=ITEMS) +
+                             SUM.substitute(NAME=name, T=t, ACC=acc, LOAD=load, STORE=store)
                              for name, (t, acc, load, store) in FOLD_TYPES.items())
+
+
+def sum_launch(numel: int, itemsize: int, addresses: Sequence[int]) -> tuple[int, bool]:
+    """(blocks, vectorized) of a sum kernel over ``numel`` elements of ``itemsize`` bytes whose slots, own and out
+    start at ``addresses``: 16-byte vectors where every address and the slot length are whole vectors."""
+    vec = (numel * itemsize) % 16 == 0 and all(a % 16 == 0 for a in addresses)
+    work = numel * itemsize // 16 if vec else numel
+    return max(1, min(SUM_MAX_BLOCKS, -(-work // SUM_THREADS))), vec
 
 
 def pack(indices: Sequence[int]) -> tuple[int, int]:
@@ -145,6 +196,14 @@ def pack(indices: Sequence[int]) -> tuple[int, int]:
     for k, index in enumerate(indices):
         words[k // 4] |= index << (16 * (k % 4))
     return words[0], words[1]
+
+
+def folds(numel: int) -> bool:
+    """Whether a fold kernel sums ``numel`` elements (else a spin wait and the full-grid sum kernel): at most
+    ``FOLD_MAX_TILES`` tiles per block, since its few blocks sum a large block far slower than the sum kernel (on 4x
+    H200 wait='fold' took 2.5-6.4x NCCL's reduce_scatter from 8 MB, wait='memop' 1.2-1.8x:
+    results/h200x4/operator/sweep_reductions/)."""
+    return numel <= FOLD_MAX_BLOCKS * FOLD_MAX_TILES * THREADS * ITEMS
 
 
 def fold_grid(numel: int) -> int:
@@ -185,8 +244,9 @@ class Kernels:
                        "cuModuleLoadData")[0]
         self.spin_fn = check(drv.cuModuleGetFunction(module, b"dmacoll_spin"), "cuModuleGetFunction")[0]
         self.put_fn = check(drv.cuModuleGetFunction(module, b"dmacoll_put"), "cuModuleGetFunction")[0]
-        self.fold_fns = {dtype: check(drv.cuModuleGetFunction(module, f"dmacoll_fold_{dtype}".encode()),
-                                      "cuModuleGetFunction")[0] for dtype in FOLD_TYPES}
+        self.fold_fns, self.sum_fns = (
+            {dtype: check(drv.cuModuleGetFunction(module, f"dmacoll_{kind}_{dtype}".encode()), "cuModuleGetFunction")[0]
+             for dtype in FOLD_TYPES} for kind in ("fold", "sum"))
 
     def _launch(self, fn, grid: int, threads: int, stream: int, values: tuple, types: tuple, what: str) -> None:
         self._check(self._drv.cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, 0, stream, (values, types), 0), what)
@@ -219,6 +279,15 @@ class Kernels:
                       ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_int,
                       ctypes.c_int), f"cuLaunchKernel (dmacoll_fold_{dtype})")
         return rearm
+
+
+    def sum(self, stream: int, dtype: str, itemsize: int, slots: int, own: Optional[int], out: int, numel: int,
+            count: int) -> None:
+        """out = the ``count`` slots of ``numel`` elements from ``slots`` plus ``own`` (0: none), on ``stream``."""
+        blocks, vec = sum_launch(numel, itemsize, [slots, out] + ([own] if own else []))
+        self._launch(self.sum_fns[dtype], blocks, SUM_THREADS, stream, (slots, own or 0, out, numel, count, int(vec)),
+                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int,
+                      ctypes.c_int), f"cuLaunchKernel (dmacoll_sum_{dtype})")
 
 
 _LOADED: dict[tuple, Kernels] = {}

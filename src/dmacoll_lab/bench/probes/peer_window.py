@@ -29,6 +29,7 @@ Usage: dmacoll probe peer_window [--worlds 2 4] [--sizes 1K 64K 1M 16M] [--calls
 from __future__ import annotations
 
 import argparse
+import statistics
 
 from .common import Table, add_repeats, count, driver, quantiles, size_multiple_of
 
@@ -130,6 +131,43 @@ def _rows_copy(drv, src: int, src_pitch: int, dst: int, dst_pitch: int, width: i
         raise RuntimeError(f"cuMemcpy2DAsync: {err}")
 
 
+def _agreed(error: str, world: int) -> str:
+    """The first rank's error of every rank's (all ranks get the same answer)."""
+    import torch.distributed as dist
+
+    errors: list = [None] * world
+    dist.all_gather_object(errors, error)
+    return next((f"rank {r}: {e}" for r, e in enumerate(errors) if e), "")
+
+
+def _arrives(drv, window: Window, rank: int, world: int, flags, ones, flag_off: int) -> str:
+    """'' if one rows copy of flags lands in every peer's flag words (checked from the host, no stream wait that
+    could hang), else what went wrong."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    stream = torch.cuda.current_stream().cuda_stream
+    try:
+        for first, k in row_runs(rank, world):
+            _rows_copy(drv, ones.data_ptr(), 4, window.addr(first, flag_off + 4 * (world + rank)), window.stride, 4,
+                       k, stream)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the driver refused: said, and the window is not used
+        return f"{type(e).__name__}: {e}"[:200]
+    dist.barrier()
+    deadline = time.monotonic() + 5
+    while True:
+        got = flags[world: 2 * world].tolist()
+        if all(got[p] == 1 for p in range(world) if p != rank) or time.monotonic() > deadline:
+            break
+    flags.zero_()
+    torch.cuda.synchronize()
+    dist.barrier()
+    return "" if all(got[p] == 1 for p in range(world) if p != rank) else f"flag rows did not arrive: {got}"
+
+
 def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch
     import torch.distributed as dist
@@ -173,6 +211,14 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
         waits.append(params)
     torch.cuda.synchronize()
     dist.barrier()
+    window_error = _agreed(window_error, world)
+    if window is not None and not window_error:
+        window_error = _agreed(_arrives(drv, window, rank, world, flags, ones, flag_off), world)
+    if window is not None and window_error:  # every rank runs the same configurations
+        window.close()
+        window = None
+    if rank == 0:
+        print(f"window: {window_error or window.what}", flush=True)
     results = []
 
     for n in cfg["sizes"]:
@@ -236,7 +282,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                 if mode == "graph" and config in EAGER_ONLY:
                     continue
                 what = {"config": config, "mode": mode, "bytes": n}
-                if window is None and ("rows" in config):
+                if window is None and "rows" in config:
                     results.append({**what, "samples": [], "correct": "", "error": "no window"})
                     continue
                 index = iter(range(1 << 30))
@@ -244,6 +290,9 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                     timed = bench_time(lambda: call(next(index)), cfg["calls"] + cfg["calls"] % 2, cfg["repeats"],
                                        mode=mode, warmup=2, each=dist.barrier)
                     results.append({**what, "samples": timed.samples, "correct": "", "error": ""})
+                    if rank == 0:
+                        print(f"  rank 0: {config} {mode} {n} B {statistics.median(timed.samples):.2f} us",
+                              flush=True)
                 except Exception as e:  # noqa: BLE001 - recorded; the ranks go on with the next configuration
                     results.append({**what, "samples": [], "correct": "", "error": f"{type(e).__name__}: {e}"[:300]})
                 torch.cuda.synchronize()
