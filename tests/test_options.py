@@ -163,6 +163,16 @@ def test_all_to_all_v_is_looked_up_by_its_tuning_op_and_in_place_falls_back_to_o
     assert resolve(Options(), HOST, call, table).variant == "b2b"
 
 
+def test_a_reduction_without_rows_chooses_from_all_to_all_s():
+    table = _table(("all_to_all", "eager", "out", 1024, "b2b", "pull", 1.0))
+    for op in ("reduce_scatter", "all_reduce"):
+        assert (resolve(Options(), CUDA, Call(op, 100, False, False), table).variant) == "b2b"
+    own = _table(("all_to_all", "eager", "out", 1024, "b2b", "pull", 1.0),
+                 ("reduce_scatter", "eager", "out", 1024, "multi", "push", 2.0))
+    assert resolve(Options(), CUDA, Call("reduce_scatter", 100, False, False), own).variant == "multi"
+    assert _chosen(resolve(Options(), CUDA, Call("all_gather", 100, False, False), table)) == FALLBACK  # no stand-in
+
+
 def test_without_a_table_or_a_usable_entry_auto_takes_the_fallback():
     assert _chosen(resolve(Options(), CUDA, EAGER)) == FALLBACK
     assert _chosen(resolve(Options(), CUDA, CAPTURED)) == FALLBACK._replace(prerecord=False)

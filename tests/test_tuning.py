@@ -2,9 +2,10 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
-from dmacoll import tuning
+from dmacoll import InvalidArgument, tuning
 from dmacoll_lab.analysis.tuning_table import derive
 from dmacoll_lab.verify.launch import run_ranks
 
@@ -44,16 +45,29 @@ def test_select_picks_the_fastest_combination_the_call_allows():
     assert t.select("all_gather", 100, "graph", False, {"signal": {"kernel"}}) is None  # nothing measured
 
 
-def test_shipped_table_is_derived_from_the_committed_sweep():
+def test_shipped_tables_are_derived_from_the_committed_sweeps():
     shipped = tuning.find(tuning.Platform("NVIDIA H200", 2, "nvlink"))
-    assert shipped is not None and shipped.meta["source"] == [str(p.relative_to(ROOT)) for p in SWEEPS]
-    prov = json.loads(SWEEPS[0].with_suffix(".json").read_text())
-    assert shipped.meta["source_git_sha"] == prov["git_sha"]
-    derived = derive([str(p.relative_to(ROOT)) for p in SWEEPS], prov)
-    assert [e.__dict__ for e in derived.entries] == [e.__dict__ for e in shipped.entries]
-    assert derived.meta == shipped.meta  # the platform fields (topology, driver) too
+    assert shipped is not None and shipped.meta["source"][:2] == [str(p.relative_to(ROOT)) for p in SWEEPS]
+    for path in tuning.shipped_tables():
+        shipped = tuning.TuningTable.load(path)
+        sources = shipped.meta["source"]
+        prov = json.loads((ROOT / sources[0]).with_suffix(".json").read_text())
+        assert shipped.meta["source_git_sha"] == prov["git_sha"]
+        assert shipped.meta["source_git_shas"] == [json.loads((ROOT / s).with_suffix(".json").read_text())["git_sha"]
+                                                   for s in sources]
+        assert {e.op for e in shipped.entries} == {"all_gather", "all_to_all", "reduce_scatter", "all_reduce"}
+        derived = derive(sources, prov)
+        assert [e.__dict__ for e in derived.entries] == [e.__dict__ for e in shipped.entries], path
+        assert derived.meta == shipped.meta, path  # the platform fields (topology, driver) too
     assert tuning.find(tuning.Platform("NVIDIA H200", 8, "nvlink")) is None
     assert tuning.find(tuning.Platform("cpu", 2, "host")) is None
+
+
+def test_a_table_is_derived_from_sweeps_of_one_platform_and_world():
+    x2, x4 = (str(p.relative_to(ROOT)) for p in (SWEEPS[0], ROOT / "results/h200x4/operator/sweep_all_gather/data.csv"))
+    prov = json.loads((ROOT / x2).with_suffix(".json").read_text())
+    with pytest.raises(InvalidArgument, match="one table per world"):
+        derive([x2, x4], prov)
 
 
 def test_shipped_tables_match_their_platforms_only():

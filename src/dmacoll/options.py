@@ -36,6 +36,12 @@ COPY_ENGINE_OPTIONS = ("variant", "direction", "signal", "wait", "prerecord", "s
 SUBMITS = ("python", "native")
 MAX_ENGINES = 16
 
+# a table without rows for a reduction (a calibrated one: it measures the gathers only) chooses for it from these
+# rows: a reduce_scatter is an all-to-all of its chunks and then a sum, a large all_reduce two such exchanges (on 4x
+# H200 the fallback's pcpy took 1.6-1.8x the time of all_to_all's choice, b2b, from 32 MB:
+# results/h200x4/operator/sweep_reductions/)
+STAND_IN = {"reduce_scatter": "all_to_all", "all_reduce": "all_to_all"}
+
 # without a table (or an entry the call may use): one queue per peer, pushed, and flags as copy-engine copies,
 # which every driver takes (no stream-memop write into peer memory); eager calls prerecorded where graphs are
 # allowed (95-98% of the eager winners of the committed sweeps prerecord; ``fallback`` drops it elsewhere)
@@ -178,8 +184,9 @@ def resolve(options: Options, capabilities: EngineCapabilities, call: Optional[C
             table: Optional[TuningTable] = None) -> Options:
     """What a call runs with: ``options`` checked against ``capabilities`` (InvalidArgument says what to use
     instead), memop flags sent as 4-byte copies where the driver refuses memop writes into peer memory, and every
-    'auto' chosen for ``call`` from ``table``, else ``fallback``. Without a call, what holds for every call is
-    checked and nothing is chosen (a communicator's options when it is created)."""
+    'auto' chosen for ``call`` from ``table`` (a reduction without rows there: its ``STAND_IN``'s), else ``fallback``.
+    Without a call, what holds for every call is checked and nothing is chosen (a communicator's options when it is
+    created)."""
     _check_values(options)
     _check_combination(options, capabilities)
     if not capabilities.remote_memop_writes and options.signal in ("memop", "auto"):
@@ -204,7 +211,10 @@ def resolve(options: Options, capabilities: EngineCapabilities, call: Optional[C
         return options
     may = allowed(options, capabilities, call.capturing, call.heap)
     mode = "graph" if call.capturing else "eager"
-    choice = (table.select(call.op, call.nbytes, mode, call.in_place, may) if table else None) or fallback(may)
+    choice = None
+    for op in (call.op, STAND_IN.get(call.op)) if table else ():
+        choice = choice or (table.select(op, call.nbytes, mode, call.in_place, may) if op else None)
+    choice = choice or fallback(may)
     return dataclasses.replace(options, **{name: getattr(choice, name) for name in Choice._fields
                                            if getattr(options, name) == "auto"})
 

@@ -17,8 +17,18 @@ def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
     idx = dma.groupby(keys)["time_us"].idxmin()
     entries = [Entry(r.op, r.mode, r.place, int(r.bytes_per_rank), r.variant, r.direction, float(r.time_us),
                      r.signal, r.wait, bool(r.prerecord), r.submit) for r in dma.loc[idx].itertuples()]
+    if dma["world"].nunique() != 1:
+        raise InvalidArgument(f"{sweep_csvs}: sweeps of worlds {sorted(dma['world'].unique())}; derive one table per "
+                              "world")
     where = load.platform(provenance, int(dma["world"].iloc[0]))
+    for csv in sweep_csvs[1:]:  # one table is for one platform: every source must have been measured on it
+        other = load.platform(load.provenance(csv), int(dma["world"].iloc[0]))
+        if (other.gpu, other.topology) != (where.gpu, where.topology):
+            raise InvalidArgument(f"{csv} was measured on {other.gpu} ({other.topology}), {sweep_csvs[0]} on "
+                                  f"{where.gpu} ({where.topology}): derive one table per platform")
     meta = {"world": where.world, "gpu": where.gpu, "topology": where.topology, "driver": where.driver,
             "dtype": str(dma["dtype"].iloc[0]), "source": sweep_csvs, "source_git_sha": provenance.get("git_sha"),
-            "source_created_utc": provenance.get("created_utc")}
+            "source_created_utc": provenance.get("created_utc"),
+            # each source's code (sweeps of different ops may come from different commits and leases)
+            "source_git_shas": [load.provenance(csv).get("git_sha") for csv in sweep_csvs]}
     return TuningTable(meta, entries)

@@ -96,8 +96,9 @@ def collective(rk: harness.Rank, op: str, impl: str, nbytes: int, seed: int, gro
     """One (op, impl) on this rank's buffers, in place where the op has the form: dmacoll on its symmetric
     heap, NCCL (``group``, default the world) on private memory."""
     spec = ops.get(op)
-    # the copy engines, as ConCCL offloads it (path='auto' may take SM kernels for small calls)
-    caller = harness.dma_caller(rk.comm, spec, path="dma") if impl == "dma" else harness.torch_caller(spec, group)
+    # the copy engines, as ConCCL offloads it (harness.PURE_DMA)
+    caller = harness.dma_caller(rk.comm, spec, **harness.PURE_DMA) if impl == "dma" \
+        else harness.torch_caller(spec, group)
     return harness.Bound(rk, spec, nbytes, seed, caller, symmetric=impl == "dma", in_place=True)
 
 

@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 from dmacoll.lab_api import capture, ops
 from ..verify.reference import POISON
-from .harness import Rank
+from .harness import PURE_DMA, Rank
 from .ficco_grid import (BAND, FICCO_COLUMNS, NAN, Scenario, heap_top, metrics, option_label, piece_major_order,
                          scenarios, schedules, skipped_row, split_rows)
 
@@ -56,8 +56,8 @@ def int_matrix(shape: tuple, seed: int, device, banded: bool = False):
 
 def collective(rk: Rank, impl: str, op: str, out, inp) -> Callable[[], None]:
     """One call of ``op`` on dmacoll (its symmetric heap) or NCCL (torch.distributed)."""
-    if impl == "dma":  # the copy engines, as the paper offloads it (path='auto' may take SM kernels for small calls)
-        return lambda: rk.comm.collective(op, out, inp, path="dma")
+    if impl == "dma":  # the copy engines, as the paper offloads it (harness.PURE_DMA)
+        return lambda: rk.comm.collective(op, out, inp, **PURE_DMA)
     return lambda: ops.get(op).torch_call(out, inp)
 
 

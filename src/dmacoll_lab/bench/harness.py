@@ -244,6 +244,13 @@ def checked_run(rk: Rank, prepare: Callable[[], None], rerun: Callable[[], None]
     rk.barrier()  # peers' writes into us are complete
 
 
+# The papers' offload, for the experiments that reproduce it (C3, FiCCO): the copy engines carry the data and the
+# flags, and the stream waits on its flags with stream memory operations; no SM kernel but a reduction's sum. 'auto'
+# alone may take the sm path for small calls, or a one-thread spin kernel for a reduction's waits where the tuning
+# table measured it faster (it takes a slot on an SM, and can queue behind a GEMM's blocks).
+PURE_DMA = {"path": "dma", "wait": "memop"}
+
+
 def dma_caller(comm, spec: ops.OpSpec, **options):
     """``Bound``'s caller for a dmacoll call with per-call ``options``."""
     def caller(out, inp, counts):
