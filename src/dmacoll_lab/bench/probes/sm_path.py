@@ -77,8 +77,8 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
     from dmacoll.lab_api import bench_time
 
     torch.manual_seed(cfg["seed"] + rank)
-    comm = Communicator(timeout_s=30)
     top = max(cfg["sizes"])
+    comm = Communicator(timeout_s=30, heap_bytes=max(64 << 20, 2 * world * top + (4 << 20)))  # the two buffers below
     sm_fits = comm.engine.sm.slot_bytes  # larger calls: no sm row ($DMACOLL_SM_SLOT_BYTES)
     dtype = torch.bfloat16
     big = world * top // 2  # elements of the largest buffer
