@@ -211,10 +211,9 @@ def resolve(options: Options, capabilities: EngineCapabilities, call: Optional[C
         return options
     may = allowed(options, capabilities, call.capturing, call.heap)
     mode = "graph" if call.capturing else "eager"
-    choice = None
-    for op in (call.op, STAND_IN.get(call.op)) if table else ():
-        choice = choice or (table.select(op, call.nbytes, mode, call.in_place, may) if op else None)
-    choice = choice or fallback(may)
+    looked_up = (op for op in (call.op, STAND_IN.get(call.op)) if op and table)
+    choice = next(filter(None, (table.select(op, call.nbytes, mode, call.in_place, may) for op in looked_up)),
+                  None) or fallback(may)
     return dataclasses.replace(options, **{name: getattr(choice, name) for name in Choice._fields
                                            if getattr(options, name) == "auto"})
 
