@@ -31,6 +31,26 @@ def test_a_run_compares_implementations_only_where_it_measured_both():
     assert not machines.compares(ROOT / "results/h100x1/e2e/e2e/data.csv")  # NCCL alone, world 1
 
 
+def test_e2e_pages_take_the_newest_complete_run_per_world(tmp_path):
+    assert machines.e2e_runs(ROOT / "results/h100x1") == []  # NCCL alone
+    h200x4 = [Path(p).parent.name for p in machines.e2e_runs(ROOT / "results/h200x4")]
+    assert h200x4 == ["serial_prompt512_tp4_reduction_tables_run2", "serial_prompt512_tp2_reduction_tables_run2"]
+    # a later run of one model (h200x2's Mixtral A/B) does not hide the run of every model
+    assert [Path(p).parent.name for p in machines.e2e_runs(ROOT / "results/h200x2")] == ["e2e"]
+
+    def run(name, world, models, created):
+        d = tmp_path / "e2e" / name
+        d.mkdir(parents=True)
+        rows = [f"{m},{world},{impl}" for m in models for impl in ("nccl", "dma")]
+        (d / "data.csv").write_text("model,world,impl\n" + "\n".join(rows) + "\n")
+        (d / "data.json").write_text(json.dumps({"created_utc": created}))
+    run("old", 4, ["a", "b"], "2026-01-01")
+    run("new_one_model", 4, ["b"], "2026-03-01")
+    run("new", 4, ["a", "b"], "2026-02-01")
+    run("two", 2, ["a"], "2026-01-01")
+    assert [Path(p).parent.name for p in machines.e2e_runs(tmp_path)] == ["new", "two"]
+
+
 def test_a_label_names_count_model_and_link(tmp_path):
     for name, gpus, topology in (("a", ["NVIDIA H200"] * 8, "GPU0 X NV18"), ("b", ["NVIDIA H100 PCIe"], ""),
                                  ("c", ["AMD Instinct MI300X"] * 8, "")):

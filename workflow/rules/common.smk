@@ -128,15 +128,22 @@ NOTEBOOK_INPUTS = {
 }
 
 
+def e2e_runs(platform):
+    """The e2e runs a page and its claims rest on: the fresh run, or a shipped set's newest complete run per world
+    (machines.e2e_runs; none where no run compares two implementations, e.g. 1x H100: NCCL alone at world 1)."""
+    if MEASURED:
+        return [result(platform, "e2e/e2e/data.csv")]
+    return machines.e2e_runs(Path(PLATFORMS[platform][0]))
+
+
 def e2e_inputs(platform):
-    """The e2e run, and vLLM's (fresh where enabled; every shipped one); a shipped set whose e2e run compares no
-    two implementations (1x H100: NCCL alone at world 1) has no e2e page."""
-    main = result(platform, "e2e/e2e/data.csv")
-    if not MEASURED and (not Path(main).exists() or not machines.compares(Path(main))):
+    """The e2e runs, and vLLM's (fresh where enabled; every shipped one)."""
+    runs = e2e_runs(platform)
+    if not runs:
         return []
     vllm = [f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []
     shipped = sorted(str(f) for f in Path(result(platform, "vllm")).glob("*/data.csv")) if not MEASURED else []
-    return [main] + vllm + shipped
+    return runs + vllm + shipped
 
 
 def renders():

@@ -51,6 +51,35 @@ def compares(run: Path, column: str = "impl", values: tuple[str, ...] = ("nccl",
     return set(values) <= seen
 
 
+def _created(run: Path) -> str:
+    try:
+        return str(json.loads(run.with_suffix(".json").read_text()).get("created_utc") or "")
+    except (OSError, ValueError):
+        return ""
+
+
+def e2e_runs(folder: Path) -> list[str]:
+    """The machine's end-to-end runs the report shows: per world (a run may use some of the machine's GPUs), the
+    newest run (provenance ``created_utc``) comparing NCCL and dma that covers every model measured at that world,
+    largest world first; paths as the folder was given. A later run of one model (an A/B of a fix) does not hide
+    the others."""
+    import csv
+
+    by_world: dict[int, list[tuple[str, set, Path]]] = {}
+    for run in sorted(Path(folder).glob("e2e/*/data.csv")):
+        if not compares(run):
+            continue
+        with run.open() as f:
+            rows = list(csv.DictReader(f))
+        by_world.setdefault(int(rows[0]["world"]), []).append((_created(run), {r["model"] for r in rows}, run))
+    chosen = []
+    for world in sorted(by_world, reverse=True):
+        every = set().union(*(models for _, models, _ in by_world[world]))
+        complete = [r for r in by_world[world] if r[1] >= every] or by_world[world]
+        chosen.append(str(max(complete, key=lambda r: r[0])[2]))
+    return chosen
+
+
 def is_sweep(run: Path) -> bool:
     with Path(run).open() as f:
         return SWEEP_COLUMNS <= set(f.readline().strip().split(","))
