@@ -38,7 +38,7 @@ MAX_ENGINES = 16
 
 # a table without rows for a reduction (a calibrated one: it measures the gathers only) chooses for it from these
 # rows: a reduce_scatter is an all-to-all of its chunks and then a sum, a large all_reduce two such exchanges (on 4x
-# H200 the fallback's pcpy took 1.6-1.8x the time of all_to_all's choice, b2b, from 32 MB:
+# H200 the fallback's pcpy took 1.1-1.6x the time of b2b, all_to_all's choice there, from 16 MB:
 # results/h200x4/operator/sweep_reductions/)
 STAND_IN = {"reduce_scatter": "all_to_all", "all_reduce": "all_to_all"}
 
