@@ -201,8 +201,8 @@ def pack(indices: Sequence[int]) -> tuple[int, int]:
 def folds(numel: int) -> bool:
     """Whether a fold kernel sums ``numel`` elements (else a spin wait and the full-grid sum kernel): at most
     ``FOLD_MAX_TILES`` tiles per block, since its few blocks sum a large block far slower than the sum kernel (on 4x
-    H200 wait='fold' took 2.5-6.4x NCCL's reduce_scatter from 8 MB, wait='memop' 1.2-1.8x:
-    results/h200x4/operator/sweep_reductions/)."""
+    H200 a pushed reduce_scatter with wait='fold' took 2.5-7.0x NCCL's from 8 MB, with wait='memop' 1.2-2.2x:
+    results/h200x4/operator/reductions_torch_sum/, eager)."""
     return numel <= FOLD_MAX_BLOCKS * FOLD_MAX_TILES * THREADS * ITEMS
 
 
