@@ -296,6 +296,7 @@ EARLIER_CONFIG = {
                                            "repeats": 20},
     "h200x4/sm_path/sm_path_to_2m_50_calls": {"sizes": [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20,
                                                         2 << 20], "calls": 50},
+    "h200x4/sm_path/sm_path_slots_8m": {"worlds": [4], "sizes": [2 << 20, 4 << 20, 8 << 20], "repeats": 20},
     "h200x2/sm_path/sm_path_unaligned": {"worlds": [2], "ops": ["all_to_all", "all_gather", "all_reduce"],
                                          "sizes": [8196, 24588, 106548, 262144, 270468, 532740, 1048576, 1057284],
                                          "repeats": 20},
