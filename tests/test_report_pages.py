@@ -232,6 +232,21 @@ def test_the_check_finds_a_machine_folder_without_a_section(tmp_path):
     assert any("no section for h100x4" in p for p in page_check.report_problems(report_dir, False, results))
 
 
+def test_the_check_finds_a_claim_computed_but_not_counted(tmp_path):
+    report_dir = fake_report(tmp_path)
+    index = report_dir / "index.html"
+    index.write_text(index_page.render(report_dir, [("h200x2", "2x H200")]))
+    assert page_check.count_problems(index, report_dir) == []
+    claims = report_dir / "h200x2/claims.json"
+    rows = json.loads(claims.read_text())
+    rows = rows.get("claims", rows) if isinstance(rows, dict) else rows
+    claims.write_text(json.dumps({"claims": rows + [{**rows[0], "status": "error"}]}))  # a status no count lists
+    index.write_text(index_page.render(report_dir, [("h200x2", "2x H200")]))
+    assert page_check.count_problems(index, report_dir) == [
+        f"{index}: h200x2 counts {len(rows)} claims of the {len(rows) + 1} in {claims}"]
+    assert any("counts" in p for p in page_check.report_problems(report_dir, False))
+
+
 def test_a_page_without_a_figure_is_caught(tmp_path):
     bare = tmp_path / "bare.html"
     bare.write_text("<html><body><table></table></body></html>")

@@ -1,6 +1,6 @@
 """Checks of the rendered report as a reader gets it: every notebook page shows a figure, the index opens with each
-machine's headline figure and table, and a page laid out by a real browser (headless Chromium) has no element
-wider than the window and no broken image.
+machine's headline figure and table and counts every claim computed for it, and a page laid out by a real browser
+(headless Chromium) has no element wider than the window and no broken image.
 
     dmacoll report check --report-dir results/local/report     # every page; the browser part where Chromium is
 """
@@ -77,6 +77,26 @@ def index_problems(path: Path, platforms: list[str]) -> list[str]:
     return problems
 
 
+COUNT = re.compile(r'<span class="status-[\w-]+">(\d+) [^<]*</span>')
+
+
+def count_problems(index: Path, report_dir: Path) -> list[str]:
+    """A claim computed (``<platform>/claims.json``) but not in its section's counts on the index: a status the
+    counts do not list, or a section that shows fewer."""
+    text = Path(index).read_text()
+    problems = []
+    for claims in sorted(Path(report_dir).glob("*/claims.json")):
+        name = claims.parent.name
+        rows = json.loads(claims.read_text())
+        rows = rows.get("claims", rows) if isinstance(rows, dict) else rows
+        start = text.find(f'<section id="{name}"')
+        section = text[start:text.find("</section>", start)] if start >= 0 else ""
+        counted = sum(int(n) for n in COUNT.findall(section))
+        if counted != len(rows):
+            problems.append(f"{index}: {name} counts {counted} claims of the {len(rows)} in {claims}")
+    return problems
+
+
 def browser() -> Optional[str]:
     """The Chromium executable, or None where none is installed."""
     return next((p for p in map(shutil.which, BROWSERS) if p), None)
@@ -137,7 +157,7 @@ def report_problems(report_dir: Path, use_browser: bool = True, results_dir: Opt
     if not index.is_file():
         return [f"{index}: missing"]
     platforms = sorted({p.parent.parent.name for p in pages})
-    problems = index_problems(index, platforms)
+    problems = index_problems(index, platforms) + count_problems(index, report_dir)
     if results_dir is not None:
         problems += machine_problems(index, results_dir)
     for p in pages:

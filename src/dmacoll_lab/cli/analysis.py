@@ -97,7 +97,8 @@ def cmd_rules(a: argparse.Namespace) -> int:
 def register(sub) -> None:
     r = sub.add_parser("report", help="tables from result CSVs: table, claims, docs (the generated blocks of the "
                                       "README and docs/results.md), index (the report's front page), check (a "
-                                      "rendered report as a reader sees it: figures, headline, layout in Chromium)")
+                                      "rendered report as a reader sees it: figures, headline, every claim counted, "
+                                      "layout in Chromium)")
     r.add_argument("what", choices=("table", "claims", "docs", "index", "check"))
     r.add_argument("files", nargs="*", help="docs: the documents (default: README.md docs/results.md)")
     r.add_argument("--check", action="store_true", help="docs: only say what is stale (exit 1 if any)")
