@@ -97,6 +97,11 @@ def memcpy_batch(drv, dsts: Sequence[int], srcs: Sequence[int], sizes: Sequence[
                                   [0], 1, stream)[0]
 
 
+def _itemsize(dtype: str) -> int:
+    """Bytes per element of a torch dtype name (a plan's ``Reduce.dtype``), without allocating on the call path."""
+    return getattr(torch, dtype).itemsize
+
+
 def available() -> Optional[str]:
     """None if the backend can run here, else the reason it cannot."""
     if _drv is None:
@@ -240,7 +245,7 @@ class CudaEngine(StreamEngine):
         if kernels is None:
             reduce_step(queue, step, self.heap, self.rank, bases)
             return
-        size = torch.empty((), dtype=getattr(torch, step.dtype)).element_size()
+        size = _itemsize(step.dtype)
         own = self._addr(step.own, bases) if step.own is not None else None
         kernels.sum(queue.cuda_stream, step.dtype, size, self._addr(step.src, bases), own,
                     self._addr(step.dst, bases), step.nbytes // size, step.count)
@@ -299,12 +304,11 @@ class CudaEngine(StreamEngine):
         """One fold kernel (``cuda_kernels``): each slot added once its flag is met; where no fold kernel fits
         (a dtype without one, more slots than one launch polls), a spin wait and then the torch sum."""
         r, waits = step.reduce, step.waits
-        if r.dtype not in cuda_kernels.FOLD_TYPES or r.count > cuda_kernels.MAX_WAITS or \
-                not cuda_kernels.folds(r.nbytes // torch.empty((), dtype=getattr(torch, r.dtype)).element_size()):
+        numel = r.nbytes // _itemsize(r.dtype)
+        if r.dtype not in cuda_kernels.FOLD_TYPES or r.count > cuda_kernels.MAX_WAITS or not cuda_kernels.folds(numel):
             self._mixed_ops(queue, waits)
             self.reduce(queue, r, bases)
             return
-        numel = r.nbytes // torch.empty((), dtype=getattr(torch, r.dtype)).element_size()
         own = self._addr(r.own, bases) if r.own is not None else None
         rearmed = self.kernels().fold(queue.cuda_stream, r.dtype, self._addr(r.src, bases), own,
                                       self._addr(r.dst, bases), numel, r.count, self.ptrs[self.rank],
