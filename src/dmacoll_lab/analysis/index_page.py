@@ -8,14 +8,13 @@ operator sweeps says so in place of the headline and claims); then the list of e
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from . import page
 from .claims import STATUSES
-from .page_check import NO_SWEEPS
+from .page_check import NO_SWEEPS, claim_rows
 
 NOTE = ("Everything here was measured on NVIDIA Hopper GPUs with the CUDA copy engines; the papers it reproduces "
         "(ConCCL, DMA-Latte, FiCCO) ran on AMD MI300X. Claims compare the papers' statements with these "
@@ -30,13 +29,6 @@ STYLE = ("body{font-family:sans-serif;max-width:78em;margin:2em auto;padding:0 1
          ".headline-figure{max-width:100%;height:auto}"
          ".counts span{display:inline-block;padding:3px 10px;margin-right:6px;border-radius:3px;font-weight:bold}"
          + "".join(f".status-{s.replace(' ', '-')}{{background:{c}}}" for s, c in COLOURS.items()))
-
-
-def _claims(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = json.loads(path.read_text())
-    return rows.get("claims", rows) if isinstance(rows, dict) else rows
 
 
 def _status_class(status: str) -> str:
@@ -84,7 +76,7 @@ def _section(report_dir: Path, name: str, label: str) -> str:
         return (f'{head}<p class="{NO_SWEEPS}">No operator sweep was committed for this machine: no headline and no '
                 f"claims (a claim rests on the sweeps); its other results are in docs/results.md.</p>"
                 f"{_coverage(report_dir, name)}</section>")
-    rows = _claims(report_dir / name / "claims.json")
+    rows = claim_rows(report_dir / name / "claims.json")
     return (f"{head}{_headline(report_dir, name)}{_counts(rows)}{_coverage(report_dir, name)}"
             f"<h3>Claims</h3>{_claims_table(rows)}</section>")
 

@@ -19,11 +19,16 @@ def runs(folder: Path) -> list[Path]:
     return sorted(p for p in Path(folder).rglob("data.csv") if p.with_suffix(".json").is_file())
 
 
-def _hardware(run: Path) -> dict:
+def _provenance(run: Path) -> dict:
+    """A run's provenance sidecar, or {} where it is missing or unreadable."""
     try:
-        return json.loads(run.with_suffix(".json").read_text()).get("hardware", {}) or {}
+        return json.loads(run.with_suffix(".json").read_text()) or {}
     except (OSError, ValueError):
         return {}
+
+
+def _hardware(run: Path) -> dict:
+    return _provenance(run).get("hardware", {}) or {}
 
 
 def gpu_runs(folder: Path) -> list[Path]:
@@ -51,13 +56,6 @@ def compares(run: Path, column: str = "impl", values: tuple[str, ...] = ("nccl",
     return set(values) <= seen
 
 
-def _created(run: Path) -> str:
-    try:
-        return str(json.loads(run.with_suffix(".json").read_text()).get("created_utc") or "")
-    except (OSError, ValueError):
-        return ""
-
-
 def e2e_runs(folder: Path) -> list[str]:
     """The machine's end-to-end runs the report shows: per world (a run may use some of the machine's GPUs), the
     newest run (provenance ``created_utc``) comparing NCCL and dma that covers every model measured at that world,
@@ -71,7 +69,8 @@ def e2e_runs(folder: Path) -> list[str]:
             continue
         with run.open() as f:
             rows = list(csv.DictReader(f))
-        by_world.setdefault(int(rows[0]["world"]), []).append((_created(run), {r["model"] for r in rows}, run))
+        by_world.setdefault(int(rows[0]["world"]), []).append((str(_provenance(run).get("created_utc") or ""),
+                                                         {r["model"] for r in rows}, run))
     chosen = []
     for world in sorted(by_world, reverse=True):
         every = set().union(*(models for _, models, _ in by_world[world]))

@@ -77,6 +77,14 @@ def index_problems(path: Path, platforms: list[str]) -> list[str]:
     return problems
 
 
+def claim_rows(path: Path) -> list[dict]:
+    """The claims of a platform's ``claims.json`` (a list, or {"claims": [...]}); none where it is missing."""
+    if not Path(path).is_file():
+        return []
+    rows = json.loads(Path(path).read_text())
+    return rows.get("claims", rows) if isinstance(rows, dict) else rows
+
+
 COUNT = re.compile(r'<span class="status-[\w-]+">(\d+) [^<]*</span>')
 
 
@@ -86,9 +94,7 @@ def count_problems(index: Path, report_dir: Path) -> list[str]:
     text = Path(index).read_text()
     problems = []
     for claims in sorted(Path(report_dir).glob("*/claims.json")):
-        name = claims.parent.name
-        rows = json.loads(claims.read_text())
-        rows = rows.get("claims", rows) if isinstance(rows, dict) else rows
+        name, rows = claims.parent.name, claim_rows(claims)
         start = text.find(f'<section id="{name}"')
         section = text[start:text.find("</section>", start)] if start >= 0 else ""
         counted = sum(int(n) for n in COUNT.findall(section))

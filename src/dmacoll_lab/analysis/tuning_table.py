@@ -21,8 +21,9 @@ def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
         raise InvalidArgument(f"{sweep_csvs}: sweeps of worlds {sorted(dma['world'].unique())}; derive one table per "
                               "world")
     where = load.platform(provenance, int(dma["world"].iloc[0]))
-    for csv in sweep_csvs[1:]:  # one table is for one platform: every source must have been measured on it
-        other = load.platform(load.provenance(csv), int(dma["world"].iloc[0]))
+    sources = [load.provenance(csv) for csv in sweep_csvs]
+    for csv, prov in list(zip(sweep_csvs, sources))[1:]:  # one table, one platform: every source measured on it
+        other = load.platform(prov, int(dma["world"].iloc[0]))
         if (other.gpu, other.topology) != (where.gpu, where.topology):
             raise InvalidArgument(f"{csv} was measured on {other.gpu} ({other.topology}), {sweep_csvs[0]} on "
                                   f"{where.gpu} ({where.topology}): derive one table per platform")
@@ -30,5 +31,5 @@ def derive(sweep_csvs: list[str], provenance: dict) -> TuningTable:
             "dtype": str(dma["dtype"].iloc[0]), "source": sweep_csvs, "source_git_sha": provenance.get("git_sha"),
             "source_created_utc": provenance.get("created_utc"),
             # each source's code (sweeps of different ops may come from different commits and leases)
-            "source_git_shas": [load.provenance(csv).get("git_sha") for csv in sweep_csvs]}
+            "source_git_shas": [prov.get("git_sha") for prov in sources]}
     return TuningTable(meta, entries)
