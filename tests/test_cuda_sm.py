@@ -24,8 +24,9 @@ def test_area_refuses_slots_that_are_not_positive_multiples_of_16(slot):
 def test_grid_grows_with_the_bytes_and_stays_within_the_flags():
     assert cuda_sm.grid(2, 16) == 1 and cuda_sm.grid(4, 1024) == 1
     sizes = [1 << k for k in range(4, 28)]
-    grids = [cuda_sm.grid(8, n) for n in sizes]
-    assert grids == sorted(grids) and max(grids) == cuda_sm.MAX_BLOCKS
+    for cap in (cuda_sm.BLOCKS, 132, 10 * cuda_sm.MAX_BLOCKS):
+        grids = [cuda_sm.grid(8, n, cap) for n in sizes]
+        assert grids == sorted(grids) and max(grids) == min(cap, cuda_sm.MAX_BLOCKS)
     assert cuda_sm.grid(4, 65536) == -(-3 * 4096 // (cuda_sm.THREADS * cuda_sm.VECTORS_PER_THREAD))
 
 
@@ -37,7 +38,39 @@ def test_grid_grows_with_the_bytes_and_stays_within_the_flags():
     ("reduce_scatter", 1024, 256, ("sum", ((0, 256), (256, 256), (512, 256), (768, 256)), ((0, 256),) * 4, 256)),
 ])
 def test_call_shape_per_op(op, inp, out, want):
-    assert tuple(cuda_sm.call_shape(op, 4, 2, inp, out)) == want
+    shape = cuda_sm.call_shape(op, 4, 2, inp, out)
+    assert tuple(shape)[:4] == want and (shape.out_offset, shape.reads_output) == (0, False)
+
+
+@pytest.mark.parametrize("world, nbytes", [(3, 48), (4, 4096), (4, 4100), (8, 34), (4, 2), (5, 1 << 20)])
+def test_chunks_cover_the_tensor_in_whole_vectors(world, nbytes):
+    parts = cuda_sm.chunks(world, nbytes)
+    assert len(parts) == world and sum(n for _, n in parts) == nbytes
+    assert all(off == sum(n for _, n in parts[:p]) for p, (off, _) in enumerate(parts))  # back to back, in order
+    full = [n for _, n in parts if n]
+    assert all(n % 16 == 0 for n in full[:-1]) and max(full) == parts[0][1]  # the first part is the largest
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_two_shot_all_reduce_is_a_reduce_scatter_then_an_all_gather_in_place(rank):
+    nbytes = 4 * 1000 + 40  # 4040 bytes: parts of 1024, 1024, 1024, 968
+    one = cuda_sm.call_shapes("all_reduce", 4, rank, nbytes, nbytes, two_shot_bytes=nbytes + 1)
+    assert one == (cuda_sm.call_shape("all_reduce", 4, rank, nbytes, nbytes),)
+    rs, ag = cuda_sm.call_shapes("all_reduce", 4, rank, nbytes, nbytes, two_shot_bytes=nbytes)
+    parts = ((0, 1024), (1024, 1024), (2048, 1024), (3072, 968))
+    assert (rs.combine, rs.send, rs.largest, rs.out_offset, rs.reads_output) == ("sum", parts, 1024, parts[rank][0],
+                                                                               False)
+    assert rs.recv[rank] == (0, parts[rank][1])  # the sum's length: this rank's part from every sender
+    assert (ag.combine, ag.send, ag.recv, ag.largest, ag.reads_output) == ("gather", (parts[rank],) * 4, parts, 1024,
+                                                                          True)
+    assert cuda_sm.sm_bytes("all_reduce", 4, rank, nbytes, nbytes, "float32", 1024, two_shot_bytes=0) == 1024
+    assert cuda_sm.sm_bytes("all_reduce", 4, rank, nbytes, nbytes, "float32", 1024, two_shot_bytes=None) is None
+
+
+def test_two_shot_needs_three_ranks_or_more():
+    # at world 2 both ways send the whole tensor over the one link: one kernel is cheaper
+    assert len(cuda_sm.call_shapes("all_reduce", 2, 0, 1 << 24, 1 << 24, two_shot_bytes=0)) == 1
+    assert len(cuda_sm.call_shapes("all_gather", 4, 0, 1 << 24, 1 << 26, two_shot_bytes=0)) == 1
 
 
 def test_all_to_all_v_shape_follows_the_matrix():

@@ -44,7 +44,7 @@ DEFAULTS = {
     "peer_window": dict(worlds=[4], sizes=[1024, 65536, 1 << 20], calls=10, repeats=20),
     "sm_carveout": dict(repeats=5, rounds=15, copy_bytes=64 << 20, add_elements=16 << 20),
     "sm_path": dict(worlds=[2, 4], sizes=[1024, 4096, 16384, 65536, 262144], ops=list(sm_path.OPS), calls=10,
-                    repeats=30),
+                    repeats=30, blocks=None),
     "submit_cost": dict(bytes=4096, repeats=300, calls=200),
 }
 
@@ -65,7 +65,8 @@ BAD = {
     "memcpy_batch": [["--bytes", "-1"], ["--bytes", "12"]],
     "peer_window": [["--worlds", "0"], ["--sizes", "100"], ["--calls", "0"]],
     "sm_carveout": [["--copy-bytes", "-64M"], ["--copy-bytes", "1000K"], ["--rounds", "0"]],
-    "sm_path": [["--worlds", "0"], ["--sizes", "101"], ["--ops", "broadcast"], ["--calls", "0"]],  # not whole bf16
+    "sm_path": [["--worlds", "0"], ["--sizes", "101"], ["--ops", "broadcast"], ["--calls", "0"],  # 101: not whole bf16
+                ["--blocks", "0"]],
     "submit_cost": [["--bytes", "-4K"], ["--bytes", "100"], ["--calls", "0"]],
 }
 EVERY_PROBE_BAD = [["--repeats", "0"], ["--repeats", "-3"], ["--repeats", "two"], ["--nope"], ["--out"]]
@@ -273,8 +274,15 @@ def test_table_paths():
 
 
 # -- (c) the committed results each probe made -------------------------------------------------------------------------
+# code f92be3f-ba4853a: the sm path's runs before their rows said how many blocks a launch had (then always <= 64)
+SM_PATH_BEFORE_BLOCKS = ["world", "op", "impl", "path", "mode", "bytes", "per_call_us", "per_call_us_p10",
+                         "per_call_us_p90", "calls", "correct", "error"]
 # Made by a probe's earlier version, whose table the module no longer describes: the folder, its columns then.
 EARLIER = {
+    **{f"h200x4/sm_path/{run}": SM_PATH_BEFORE_BLOCKS for run in (
+        "sm_path_50_calls_a", "sm_path_50_calls_b", "sm_path_communicator", "sm_path_slots_8m", "sm_path_to_2m_50_calls",
+        "sm_path_to_4m_slots")},
+    "h200x2/sm_path/sm_path_unaligned": SM_PATH_BEFORE_BLOCKS,
     # code 39a4503: three ways, each alone and next to a GEMM (later: eight ways x four orders, copy_us / gemm_us)
     "h200x2/c3/local_copy_paths": ["way", "next_to_gemm", "time_us", "correct"],
     # code c10c1c5: the kernels called directly (later: through Communicator, and the path each call took)

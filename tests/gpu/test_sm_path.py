@@ -58,14 +58,22 @@ def _cases(rank: int, world: int, seed: int) -> list[str]:
 
     from dmacoll import Communicator
 
+    from dmacoll.backends import cuda_sm
+
     comm = Communicator(timeout_s=30)
     failures, case = [], 0
-    for op in OPS:
+    sm = comm.engine.sm
+    # all_reduce twice more: two kernels (reduce_scatter, then all_gather in place) from any size, on a grid of up to
+    # the GPU's SM count (a 2 MB tensor's parts take more than the default 64 blocks)
+    for op, two_shot in [(op, None) for op in OPS] + [("all_reduce", 0)]:
+        forced = two_shot == 0
+        sm.configure(cuda_sm.MAX_BLOCKS if forced else cuda_sm.BLOCKS, two_shot)
         for name in (SUM_DTYPES if op in ("all_reduce", "reduce_scatter") else GATHER_DTYPES):
             dtype = getattr(torch, name)
             size = torch.empty((), dtype=dtype).element_size()
-            for count in (1, 17, 4099, 32768):
-                if count * size > 256 << 10:
+            label = f"{name} two-shot" if forced else name
+            for count in (1, 17, 4099, 32768, 1 << 19):
+                if count * size > (2 << 20 if forced else 256 << 10):
                     continue
                 n_in, n_out = shapes(op, world, count)
                 for buffers in ("heap", "private", "offset"):  # offset: addresses one element past a vector
@@ -82,13 +90,13 @@ def _cases(rank: int, world: int, seed: int) -> list[str]:
                     want = expected(op, world, rank, inputs)
                     if comm.last_options.path != "sm" or not torch.equal(y.cpu().view(torch.uint8),
                                                                           want.view(torch.uint8)):
-                        failures.append(f"{op} {name} count {count} {buffers} (seed {seed}, case {case})")
+                        failures.append(f"{op} {label} count {count} {buffers} (seed {seed}, case {case})")
                     if op == "all_reduce":  # in place
                         x.copy_(inputs[rank].to(comm.device))
                         comm.all_reduce(x, x, path="sm")
                         torch.cuda.synchronize()
                         if not torch.equal(x.cpu().view(torch.uint8), want.view(torch.uint8)):
-                            failures.append(f"{op} in place {name} count {count} {buffers} (seed {seed})")
+                            failures.append(f"{op} in place {label} count {count} {buffers} (seed {seed})")
                     if op == "all_gather" and buffers == "heap":  # in place: our chunk already in the output
                         y.fill_(1 if dtype == torch.bool else 77)
                         y[rank * count:(rank + 1) * count].copy_(inputs[rank].to(comm.device))
@@ -140,7 +148,8 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
     out = {"failures": []}
     n = world * 4099
     x, y = comm.empty(n, dtype=torch.bfloat16), comm.empty(n, dtype=torch.bfloat16)
-    for op in ("all_reduce", "all_to_all"):
+    for op, two_shot in (("all_reduce", None), ("all_reduce", 0), ("all_to_all", None)):
+        comm.engine.sm.configure(comm.engine.sm.blocks, two_shot)  # two_shot 0: two kernels at world >= 3
         x.copy_(draw(n, torch.bfloat16, seed).to(comm.device))
         comm.collective(op, y, x, path="sm")
         torch.cuda.synchronize()
@@ -155,13 +164,18 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
             graph.replay()
             torch.cuda.synchronize()
             if not torch.equal(y.cpu().view(torch.int16), expected(op, world, rank, inputs).view(torch.int16)):
-                out["failures"].append(f"{op} graph replay {replay} (seed {seed})")
+                out["failures"].append(f"{op} (two-shot from {two_shot}) graph replay {replay} (seed {seed})")
             dist.barrier()
-    small, large = comm.empty(512, dtype=torch.bfloat16), comm.empty(4 << 20, dtype=torch.bfloat16)  # 1 KB, 8 MB
+    from dmacoll.backends import cuda_sm
+
+    comm.engine.sm.configure(cuda_sm.BLOCKS, cuda_sm.TWO_SHOT_BYTES)
+    small, large = comm.empty(512, dtype=torch.bfloat16), comm.empty(16 << 20, dtype=torch.bfloat16)  # 1 KB, 32 MB
     comm.all_reduce(small, small)
     out["small"] = comm.last_options.path
     comm.all_reduce(large, large)
     out["large"] = comm.last_options.path
+    comm.all_reduce(large[: 2 << 20], large[: 2 << 20])  # 4 MB: two shots of 1 MB at world >= 3, beyond one shot's slots
+    out["two_shot"] = comm.last_options.path
     comm.all_reduce(small, small, variant="b2b")
     out["named_variant"] = comm.last_options.path
     torch.cuda.synchronize()
@@ -175,8 +189,10 @@ def test_sm_path_replays_in_graphs_and_auto_takes_it_where_it_should(world, seed
     assert not [f for r in results for f in r["failures"]]
     from dmacoll_lab.verify.launch import gpus_for
     shared = gpus_for(world) < world  # ranks on one GPU: 'auto' keeps the copy engines
+    two_shot = "sm" if world >= 3 and not shared else "dma"
     for r in results:
-        assert (r["small"], r["large"], r["named_variant"]) == ("dma" if shared else "sm", "dma", "dma"), r
+        assert (r["small"], r["large"], r["two_shot"], r["named_variant"]) == \
+            ("dma" if shared else "sm", "dma", two_shot, "dma"), r
 
 
 def _absent(rank: int, world: int) -> str:

@@ -360,7 +360,7 @@ class CudaEngine(StreamEngine):
     def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str,
                  matrix: Optional[tuple] = None) -> Optional[int]:
         """A call's largest part on the sm path (the same on every rank), None where the path cannot run it."""
-        return cuda_sm.sm_bytes(op, self.world, self.rank, in_bytes, out_bytes, dtype, cuda_sm.SLOT_BYTES, matrix)
+        return self.sm.sm_bytes(op, in_bytes, out_bytes, dtype, matrix)
 
     def sm_shares_device(self) -> bool:
         """Whether ranks share a GPU (the IPC heap): there one rank's spinning kernel waits for a time slice of the

@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 from ..errors import InvalidArgument
 from .cuda_kernels import FOLD_TYPES, HELPERS, compile_program
 
-MAX_BLOCKS = 64
+MAX_BLOCKS = 256  # the flag words' layout: the most blocks a launch may have (its grid: ``SmPath.blocks``)
 MAX_WORLD = 8  # per-peer offsets travel in the kernel's arguments (``Parts``)
 THREADS = 512
 VECTORS_PER_THREAD = 2  # 16-byte vectors each thread sends per peer before another block is worth its launch
@@ -38,6 +38,13 @@ OPS = {"all_gather": "gather", "all_to_all": "gather", "all_to_all_v": "gather",
 # what a communicator reserves per sender and parity (the largest call the sm path takes): $DMACOLL_SM_SLOT_BYTES, for
 # measuring larger one-shot calls; the area is 2 x world x this
 SLOT_BYTES = int(os.environ.get("DMACOLL_SM_SLOT_BYTES", 2 << 20))
+# the most blocks a launch takes ($DMACOLL_SM_BLOCKS, for measuring; a path also keeps to its GPU's SM count, so that
+# every block is resident at once: a block waits for every sender's blocks)
+BLOCKS = int(os.environ.get("DMACOLL_SM_BLOCKS", 64))
+# all_reduce from this many bytes at world >= 3 runs two kernels, a reduce_scatter of world chunks and an all_gather of
+# them: (world - 1) / world of the tensor over each link twice, where the one-shot kernel sends all of it to every
+# peer ($DMACOLL_SM_TWO_SHOT_BYTES; at world 2 both move the same bytes, so one shot)
+TWO_SHOT_BYTES = int(os.environ.get("DMACOLL_SM_TWO_SHOT_BYTES", 1 << 20))
 
 
 def slots_offset(world: int) -> int:
@@ -52,11 +59,11 @@ def area_bytes(world: int, slot_bytes: int) -> int:
     return slots_offset(world) + 2 * world * slot_bytes
 
 
-def grid(world: int, nbytes: int) -> int:
-    """Blocks for a call moving up to ``nbytes`` to each of ``world - 1`` peers: the same on every rank (the
-    receivers wait for one flag per sender block)."""
+def grid(world: int, nbytes: int, blocks: int = BLOCKS) -> int:
+    """Blocks for a call moving up to ``nbytes`` to each of ``world - 1`` peers, at most ``blocks``: the same on every
+    rank (the receivers wait for one flag per sender block)."""
     vectors = (world - 1) * -(-nbytes // 16)
-    return max(1, min(MAX_BLOCKS, -(-vectors // (THREADS * VECTORS_PER_THREAD))))
+    return max(1, min(blocks, MAX_BLOCKS, -(-vectors // (THREADS * VECTORS_PER_THREAD))))
 
 
 COMMON = HELPERS + r"""
@@ -228,10 +235,13 @@ class Parts(ctypes.Structure):
 
 
 class Shape(NamedTuple):
+    """One kernel of a call."""
     combine: str                       # "gather" or "sum"
     send: tuple[tuple[int, int], ...]  # per peer p: (input offset, bytes) sent to p (p = rank: this rank's own part)
     recv: tuple[tuple[int, int], ...]  # per sender q: (output offset, bytes) of what q sent
     largest: int                       # the largest part any rank sends any peer: the same on every rank
+    out_offset: int = 0                # the kernel writes from output + out_offset
+    reads_output: bool = False         # its input is the call's output (the two-shot all_reduce's gather)
 
 
 def call_shape(op: str, world: int, rank: int, in_bytes: int, out_bytes: int,
@@ -262,14 +272,38 @@ def call_shape(op: str, world: int, rank: int, in_bytes: int, out_bytes: int,
     return Shape(OPS[op], send, recv, n)
 
 
+def chunks(world: int, nbytes: int) -> tuple[tuple[int, int], ...]:
+    """The two-shot all_reduce's split of ``nbytes``: per rank (offset, bytes), whole 16-byte vectors but the last
+    part (later parts may be empty)."""
+    step = -(-nbytes // (16 * world)) * 16
+    return tuple((min(p * step, nbytes), max(0, min(step, nbytes - p * step))) for p in range(world))
+
+
+def call_shapes(op: str, world: int, rank: int, in_bytes: int, out_bytes: int,
+                matrix: Optional[Sequence[Sequence[int]]] = None,
+                two_shot_bytes: Optional[int] = TWO_SHOT_BYTES) -> tuple[Shape, ...]:
+    """The kernels of a call, in order: ``call_shape``'s one, or for an all_reduce of ``two_shot_bytes`` or more at
+    world >= 3 two: each rank sums its chunk into its part of the output (a reduce_scatter), then sends that part to
+    every peer's output (an all_gather in place). None: always one shot."""
+    shape = call_shape(op, world, rank, in_bytes, out_bytes, matrix)
+    if op != "all_reduce" or world < 3 or two_shot_bytes is None or in_bytes < two_shot_bytes:
+        return (shape,)
+    parts = chunks(world, in_bytes)
+    mine = parts[rank]
+    largest = parts[0][1]
+    return (Shape("sum", parts, ((0, mine[1]),) * world, largest, out_offset=mine[0]),
+            Shape("gather", (mine,) * world, parts, largest, reads_output=True))
+
+
 def sm_bytes(op: str, world: int, rank: int, in_bytes: int, out_bytes: int, dtype: str, slot_bytes: int,
-             matrix: Optional[Sequence[Sequence[int]]] = None) -> Optional[int]:
+             matrix: Optional[Sequence[Sequence[int]]] = None,
+             two_shot_bytes: Optional[int] = TWO_SHOT_BYTES) -> Optional[int]:
     """The largest part of a call the sm path can run (its op, world, sizes, a sum of its dtype, its slots), else
     None. The same on every rank."""
     if op not in OPS or OPS[op] == "sum" and dtype not in FOLD_TYPES:
         return None
     try:
-        n = call_shape(op, world, rank, in_bytes, out_bytes, matrix).largest
+        n = max(s.largest for s in call_shapes(op, world, rank, in_bytes, out_bytes, matrix, two_shot_bytes))
     except InvalidArgument:
         return None
     return n if n <= slot_bytes else None
@@ -326,7 +360,24 @@ class SmPath:
         # a bit per silent sender, set by a kernel whose wait gave up: pinned, so the kernel writes it directly
         self.silent = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         self._silent_host = self.silent.numpy()  # the same memory, read without torch's indexing cost
-        self._launches: dict[tuple, Launch] = {}
+        self._launches: dict[tuple, tuple[Launch, ...]] = {}
+        self._sms = torch.cuda.get_device_properties(engine.heap.device).multi_processor_count
+        self.blocks, self.two_shot_bytes = 0, None
+        self.configure(BLOCKS, TWO_SHOT_BYTES)
+
+    def configure(self, blocks: int, two_shot_bytes: Optional[int]) -> None:
+        """The most blocks a launch takes (kept to the GPU's SM count) and the all_reduce size from which two kernels
+        run (None: one always); every rank alike (the probes measure the choices)."""
+        blocks = max(1, min(blocks, MAX_BLOCKS, self._sms))
+        if (blocks, two_shot_bytes) != (self.blocks, self.two_shot_bytes):
+            self.blocks, self.two_shot_bytes = blocks, two_shot_bytes
+            self._launches.clear()
+
+    def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str,
+                 matrix: Optional[Sequence[Sequence[int]]] = None) -> Optional[int]:
+        """``sm_bytes`` for this path's slots and two-shot size."""
+        return sm_bytes(op, self.world, self.rank, in_bytes, out_bytes, dtype, self.slot_bytes, matrix,
+                        self.two_shot_bytes)
 
     @classmethod
     def open(cls, engine, group, area: int, slot_bytes: int, timeout_s: float, drv,
@@ -360,38 +411,46 @@ class SmPath:
         return self._kernels
 
     def run(self, op: str, output, input, matrix: Optional[tuple] = None) -> None:
-        """One call on the current stream (``matrix``: all_to_all_v's bytes from rank i to rank j, a tuple)."""
+        """One call (one kernel, two for a two-shot all_reduce) on the current stream (``matrix``: all_to_all_v's bytes from rank i to rank j, a tuple)."""
         import torch
 
         stream = torch.cuda.current_stream(input.device).cuda_stream
         key = (op, input.data_ptr(), output.data_ptr(), input.numel(), output.numel(), input.dtype, stream, matrix)
-        launch = self._launches.get(key)
-        if launch is None:
-            launch = self._launches[key] = self._prepare(op, output, input, matrix)
-        self.kernels().launch(launch.fn, launch.blocks, stream, launch.address)
+        launches = self._launches.get(key)
+        if launches is None:
+            launches = self._launches[key] = self._prepare(op, output, input, matrix)
+        kernels = self.kernels()
+        for launch in launches:
+            kernels.launch(launch.fn, launch.blocks, stream, launch.address)
 
-    def _prepare(self, op: str, output, input, matrix: Optional[tuple]) -> Launch:
-        """The checks of a call shape and its launch (InvalidArgument before any device work)."""
-        shape = call_shape(op, self.world, self.rank, input.numel() * input.element_size(),
-                           output.numel() * output.element_size(), matrix)
-        if shape.largest > self.slot_bytes:
-            raise InvalidArgument(f"sm {op}: {shape.largest} bytes per peer exceed the sm path's slots of "
+    def _prepare(self, op: str, output, input, matrix: Optional[tuple]) -> tuple[Launch, ...]:
+        """The checks of a call shape and its launches (InvalidArgument before any device work)."""
+        shapes = call_shapes(op, self.world, self.rank, input.numel() * input.element_size(),
+                             output.numel() * output.element_size(), matrix, self.two_shot_bytes)
+        largest = max(shape.largest for shape in shapes)
+        if largest > self.slot_bytes:
+            raise InvalidArgument(f"sm {op}: {largest} bytes per peer exceed the sm path's slots of "
                                   f"{self.slot_bytes}; use path='dma'")
         dtype = str(input.dtype).removeprefix("torch.")
-        if shape.combine == "sum" and dtype not in FOLD_TYPES:
+        if OPS[op] == "sum" and dtype not in FOLD_TYPES:
             raise InvalidArgument(f"sm {op}: no sum for {dtype}; it adds {sorted(FOLD_TYPES)}; use path='dma'")
         kernels = self.kernels()
-        fn = kernels.gather if shape.combine == "gather" else kernels.sums[dtype]
-        parts = Parts()
-        for p, ((send_off, send_len), (recv_off, recv_len)) in enumerate(zip(shape.send, shape.recv)):
-            parts.send_off[p], parts.send_len[p], parts.recv_off[p], parts.recv_len[p] = \
-                send_off, send_len, recv_off, recv_len
         if len(self._launches) >= 4096:
             self._launches.clear()
-        return Launch(fn, grid(self.world, shape.largest),
-                      (self.bases.data_ptr(), self.area, slots_offset(self.world), self.rank, self.world,
-                       self.slot_bytes, input.data_ptr(), output.data_ptr(), self.timeout_ns, self.silent.data_ptr(),
-                       parts))
+        launches = []
+        for shape in shapes:
+            parts = Parts()
+            for p, ((send_off, send_len), (recv_off, recv_len)) in enumerate(zip(shape.send, shape.recv)):
+                parts.send_off[p], parts.send_len[p], parts.recv_off[p], parts.recv_len[p] = \
+                    send_off, send_len, recv_off, recv_len
+            source = output if shape.reads_output else input
+            launches.append(Launch(
+                kernels.gather if shape.combine == "gather" else kernels.sums[dtype],
+                grid(self.world, shape.largest, self.blocks),
+                (self.bases.data_ptr(), self.area, slots_offset(self.world), self.rank, self.world, self.slot_bytes,
+                 source.data_ptr(), output.data_ptr() + shape.out_offset, self.timeout_ns, self.silent.data_ptr(),
+                 parts)))
+        return tuple(launches)
 
     def silent_ranks(self) -> list[int]:
         """The ranks a wait gave up on since the path opened (no synchronization: the kernel wrote host memory)."""

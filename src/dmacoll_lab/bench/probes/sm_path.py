@@ -20,11 +20,12 @@ from .common import Table, add_repeats, count, driver, quantiles, size_multiple_
 NAME = "sm_path"
 HELP = "one-shot SM collectives over the heap (the sm path) against NCCL and torch symmetric memory, a GPU per rank"
 GPUS = 2
-COLUMNS = ["world", "op", "impl", "path", "mode", "bytes", "per_call_us", "per_call_us_p10", "per_call_us_p90",
-           "calls", "correct", "error"]
+COLUMNS = ["world", "op", "impl", "path", "sm_blocks", "mode", "bytes", "per_call_us", "per_call_us_p10",
+           "per_call_us_p90", "calls", "correct", "error"]
 EXTRA: dict[str, list[str]] = {}
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-IMPLS = ("sm", "default", "dma", "nccl", "symm_mem_one_shot")
+# sm_one_shot / sm_two_shot: all_reduce at world >= 3 as one kernel or as two (reduce_scatter, all_gather)
+IMPLS = ("sm", "sm_one_shot", "sm_two_shot", "default", "dma", "nccl", "symm_mem_one_shot")
 MODES = ("graph", "eager")
 
 
@@ -35,15 +36,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "16-byte vectors time the kernels' narrower copies, e.g. 24588: three 8196-byte MoE rows)")
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
     p.add_argument("--calls", type=count, default=10, help="calls per graph, and per eager sample (default 10)")
+    p.add_argument("--blocks", type=count, nargs="+", default=None,
+                   help="the sm rows' most blocks per launch, each timed (default: the path's own; at most the SMs)")
     add_repeats(p, 30, "samples (the median of the slowest rank's per-call time is reported)")
 
 
 
 
 def row(world: int, op: str, impl: str, mode: str, nbytes: int, samples: list[float], calls: int,
-        correct: object = "", error: str = "", path: str = "") -> dict:
+        correct: object = "", error: str = "", path: str = "", sm_blocks: object = "") -> dict:
     med, p10, p90 = quantiles(samples)
-    return {"world": world, "op": op, "impl": impl, "path": path, "mode": mode, "bytes": nbytes, "per_call_us": med,
+    return {"world": world, "op": op, "impl": impl, "path": path, "sm_blocks": sm_blocks, "mode": mode, "bytes": nbytes,
+            "per_call_us": med,
             "per_call_us_p10": p10, "per_call_us_p90": p90, "calls": calls, "correct": correct, "error": error}
 
 
@@ -74,38 +78,45 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch.distributed._symmetric_memory  # noqa: F401 - registers torch.ops.symm_mem
 
     from dmacoll import Communicator
-    from dmacoll.lab_api import bench_time
+    from dmacoll.lab_api import bench_time, cuda_sm
 
     torch.manual_seed(cfg["seed"] + rank)
     top = max(cfg["sizes"])
     comm = Communicator(timeout_s=30, heap_bytes=max(64 << 20, 2 * world * top + (4 << 20)))  # the two buffers below
-    sm_fits = comm.engine.sm.slot_bytes  # larger calls: no sm row ($DMACOLL_SM_SLOT_BYTES)
+    sm = comm.engine.sm  # larger calls than its slots: no sm row ($DMACOLL_SM_SLOT_BYTES)
+    defaults = (sm.blocks, sm.two_shot_bytes)
     dtype = torch.bfloat16
     big = world * top // 2  # elements of the largest buffer
     inp_all, out_all = comm.empty(big, dtype=dtype), comm.empty(big, dtype=dtype)
     stream = torch.cuda.Stream()
     out = []
 
-    def callers(op: str, x, y, nbytes: int):
+    def callers(op: str, x, y):
+        """(impl, call, the sm path's (blocks, two-shot bytes) while it runs, or None: its defaults)."""
         nccl = {"all_reduce": lambda: (y.copy_(x), dist.all_reduce(y)),
                 "all_gather": lambda: dist.all_gather_into_tensor(y, x),
                 "reduce_scatter": lambda: dist.reduce_scatter_tensor(y, x),
                 "all_to_all": lambda: dist.all_to_all_single(y, x)}[op]
-        impls = {"sm": lambda: comm.collective(op, y, x, path="sm"), "default": lambda: comm.collective(op, y, x),
-                 "dma": lambda: comm.collective(op, y, x, path="dma"), "nccl": nccl}
-        if nbytes > sm_fits:  # the sizes are bytes per peer for every op here
-            del impls["sm"]
+        shots = {"sm_one_shot": None, "sm_two_shot": 0} if op == "all_reduce" and world >= 3 else {"sm": defaults[1]}
+        in_bytes, out_bytes = x.numel() * 2, y.numel() * 2
+        for impl, two_shot in shots.items():
+            if cuda_sm.sm_bytes(op, world, rank, in_bytes, out_bytes, "bfloat16", sm.slot_bytes, None, two_shot):
+                for blocks in cfg["blocks"] or [defaults[0]]:
+                    yield impl, lambda: comm.collective(op, y, x, path="sm"), (blocks, two_shot)
+        yield "default", lambda: comm.collective(op, y, x), None
+        yield "dma", lambda: comm.collective(op, y, x, path="dma"), None
+        yield "nccl", nccl, None
         if op == "all_reduce":
-            impls["symm_mem_one_shot"] = lambda: y.copy_(torch.ops.symm_mem.one_shot_all_reduce(
-                x, "sum", comm.group.group_name))
-        return impls
+            yield "symm_mem_one_shot", lambda: y.copy_(torch.ops.symm_mem.one_shot_all_reduce(
+                x, "sum", comm.group.group_name)), None
 
     for op in cfg["ops"]:
         for nbytes in cfg["sizes"]:
             n_in, n_out = (b // 2 for b in shapes(op, world, nbytes))
             x, y = inp_all[:n_in], out_all[:n_out]
             x.normal_()
-            for impl, fn in callers(op, x, y, nbytes).items():
+            for impl, fn, settings in callers(op, x, y):
+                sm.configure(*(settings or defaults))
                 for mode in MODES:
                     try:
                         samples = bench_time(fn, cfg["calls"], cfg["repeats"], mode=mode, warmup=2, stream=stream,
@@ -113,9 +124,10 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                         error = ""
                     except Exception as e:  # noqa: BLE001 - recorded; the ranks go on
                         samples, error = [], f"{type(e).__name__}: {e}"[:300]
-                    path = comm.last_options.path if impl in ("sm", "default", "dma") and comm.last_options else ""
+                    path = comm.last_options.path if impl not in ("nccl", "symm_mem_one_shot") and comm.last_options \
+                        else ""
                     out.append({"op": op, "impl": impl, "mode": mode, "bytes": nbytes, "samples": samples,
-                                "error": error, "path": path})
+                                "error": error, "path": path, "sm_blocks": sm.blocks if path == "sm" else ""})
                     torch.cuda.synchronize()
                     dist.barrier()
                 # correctness: fresh data, poisoned output, one eager call (all_reduce also in place for sm)
@@ -132,7 +144,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                     exact = op in ("all_gather", "all_to_all") or out[-1]["path"] == "sm"
                     ok = torch.equal(y.view(torch.int16), want.view(torch.int16)) if exact else \
                         torch.allclose(y.float(), want.float(), rtol=2e-2, atol=0.125)  # NCCL adds in bf16: ulps
-                    if impl == "sm" and op == "all_reduce":
+                    if impl.startswith("sm") and op == "all_reduce":
                         z = x.clone()
                         comm.all_reduce(x, x, path="sm")
                         torch.cuda.synchronize()
@@ -142,6 +154,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                     out[-1]["error"] = out[-1]["error"] or f"check: {type(e).__name__}: {e}"[:300]
                 for r in out[-len(MODES):]:
                     r["correct"] = bool(ok)
+                sm.configure(*defaults)
                 dist.barrier()
     torch.cuda.synchronize()
     dist.barrier()
@@ -159,7 +172,8 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
     print(f"seed {seed} (DMACOLL_SEED)", flush=True)
     rows = []
     for world in args.worlds:
-        cfg = {"sizes": args.sizes, "ops": args.ops, "calls": args.calls, "repeats": args.repeats, "seed": seed}
+        cfg = {"sizes": args.sizes, "ops": args.ops, "calls": args.calls, "repeats": args.repeats, "seed": seed,
+               "blocks": args.blocks}
         try:
             per_rank = run_ranks(_rank, world, cfg, device="cuda", timeout_s=500)
         except Exception as e:  # noqa: BLE001 - recorded, the other worlds go on
@@ -170,12 +184,13 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
             error = next((m["error"] for m in mine if m["error"]), "")
             samples = [] if error else [max(s) for s in zip(*(m["samples"] for m in mine))]
             rows.append(row(world, first["op"], first["impl"], first["mode"], first["bytes"], samples, args.calls,
-                            all(m.get("correct") for m in mine), error, first.get("path", "")))
+                            all(m.get("correct") for m in mine), error, first.get("path", ""), first["sm_blocks"]))
             r = rows[-1]
-            print(f"w{world} {r['op']:14s} {r['impl']:18s} {r['path']:3s} {r['mode']:5s} {r['bytes']:>7} "
+            print(f"w{world} {r['op']:14s} {r['impl']:18s} {r['path']:3s} {r['sm_blocks']!s:>3} {r['mode']:5s} "
+                  f"{r['bytes']:>9} "
                   f"{r['per_call_us']:8.2f} us "
                   f"(p10 {r['per_call_us_p10']:.2f}, p90 {r['per_call_us_p90']:.2f}) correct={r['correct']} "
                   f"{r['error']}", flush=True)
-    config = {k: getattr(args, k) for k in ("worlds", "sizes", "ops", "calls", "repeats")}
+    config = {k: getattr(args, k) for k in ("worlds", "sizes", "ops", "calls", "repeats", "blocks")}
     config["seed"] = seed
     return {NAME: Table(rows, config)}
