@@ -9,7 +9,8 @@
 #                  alternating (REPS rounds, batch BATCH); at TP 1 the plugin routes nothing: the two must agree
 #                  within noise
 #         throughput  `vllm bench throughput` at TP, 200 prompts of 128 in and 128 out, plugin off and on
-#         check    `dmacoll vllm check` at TP (2 or more): outputs with the plugin off and on
+#         check    `dmacoll vllm check` at TP (2 or more): outputs with the plugin off and on (five vLLM starts,
+#                  about 100 s each at TP 4: REUSE=1 in a second call goes on from the settings a first one finished)
 #   default: install tests bench. Each step's time is printed; split the steps over calls to stay inside 10 minutes
 #   (build/ stays on a warm machine between calls). Each vLLM start costs about 1-2 minutes.
 # Out: OUTDIR/results.tgz laid out as results/<machine>/ is (vllm/<run>/{data.csv,data.json,run.log}; unpack with
@@ -104,7 +105,8 @@ print(df[df.metric == "tokens_per_s"][["plugin", "value", "plugin_registered"]].
       "$d/data.csv" | tee -a "$summary" ;;
   check)
     d=$out/vllm_check/tp$tp; mkdir -p "$d"
-    timeout 500 "$py" -m dmacoll_lab vllm check build/vllm_check --tp $tp > "$d/run.log" 2>&1; echo "exit $?" >> "$d/run.log"
+    timeout 500 "$py" -m dmacoll_lab vllm check build/vllm_check --tp $tp ${REUSE:+--reuse} >> "$d/run.log" 2>&1
+    echo "exit $?" >> "$d/run.log"
     grep -E "^(ok|FAIL)|^exit" "$d/run.log" | tee -a "$summary"
     cp build/vllm_check/data.csv build/vllm_check/data.json "$d/" 2>/dev/null || say "vllm check wrote no table" ;;
   *) say "unknown step $step"; exit 2 ;;

@@ -28,10 +28,11 @@ from .tuning import CHOSEN, Choice, TuningTable
 
 HANDSHAKES = ("full", "lean")
 PATHS = ("dma", "sm")
-# 'auto' takes the sm path up to this many bytes per peer (the sm path's default slots): graph-replayed on 2x and 4x
-# H200 its one-shot kernels beat NCCL and the copy engines' calls for every op up to here, not at 4 MB
-# (results/h200x4/sm_path/, results/h200x4/small_calls/)
-SM_AUTO_MAX_BYTES = 2 << 20
+# 'auto' takes the sm path up to this many bytes per peer (the sm path's default slots; an all_reduce's per peer part
+# is its two-shot chunk at world >= 3): graph-replayed on 4x and 2x H200 its kernels beat the copy engines' calls for
+# every op up to here, and NCCL for every op but all_to_all at world 4 (1.09x at 4 MB per peer), not at 8-16 MB for
+# the gathers (results/h200x4/sm_path/sm_path_large/, results/h200x4/small_calls/)
+SM_AUTO_MAX_BYTES = 4 << 20
 COPY_ENGINE_OPTIONS = ("variant", "direction", "signal", "wait", "prerecord", "submit")
 SUBMITS = ("python", "native")
 MAX_ENGINES = 16
@@ -74,8 +75,9 @@ class Options:
 
     ``path``: ``dma`` (the copy engines: the papers' collectives, every option below), ``sm`` (one one-shot kernel
     per call: stores into every peer's heap over NVLink, a flag per block, a local copy or sum; all_gather,
-    all_to_all(_v), all_reduce, reduce_scatter up to ``cuda_sm.SLOT_BYTES`` per peer and 8 ranks; it occupies up to
-    ``cuda_sm.MAX_BLOCKS`` blocks of ``cuda_sm.THREADS`` threads while it runs; cuda only) or ``auto`` (the default):
+    all_to_all(_v), all_reduce (two kernels from ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more), reduce_scatter up
+    to ``cuda_sm.SLOT_BYTES`` per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of
+    ``cuda_sm.THREADS`` threads; cuda only) or ``auto`` (the default):
     ``sm`` up to ``SM_AUTO_MAX_BYTES`` per peer where the call fits it and names no copy-engine option, else ``dma``
     (``choose_path``). ``last_options.path`` says which ran.
 

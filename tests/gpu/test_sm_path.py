@@ -144,7 +144,7 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
 
     from dmacoll import Communicator
 
-    comm = Communicator(timeout_s=30)
+    comm = Communicator(timeout_s=30, staging_bytes=32 << 20)  # a 32 MB all_reduce on the copy engines
     out = {"failures": []}
     n = world * 4099
     x, y = comm.empty(n, dtype=torch.bfloat16), comm.empty(n, dtype=torch.bfloat16)
@@ -174,8 +174,8 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
     out["small"] = comm.last_options.path
     comm.all_reduce(large, large)
     out["large"] = comm.last_options.path
-    comm.all_reduce(large[: 2 << 20], large[: 2 << 20])  # 4 MB: two shots of 1 MB at world >= 3, beyond one shot's slots
-    out["two_shot"] = comm.last_options.path
+    comm.all_reduce(large[: 2 << 20], large[: 2 << 20])  # 4 MB: two shots of 1 MB at world >= 3, one at world 2
+    out["mid"] = comm.last_options.path
     comm.all_reduce(small, small, variant="b2b")
     out["named_variant"] = comm.last_options.path
     torch.cuda.synchronize()
@@ -189,10 +189,9 @@ def test_sm_path_replays_in_graphs_and_auto_takes_it_where_it_should(world, seed
     assert not [f for r in results for f in r["failures"]]
     from dmacoll_lab.verify.launch import gpus_for
     shared = gpus_for(world) < world  # ranks on one GPU: 'auto' keeps the copy engines
-    two_shot = "sm" if world >= 3 and not shared else "dma"
+    sm = "dma" if shared else "sm"
     for r in results:
-        assert (r["small"], r["large"], r["two_shot"], r["named_variant"]) == \
-            ("dma" if shared else "sm", "dma", two_shot, "dma"), r
+        assert (r["small"], r["mid"], r["large"], r["named_variant"]) == (sm, sm, "dma", "dma"), r
 
 
 def _absent(rank: int, world: int) -> str:

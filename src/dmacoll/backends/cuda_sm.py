@@ -35,16 +35,20 @@ THREADS = 512
 VECTORS_PER_THREAD = 2  # 16-byte vectors each thread sends per peer before another block is worth its launch
 OPS = {"all_gather": "gather", "all_to_all": "gather", "all_to_all_v": "gather", "all_reduce": "sum",
        "reduce_scatter": "sum"}  # op -> how a rank combines what arrived
-# what a communicator reserves per sender and parity (the largest call the sm path takes): $DMACOLL_SM_SLOT_BYTES, for
-# measuring larger one-shot calls; the area is 2 x world x this
-SLOT_BYTES = int(os.environ.get("DMACOLL_SM_SLOT_BYTES", 2 << 20))
-# the most blocks a launch takes ($DMACOLL_SM_BLOCKS, for measuring; a path also keeps to its GPU's SM count, so that
-# every block is resident at once: a block waits for every sender's blocks)
+# what a communicator reserves per sender and parity (the largest part the sm path takes): $DMACOLL_SM_SLOT_BYTES, for
+# measuring larger calls; the area is 2 x world x this (32 MB at world 4)
+SLOT_BYTES = int(os.environ.get("DMACOLL_SM_SLOT_BYTES", 4 << 20))
+# the most blocks a launch takes ($DMACOLL_SM_BLOCKS, for measuring; never more than the GPU's SMs: a block waits for
+# every sender's blocks, so all must be resident at once). One block per SM was faster graph-replayed on 4x H200 (at
+# world 2 from 2 MB per peer, 0.59 of NCCL against 0.65 for a 4 MB all_reduce; at world 4 from 8 MB per peer,
+# results/h200x4/sm_path/sm_path_large/), but two such kernels (two communicators' calls at once) could not both be
+# resident and would wait for each other until the timeout; 64 blocks of 512 threads leave room for a second.
 BLOCKS = int(os.environ.get("DMACOLL_SM_BLOCKS", 64))
 # all_reduce from this many bytes at world >= 3 runs two kernels, a reduce_scatter of world chunks and an all_gather of
 # them: (world - 1) / world of the tensor over each link twice, where the one-shot kernel sends all of it to every
-# peer ($DMACOLL_SM_TWO_SHOT_BYTES; at world 2 both move the same bytes, so one shot)
-TWO_SHOT_BYTES = int(os.environ.get("DMACOLL_SM_TWO_SHOT_BYTES", 1 << 20))
+# peer (at world 2 both move the same bytes, so one shot). From 2 MB at world 4 two shots were faster graph-replayed
+# (0.70 of NCCL against 0.88 at 2 MB; results/h200x4/sm_path/sm_path_large/); $DMACOLL_SM_TWO_SHOT_BYTES
+TWO_SHOT_BYTES = int(os.environ.get("DMACOLL_SM_TWO_SHOT_BYTES", 2 << 20))
 
 
 def slots_offset(world: int) -> int:
@@ -60,8 +64,8 @@ def area_bytes(world: int, slot_bytes: int) -> int:
 
 
 def grid(world: int, nbytes: int, blocks: int = BLOCKS) -> int:
-    """Blocks for a call moving up to ``nbytes`` to each of ``world - 1`` peers, at most ``blocks``: the same on every
-    rank (the receivers wait for one flag per sender block)."""
+    """Blocks for a kernel moving up to ``nbytes`` to each of ``world - 1`` peers, at most ``blocks``: the same on
+    every rank (the receivers wait for one flag per sender block)."""
     vectors = (world - 1) * -(-nbytes // 16)
     return max(1, min(blocks, MAX_BLOCKS, -(-vectors // (THREADS * VECTORS_PER_THREAD))))
 
@@ -361,17 +365,18 @@ class SmPath:
         self.silent = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         self._silent_host = self.silent.numpy()  # the same memory, read without torch's indexing cost
         self._launches: dict[tuple, tuple[Launch, ...]] = {}
-        self._sms = torch.cuda.get_device_properties(engine.heap.device).multi_processor_count
-        self.blocks, self.two_shot_bytes = 0, None
-        self.configure(BLOCKS, TWO_SHOT_BYTES)
+        self._sms = min(MAX_BLOCKS, torch.cuda.get_device_properties(engine.heap.device).multi_processor_count)
+        self.blocks = min(BLOCKS, self._sms)
+        self.two_shot_bytes: Optional[int] = TWO_SHOT_BYTES
 
     def configure(self, blocks: int, two_shot_bytes: Optional[int]) -> None:
         """The most blocks a launch takes (kept to the GPU's SM count) and the all_reduce size from which two kernels
         run (None: one always); every rank alike (the probes measure the choices)."""
-        blocks = max(1, min(blocks, MAX_BLOCKS, self._sms))
+        blocks = max(1, min(blocks, self._sms))
         if (blocks, two_shot_bytes) != (self.blocks, self.two_shot_bytes):
             self.blocks, self.two_shot_bytes = blocks, two_shot_bytes
             self._launches.clear()
+
 
     def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str,
                  matrix: Optional[Sequence[Sequence[int]]] = None) -> Optional[int]:

@@ -54,6 +54,10 @@ class Watchdog:
         self._settled = threading.Event()  # clear while a timeout's message is being worked out
         self._settled.set()
         self._stop = threading.Event()
+        # set by track() and on stopping: with no call in flight the thread sleeps on it instead of polling (a
+        # communicator that makes no calls, e.g. the vLLM plugin's where it routes nothing, costs its process no
+        # wake-ups and no GIL hand-offs)
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         if start:
             self._thread.start()
@@ -62,6 +66,7 @@ class Watchdog:
         """Watch ``event`` (the call's end); ``value`` satisfies every wait of this rank if it expires; ``words``:
         the flag words the call waits on, in issue order; ``epoch``: they carry sequence numbers (sync='epoch')."""
         self.pending.append((event, time.monotonic() + self.engine.timeout_s, label, value, tuple(words), epoch))
+        self._wake.set()
 
     def poll(self) -> None:
         """Retire completed calls, oldest first; expire the oldest if it is past its deadline."""
@@ -82,8 +87,12 @@ class Watchdog:
     def _loop(self) -> None:
         try:
             self.engine.enter_watchdog_thread()
-            while not self._stop.wait(self.poll_s):
-                self.poll()
+            while not self._stop.is_set():
+                if not self.pending:  # idle: sleep until a call is tracked (track appends, then sets it)
+                    self._wake.wait()
+                    self._wake.clear()
+                elif not self._stop.wait(self.poll_s):
+                    self.poll()
         except Exception as e:  # noqa: BLE001 - never let the thread die silently: the next call raises it
             self.device_failed("the timeout watchdog", e)
 
@@ -95,7 +104,7 @@ class Watchdog:
             f"rank {eng.rank}: {label} failed on the GPU: {first}. A CUDA error of this kind is sticky: this process "
             "can no longer use the GPU (restart it); its peers time out waiting for this rank.")
         self.pending.clear()
-        self._stop.set()
+        self._halt()
         print(f"[dmacoll] {self.error}", flush=True)
 
     def raised(self) -> Optional[DmaCollError]:
@@ -179,8 +188,12 @@ class Watchdog:
                 + (f" (nor did {more} arrive)" if more else "")
                 + f". Rank {first} died, hangs, or the ranks called collectives in a different order")
 
-    def close(self) -> None:
+    def _halt(self) -> None:
         self._stop.set()
+        self._wake.set()
+
+    def close(self) -> None:
+        self._halt()
         if self._thread.is_alive():
             self._thread.join(timeout=1.0)
 

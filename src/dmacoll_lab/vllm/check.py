@@ -134,15 +134,19 @@ def routed_kinds(decisions: list[dict]) -> set[str]:
 
 # -- the driver ------------------------------------------------------------------------------------------------------
 def run_setting(s: Setting, model_dir: str, out_dir: Path, tp: int, python: str, n: int, length: int,
-                new_tokens: int, seed: int, max_model_len: int) -> tuple[list[dict], list[dict]]:
-    """One setting in a process of its own; its outputs and the plugin's decisions."""
+                new_tokens: int, seed: int, max_model_len: int, reuse: bool = False) -> tuple[list[dict], list[dict]]:
+    """One setting in a process of its own; its outputs and the plugin's decisions (``reuse``: those a finished
+    earlier run of this setting left in ``out_dir``, where there are)."""
     trace = out_dir / f"{s.name}.decisions"
+    out = out_dir / f"{s.name}.json"
+    if reuse and out.exists():
+        print(f"reusing {out} (--reuse)", flush=True)
+        return json.loads(out.read_text()), runs.decisions(trace)
     trace.mkdir(parents=True, exist_ok=True)
     for old in trace.glob("*.jsonl"):
         old.unlink()
     env = {**os.environ, **runs.ENV, "DMACOLL_VLLM": "1" if s.plugin else "0", "DMACOLL_VLLM_ROUTE": s.route,
            "DMACOLL_VLLM_DECISIONS": str(trace / "decisions-")}
-    out = out_dir / f"{s.name}.json"
     cmd = [python, "-m", "dmacoll_lab.vllm.check", "generate", model_dir, str(tp), s.dtype, str(out), str(n),
            str(length), str(new_tokens), str(seed), str(max_model_len)]
     print(f"$ DMACOLL_VLLM={env['DMACOLL_VLLM']} DMACOLL_VLLM_ROUTE={s.route} " + " ".join(cmd), flush=True)
@@ -155,14 +159,15 @@ def run_setting(s: Setting, model_dir: str, out_dir: Path, tp: int, python: str,
 
 def check(out_dir: str | Path, model_dir: str, tp: int, model: str, layers: Optional[int], python: str = sys.executable,
           n: int = 8, length: int = 64, new_tokens: int = 32, seed: int = 0, max_model_len: int = 512,
-          rtol: float = RTOL) -> list[dict]:
-    """Every setting, then every comparison; the rows of data.csv (written with provenance)."""
+          rtol: float = RTOL, reuse: bool = False) -> list[dict]:
+    """Every setting, then every comparison; the rows of data.csv (written with provenance). ``reuse``: take the
+    settings a run cut off by a time limit finished (same model and arguments: the caller's word)."""
     from ..bench import provenance
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = {s.name: run_setting(s, model_dir, out_dir, tp, python, n, length, new_tokens, seed, max_model_len)
-               for s in SETTINGS}
+    results = {s.name: run_setting(s, model_dir, out_dir, tp, python, n, length, new_tokens, seed, max_model_len,
+                                   reuse) for s in SETTINGS}
     rows, repeat = [], None
     for ref, other, kind in COMPARISONS:
         setting = next(s for s in SETTINGS if s.name == other)

@@ -64,7 +64,7 @@ def cmd_check(a: argparse.Namespace) -> int:
         model.write(model_dir, a.model, a.layers)
         model.write_weights(model_dir, a.model, a.layers, a.seed, a.device)
     rows = check.check(a.out, str(model_dir), a.tp, a.model, a.layers, a.python or sys.executable, a.prompts,
-                       a.prompt_len, a.new_tokens, a.seed)
+                       a.prompt_len, a.new_tokens, a.seed, reuse=a.reuse)
     for r in rows:
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['comparison']} ({r['dtype']}): tokens {r['tokens_equal']}, "
               f"max |d logprob| {r['max_abs_logprob_diff']:.3g} ({r['max_rel_logprob_diff']:.3g} of the spread), "
@@ -149,6 +149,8 @@ def register(sub) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--device", default="cpu", help="where the random weights are drawn")
     c.add_argument("--python", help="the interpreter that has vLLM (default: this one)")
+    c.add_argument("--reuse", action="store_true", help="take the settings whose outputs are already in OUT (a run "
+                                                        "with the same arguments, cut off by a time limit)")
     c.set_defaults(func=cmd_check)
 
     r = cmds.add_parser("routes", help="the plugin's routing table (dmacoll/integrations/vllm_routes.json) from "

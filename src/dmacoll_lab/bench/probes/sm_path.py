@@ -127,7 +127,8 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                     path = comm.last_options.path if impl not in ("nccl", "symm_mem_one_shot") and comm.last_options \
                         else ""
                     out.append({"op": op, "impl": impl, "mode": mode, "bytes": nbytes, "samples": samples,
-                                "error": error, "path": path, "sm_blocks": sm.blocks if path == "sm" else ""})
+                                "error": error, "path": path,
+                                "sm_blocks": sm.blocks if path == "sm" else ""})
                     torch.cuda.synchronize()
                     dist.barrier()
                 # correctness: fresh data, poisoned output, one eager call (all_reduce also in place for sm)
