@@ -44,6 +44,7 @@ import matplotlib
 matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from dmacoll_lab.analysis import e2e_tables, load, page, readings, report, tables  # noqa: E402
 
@@ -68,18 +69,19 @@ def ratio_bars(long: pd.DataFrame, hue: str, name: str, title: str) -> None:
     g = sns.catplot(data=long, x="batch", y="value", hue=hue, col="model", row="ratio", kind="bar", height=2.6,
                     aspect=1.4, errorbar=None, sharey=False)
     for (row, _), ax in g.axes_dict.items():
-        ax.set_ylabel(f"dmacoll / NCCL, {row}")  # the ratio, not seaborn's column name
         ax.axhline(1, color="grey", lw=0.8)
         ax.axhline(PAPER_LINE["tokens/s" if "tokens/s" in row else "time"], color="tab:red", ls="--", lw=0.8)
+    g.set_axis_labels("batch size", "dmacoll / NCCL")  # each row's ratio is in its facet titles
+    page.grid(g)
     g.figure.suptitle(f"{title}, {platform_label}; dashed: the DMA-Latte paper's up to 1.5x lower latency (time "
                       "ratio 0.67) / 1.9x higher throughput (MI300X vs vLLM)", y=1.02, fontsize=9)
     page.figure(g, out, name)
 
 
-frames = {"e2e": [], "vllm": []}
+frames = {"e2e": [], "vllm": [], "vllm_check": []}
 for p in csvs:
-    df = load.read("e2e", [p])  # a vLLM table reads the same way; its rows have a metric column
-    frames["vllm" if "metric" in df.columns else "e2e"].append(df)
+    df = load.read("e2e", [p])  # vLLM's tables read the same way: a bench's rows have a metric, a check's a comparison
+    frames["vllm" if "metric" in df.columns else "vllm_check" if "comparison" in df.columns else "e2e"].append(df)
 report.print_provenance(csvs)
 raw = pd.concat(frames["e2e"], ignore_index=True)
 ok = raw[raw["status"] == "ok"].copy()
@@ -105,7 +107,10 @@ for y, yscale, ylabel, title, name in (
     g = sns.relplot(data=ok, x="batch", y=y, hue="variant", style="variant", col="model", row="prompt_len",
                     kind="line", marker="o", height=2.8, aspect=1.2, facet_kws={"sharey": False})
     g.set(xscale="log", yscale=yscale)
+    for ax in g.axes.flat:  # a narrow log range labels its minor ticks too, into each other
+        ax.yaxis.set_minor_formatter(NullFormatter())
     g.set_axis_labels("batch size", ylabel)
+    page.grid(g)
     g.figure.suptitle(f"{title}, {platform_label}", y=1.02)
     page.figure(g, out, name)
 shown = [c for c in summary.columns if not c.endswith(("_speedup", "_gain"))]
@@ -182,11 +187,14 @@ frac = [c for c in ("ttft_fraction_of_ideal", "decode_fraction_of_ideal") if c i
 if frac and sbs[frac].notna().any().any():
     long = sbs.melt(id_vars=KEYS + ["impl", "schedule"], value_vars=frac, var_name="phase",
                     value_name="fraction_of_ideal").dropna(subset=["fraction_of_ideal"])
+    long["phase"] = long["phase"].map({"ttft_fraction_of_ideal": "TTFT", "decode_fraction_of_ideal": "decode step"})
     long["variant"] = long["impl"] + " " + long["schedule"]
     g = sns.catplot(data=long, x="batch", y="fraction_of_ideal", hue="variant", col="model", row="phase",
                     kind="bar", height=2.6, aspect=1.4, errorbar=None)
     for ax in g.axes.flat:
         ax.axhline(0.8, color="tab:green", ls="--", lw=0.8)
+    g.set_axis_labels("batch size", "fraction of the ideal overlap")
+    page.grid(g)
     g.figure.suptitle(f"fraction of the ideal overlap (mean over prompt lengths), {platform_label}; dashed: the "
                       "0.8 target", y=1.02, fontsize=9)
     page.figure(g, out, "fraction_of_ideal")
@@ -251,8 +259,26 @@ if frames["vllm"]:
         g = sns.catplot(data=lat, x="batch", y="value", hue="plugin", col="model", row="tp", kind="bar", height=3,
                         aspect=1.2, errorbar=None)
         g.set_axis_labels("batch size", "request latency (ms)")
+        page.grid(g)
         g.figure.suptitle(f"vllm bench latency, plugin off (vllm) / on (dma), {platform_label}", y=1.03)
         page.figure(g, out, "vllm_latency")
     page.table(display_vllm)
 else:
     print("no vLLM runs (enable them with vllm: {enabled: true} in the config)")
+
+# %% [markdown]
+# ### vLLM's outputs with the plugin off and on (`dmacoll vllm check`)
+#
+# Per TP: a two-layer model with seeded random weights, greedy tokens. `off_bf16_again vs off_bf16` asks whether vLLM
+# repeats its own bfloat16 outputs; only then does `moves_bf16 vs off_bf16` (the plugin moving data, which must not
+# change a bit) get judged. `all_fp32 vs off_fp32`: every eligible collective on dmacoll, float32, log-probabilities
+# within the tolerance.
+
+# %%
+if frames["vllm_check"]:
+    vcheck = pd.concat(frames["vllm_check"], ignore_index=True)
+    shown = ["tp", "comparison", "routed", "tokens_equal", "max_abs_logprob_diff", "tolerance", "ok", "why"]
+    page.table(table(vcheck[[c for c in shown if c in vcheck.columns]].sort_values(["tp", "comparison"]),
+                     "vllm_check"))
+else:
+    print("no vLLM output checks in these results")

@@ -88,6 +88,7 @@ def facet_plot(y: str, ylabel: str, name: str) -> None:
                     marker="o", height=3.2, aspect=1.4, facet_kws={"sharey": False})
     g.set(xscale="log", yscale="log")
     g.set_axis_labels("message size per rank (MB)", ylabel)
+    page.grid(g)
     g.figure.suptitle(f"{ylabel}, {platform_label}", y=1.02)
     page.figure(g, out, name)
 

@@ -59,9 +59,11 @@ fig, axes = plt.subplots(1, 2, figsize=(13, 4))
 sns.barplot(data=summary, x="size", y="avg_power_w", hue="impl", ax=axes[0], errorbar=None)
 axes[0].axhline(summary["idle_power_w"].median(), color="grey", ls="--", label="idle")
 axes[0].set_ylabel("average GPU power (W)")
+axes[0].set_xlabel("message size per rank")
 sns.barplot(data=summary, x="size", y="dynamic_energy_per_call_uj", hue="impl", ax=axes[1], errorbar=None)
 axes[1].set_yscale("log")
 axes[1].set_ylabel("energy per call above idle (uJ, log)")
+axes[1].set_xlabel("message size per rank")
 fig.suptitle(f"power and energy per collective (both ops), {platform_label}")
 page.figure(fig, out, "power")
 page.reading(readings.power(summary))
@@ -79,10 +81,16 @@ counts = sm.melt(id_vars=["op", "impl", "mode"], value_vars=["kernels_per_call",
                  value_name="per call")
 g = sns.catplot(data=counts, x="impl", y="per call", hue="what", col="op", row="mode", kind="bar", height=2.8,
                 aspect=1.6, errorbar=None)
+g.set_axis_labels("implementation", "launches per call")
+page.grid(g)
 g.figure.suptitle(f"kernels and copy-engine copies per call, {platform_label}", y=1.02)
 page.figure(g, out, "sm_usage")
 page.reading(readings.sm_usage(sm))
-page.table(sm_table.round(2))
+shown = sm_table.assign(bytes_per_rank=sm_table["bytes_per_rank"].map(lambda b: human(int(b))))
+page.table(shown.round(2).rename(columns={
+    "impl": "implementation", "bytes_per_rank": "size per rank", "kernels_per_call": "kernels per call",
+    "kernel_us_per_call": "kernel time per call (us)", "copies_per_call": "copy-engine copies per call",
+    "memsets_per_call": "memsets per call", "kernel_names": "kernels (names)"}))
 
 # %% [markdown]
 # ## Interference with a GEMM or a memory-bound kernel
@@ -96,8 +104,11 @@ cols = ["compute", "option", "size", "rank", "comp_slowdown", "comm_slowdown", "
 long = inter[inter["rank"] == 0].melt(id_vars=["compute", "option", "size"],
                                       value_vars=["comp_slowdown", "comm_slowdown"], var_name="who",
                                       value_name="slowdown")
+long["who"] = long["who"].map({"comp_slowdown": "compute slowed", "comm_slowdown": "communication slowed"})
 g = sns.catplot(data=long, x="size", y="slowdown", hue="option", col="compute", row="who", kind="bar", height=3,
                 aspect=1.5, errorbar=None)
+g.set_axis_labels("message size per rank", "time together over alone")
+page.grid(g)
 g.figure.suptitle(f"slowdown when running together (1 = none), rank 0, {platform_label}", y=1.02)
 page.figure(g, out, "interference")
 inter_summary = tables.interference_summary(inter)

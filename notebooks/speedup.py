@@ -72,8 +72,9 @@ for ax, op in zip(axes[0], ops):
     ax.axhline(1, color="grey", lw=0.8)
     ax.set(xscale="log", title=f"{op}, speedup over pcpy (> 1 faster)", xlabel="bytes per rank",
            ylabel="pcpy time / variant time")
-    ax.legend(fontsize=7)
+handles, labels = axes[0][0].get_legend_handles_labels()
 fig.tight_layout()
+fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8)  # below, off the data
 page.figure(fig, out, "dmalatte_comparison")
 page.reading(readings.dmalatte(comparison))
 page.table(comparison.drop(columns="bytes_per_rank").round(2))
@@ -89,5 +90,6 @@ for (op, mode), part in table.groupby(["op", "mode"]):
     sns.heatmap(heat, annot=True, fmt=".2f", center=1.0, cmap="RdBu", cbar=False, ax=ax, annot_kws={"size": 7})
     ax.set_title(f"{op}, {mode}: speedup over pcpy (> 1 faster), {platform_label}")
     ax.set_xlabel("message size per rank")
+    ax.set_ylabel("option (row: its speedup at each size)")
     page.figure(fig, out, f"speedup_{op}_{mode}")
     page.reading(readings.speedup(table, op, mode))

@@ -112,9 +112,31 @@ def test_a_figure_is_saved_and_shown(tmp_path, monkeypatch):
     seen = shown(monkeypatch)
     fig, ax = plt.subplots()
     ax.plot([1, 2], [3, 4])
+    ax.set(xlabel="batch size", ylabel="time (ms)")
     png = page.figure(fig, tmp_path, "x")
     assert png.is_file() and (tmp_path / "x.pdf").is_file() and isinstance(seen[-1], Image)
     assert not plt.get_fignums()  # closed
+
+
+def test_a_figure_with_problems_shows_them_and_the_report_check_counts_them(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dmacoll_lab.analysis import page_check
+
+    seen = shown(monkeypatch)
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    ax.set(xlabel="batch size", ylabel="value")  # a column's name, not a label
+    page.figure(fig, tmp_path, "bad")
+    note = seen[-1].data
+    assert 'class="figure-problems"' in note and "labelled &#x27;value&#x27;" in note
+    html_page = tmp_path / "page.html"
+    html_page.write_text(f'<html><body><img src="bad.png">{note}</body></html>')
+    assert page_check.page_problems(html_page) == [
+        f"{html_page}: figure bad: y axis labelled 'value', a column's name (say what it is, and its unit)"]
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

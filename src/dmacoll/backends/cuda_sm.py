@@ -416,7 +416,8 @@ class SmPath:
         return self._kernels
 
     def run(self, op: str, output, input, matrix: Optional[tuple] = None) -> None:
-        """One call (one kernel, two for a two-shot all_reduce) on the current stream (``matrix``: all_to_all_v's bytes from rank i to rank j, a tuple)."""
+        """One call (one kernel, two for a two-shot all_reduce) on the current stream (``matrix``: all_to_all_v's bytes
+        from rank i to rank j, a tuple)."""
         import torch
 
         stream = torch.cuda.current_stream(input.device).cuda_stream

@@ -41,17 +41,40 @@ def setup() -> None:
 
 def figure(fig, outdir: str | Path, name: str) -> Path:
     """Save a figure (a matplotlib figure or a seaborn grid) as ``name``.png and .pdf in ``outdir``, show the PNG
-    on the page and close the figure; returns the PNG's path."""
+    on the page and close the figure; returns the PNG's path. What ``figure_check`` finds wrong with it is shown
+    under it (``dmacoll report check`` counts those)."""
     import matplotlib.pyplot as plt
-    from IPython.display import Image
+    from IPython.display import HTML, Image
+
+    from .figure_check import PROBLEMS, problems
 
     fig = getattr(fig, "figure", fig)
+    found = problems(fig)
     png = Path(outdir) / f"{name}.png"
     for ext in ("png", "pdf"):
         fig.savefig(Path(outdir) / f"{name}.{ext}", bbox_inches="tight")
     plt.close(fig)
     _display(Image(filename=str(png)))
+    if found:
+        items = "".join(f"<li>{html.escape(p)}</li>" for p in found)
+        label = html.escape(name)
+        _display(HTML(f'<div class="{PROBLEMS}" data-figure="{label}"><em>Figure check, {label}:</em>'
+                      f"<ul>{items}</ul></div>"))
     return png
+
+
+def grid(g, ylabel: str | None = None) -> None:
+    """A seaborn grid the way every page shows one: facet titles that name the facets without the column names
+    ("ttft, time | llama-3.1-8b", not "ratio = ttft, time | model = llama-3.1-8b"), the y label (``ylabel``, else
+    the grid's own) on the left column only, and the axes spaced so that no text runs into its neighbour's."""
+    rows, cols = bool(g.row_names), bool(g.col_names)
+    g.set_titles(template="{row_name} | {col_name}" if rows and cols else "{row_name}" if rows else "{col_name}")
+    axes = g.axes if g.axes.ndim == 2 else g.axes.reshape(1, -1)
+    label = ylabel if ylabel is not None else axes[0, 0].get_ylabel()
+    for row in axes:
+        for i, ax in enumerate(row):
+            ax.set_ylabel(label if i == 0 else "")
+    g.tight_layout()
 
 
 def _cell(value) -> str:

@@ -1,4 +1,5 @@
-"""Checks of the rendered report as a reader gets it: every notebook page shows a figure, the index opens with each
+"""Checks of the rendered report as a reader gets it: every notebook page shows a figure, none of its figures has a
+problem ``figure_check`` names (an unlabelled axis, text over text, a legend over data), the index opens with each
 machine's headline figure and table and counts every claim computed for it, and a page laid out by a real browser
 (headless Chromium) has no element wider than the window and no broken image.
 
@@ -6,6 +7,7 @@ machine's headline figure and table and counts every claim computed for it, and 
 """
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -51,8 +53,15 @@ def figures(text: str) -> int:
 
 
 def page_problems(path: Path) -> list[str]:
-    """A notebook page without a figure."""
-    return [] if figures(Path(path).read_text()) else [f"{path}: no figure"]
+    """A notebook page without a figure, and each problem ``figure_check`` found in its figures."""
+    from .figure_check import PROBLEMS
+
+    text = Path(path).read_text()
+    problems = [] if figures(text) else [f"{path}: no figure"]
+    for name, items in re.findall(rf'<div class="{PROBLEMS}" data-figure="([^"]*)">(.*?)</div>', text, re.S):
+        problems += [f"{path}: figure {html.unescape(name)}: {html.unescape(item)}"
+                     for item in re.findall(r"<li>(.*?)</li>", items, re.S)]
+    return problems
 
 
 def index_problems(path: Path, platforms: list[str]) -> list[str]:
@@ -130,8 +139,6 @@ def layout(path: Path, width: int = WIDTH, height: int = HEIGHT, timeout: float 
     found = re.search(r'<pre id="dmacoll-probe">(.*?)</pre>', dom, re.S)
     if not found:
         raise RuntimeError(f"Chromium gave no layout for {path} (its DOM: {dom[:200]!r})")
-    import html
-
     return json.loads(html.unescape(found.group(1)))
 
 
