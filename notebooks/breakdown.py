@@ -43,7 +43,7 @@ prov = load.provenance(csvs[0])
 print(f"{len(df)} rows from {csvs[0]}; git {prov['git_sha'][:10]}, GPUs {prov['hardware']['gpus']}")
 wide = tables.breakdown_wide(df)
 wide.to_csv(out / "breakdown_wide.csv")
-(out / "breakdown.md").write_text(report.markdown(wide.round(2).reset_index(names="size")) + "\n")
+report.write_markdown(out / "breakdown.md", wide.round(2).reset_index(names="size"))
 stack = tables.breakdown_stack(wide)
 theirs = dmalatte_reference.phases()
 

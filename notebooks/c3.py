@@ -56,7 +56,7 @@ coll["shape"] = [h.shape_label(r.compute, r.M, r.N, r.K) for r in coll.itertuple
 
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
     df.to_csv(out / f"{name}.csv", index=False)
-    (out / f"{name}.md").write_text(report.markdown(df) + "\n")
+    report.write_markdown(out / f"{name}.md", df)
     return df
 
 

@@ -59,7 +59,7 @@ PAPER_LINE = {"time": 1 / PAPER["latency"], "tokens/s": PAPER["throughput"]}
 
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
     df.to_csv(out / f"{name}.csv", index=False)
-    (out / f"{name}.md").write_text(report.markdown(df) + "\n")
+    report.write_markdown(out / f"{name}.md", df)
     return df
 
 

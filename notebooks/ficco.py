@@ -51,7 +51,7 @@ PAPER_MAX_SPEEDUP = fh.PAPER_MAX_SPEEDUP
 
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
     df.to_csv(out / f"{name}.csv", index=False)
-    (out / f"{name}.md").write_text(report.markdown(df) + "\n")
+    report.write_markdown(out / f"{name}.md", df)
     return df
 
 

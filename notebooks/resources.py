@@ -54,7 +54,7 @@ report.print_provenance(csvs)
 # %%
 summary = tables.power_summary(power)
 summary.to_csv(out / "power.csv", index=False)
-(out / "power.md").write_text(report.markdown(summary.drop(columns=["bytes_per_rank"])) + "\n")
+report.write_markdown(out / "power.md", summary.drop(columns=["bytes_per_rank"]))
 fig, axes = plt.subplots(1, 2, figsize=(13, 4))
 sns.barplot(data=summary, x="size", y="avg_power_w", hue="impl", ax=axes[0], errorbar=None)
 axes[0].axhline(summary["idle_power_w"].median(), color="grey", ls="--", label="idle")
@@ -76,7 +76,7 @@ page.table(summary.drop(columns=["bytes_per_rank"]))
 sm["impl"] = tables.config_names(sm)
 sm_table = sm[["op", "impl", "bytes_per_rank", "mode", "kernels_per_call", "kernel_us_per_call", "copies_per_call",
                "memsets_per_call", "kernel_names"]]
-(out / "sm_usage.md").write_text(report.markdown(sm_table) + "\n")
+report.write_markdown(out / "sm_usage.md", sm_table)
 counts = sm.melt(id_vars=["op", "impl", "mode"], value_vars=["kernels_per_call", "copies_per_call"], var_name="what",
                  value_name="per call")
 g = sns.catplot(data=counts, x="impl", y="per call", hue="what", col="op", row="mode", kind="bar", height=2.8,
@@ -100,7 +100,7 @@ page.table(shown.round(2).rename(columns={
 # schema), and `option` names the strategy: baseline (NCCL), dma (the tuned choice), dma pcpy (the plain one)
 inter["size"] = inter["bytes_per_rank"].map(lambda b: human(int(b)))
 cols = ["compute", "option", "size", "rank", "comp_slowdown", "comm_slowdown", "fraction_of_ideal"]
-(out / "interference.md").write_text(report.markdown(inter[cols].round(3)) + "\n")
+report.write_markdown(out / "interference.md", inter[cols].round(3))
 long = inter[inter["rank"] == 0].melt(id_vars=["compute", "option", "size"],
                                       value_vars=["comp_slowdown", "comm_slowdown"], var_name="who",
                                       value_name="slowdown")

@@ -70,7 +70,7 @@ for ax, op in zip(axes[0], ops):
         ax.plot(c["bytes_per_rank"], c[f"{their_col} (MI300X)"], ls="--", color=colour,
                 label=f"{their_col}, authors (8x MI300X)")
     ax.axhline(1, color="grey", lw=0.8)
-    ax.set(xscale="log", title=f"{op}, speedup over pcpy (> 1 faster)", xlabel="bytes per rank",
+    ax.set(xscale="log", title=f"{op}, speedup over pcpy (> 1 faster)", xlabel="message size per rank (bytes)",
            ylabel="pcpy time / variant time")
 handles, labels = axes[0][0].get_legend_handles_labels()
 fig.tight_layout()

@@ -314,3 +314,13 @@ def test_rendered_pages_fit_the_browser_window(tmp_path):
     assert page_check.report_problems(report_dir) == []
     seen = page_check.layout(notebooks / "operator.html")
     assert seen["images"] >= 3 and not seen["broken"] and seen["scroll"] <= seen["width"]
+
+
+def test_a_bare_number_on_a_page_is_a_problem(tmp_path):
+    from dmacoll_lab.analysis import page_check
+
+    page_file = tmp_path / "page.html"
+    page_file.write_text('<html><body><img src="a.png"><div class="jp-RenderedText"><pre>28905</pre></div>'
+                         '<div class="jp-RenderedText"><pre>seed 1234</pre></div></body></html>')
+    assert page_check.page_problems(page_file) == [
+        f"{page_file}: a bare number printed (28905): a cell's last expression leaked its value"]

@@ -13,7 +13,9 @@ RESULTS = ROOT / "results"
 BEFORE = ROOT / "tests/data/claims_before_move"
 
 RUN_FILES = ("data.csv", "data.json")  # every run folder: the table and its provenance sidecar
-RUN_EXTRAS = ("run.log", "probe.txt", "build.log", "toolchain.json", "*_rules.log", "tuning.json", "tune.log")  # where a run kept them
+# where a run kept them (setting_*.json: a vLLM check's outputs per setting)
+RUN_EXTRAS = ("run.log", "probe.txt", "build.log", "toolchain.json", "*_rules.log", "tuning.json", "tune.log",
+              "setting_*.json")
 EXPERIMENT_EXTRAS = ("README.md", "probe.txt", "probe_*.txt")  # a machine probe that covers several runs
 EXPERIMENT_FILES = {"tests": ("*.log", "*_tune_table_w*.json"), "check": ("host_w*.txt",)}  # experiments of plain files: test logs, host check
 WORKFLOW_RUN_FILES = ("README.md", "snakemake.log", "toolchain.json", "claims.json")  # a whole workflow run (kick)

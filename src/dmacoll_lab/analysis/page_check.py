@@ -22,6 +22,7 @@ FIGURE = re.compile(r"<img[^>]+src=\"(data:image/png;base64,|[^\"]+\.png\")")
 HEADLINE_FIGURE = "headline-figure"  # the classes the index gives them
 HEADLINE_TABLE = "headline-table"
 NO_SWEEPS = "no-sweeps"  # the class of the note a machine without operator sweeps shows in their place
+STRAY = re.compile(r"<pre>\s*(-?\d+(?:\.\d+)?)\s*</pre>")  # a text output that is only a number
 
 # appended to a copy of the page: once it has loaded, the elements whose right edge passes the window's width
 # (the body's elements; the window has no horizontal scroll bar then) and the images that did not load
@@ -53,11 +54,14 @@ def figures(text: str) -> int:
 
 
 def page_problems(path: Path) -> list[str]:
-    """A notebook page without a figure, and each problem ``figure_check`` found in its figures."""
+    """A notebook page without a figure, with a bare number printed, and each problem ``figure_check`` found in its
+    figures."""
     from .figure_check import PROBLEMS
 
     text = Path(path).read_text()
     problems = [] if figures(text) else [f"{path}: no figure"]
+    problems += [f"{path}: a bare number printed ({n}): a cell's last expression leaked its value"
+                 for n in STRAY.findall(text)]
     for name, items in re.findall(rf'<div class="{PROBLEMS}" data-figure="([^"]*)">(.*?)</div>', text, re.S):
         problems += [f"{path}: figure {html.unescape(name)}: {html.unescape(item)}"
                      for item in re.findall(r"<li>(.*?)</li>", items, re.S)]

@@ -244,6 +244,12 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def write_markdown(path: Path, df: pd.DataFrame) -> None:
+    """``df`` as a Markdown table in ``path`` (beside a page's CSV). Returns nothing: as a notebook cell's last line
+    it prints nothing (``write_text``'s character count was the stray number on the pages)."""
+    Path(path).write_text(markdown(df) + "\n")
+
+
 def source_line(paths: list[str], root: Path = Path(".")) -> str:
     """Where a table's numbers come from: the files, and the code and machine their provenance names."""
     prov = results.provenance(root / paths[0])
