@@ -55,9 +55,7 @@ coll["shape"] = [h.shape_label(r.compute, r.M, r.N, r.K) for r in coll.itertuple
 
 
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
-    df.to_csv(out / f"{name}.csv", index=False)
-    report.write_markdown(out / f"{name}.md", df)
-    return df
+    return report.save_table(df, out, name)
 
 
 skipped = raw[h.skipped(raw)]

@@ -58,9 +58,7 @@ PAPER_LINE = {"time": 1 / PAPER["latency"], "tokens/s": PAPER["throughput"]}
 
 
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
-    df.to_csv(out / f"{name}.csv", index=False)
-    report.write_markdown(out / f"{name}.md", df)
-    return df
+    return report.save_table(df, out, name)
 
 
 def ratio_bars(long: pd.DataFrame, hue: str, name: str, title: str) -> None:

@@ -50,9 +50,7 @@ PAPER_MAX_SPEEDUP = fh.PAPER_MAX_SPEEDUP
 
 
 def table(df: pd.DataFrame, name: str) -> pd.DataFrame:
-    df.to_csv(out / f"{name}.csv", index=False)
-    report.write_markdown(out / f"{name}.md", df)
-    return df
+    return report.save_table(df, out, name)
 
 
 skipped = raw[fh.skipped(raw)]

@@ -47,7 +47,7 @@ print("failed points:", int((df['status'] != 'ok').sum()), " wrong outputs:",
       int(((df['status'] == 'ok') & ~df['ok']).sum()))
 table = report.ratio_table(df, sizes=sorted(df["bytes_per_rank"].unique()))
 table.to_csv(out / "ratios.csv", index=False)
-report.write_markdown(out / "ratios.md", table)
+report.write_markdown(out / "ratios.md", table)  # returns nothing: the cell's last line shows nothing
 
 # %% [markdown]
 # ## Headline: time per call, graph-replayed

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 import sys
 import textwrap
 
@@ -171,3 +172,16 @@ def test_weights_load_into_transformers_own_model(name, tmp_path, monkeypatch, s
     assert abs(w.std().item() * small.intermediate ** 0.5 - 1) < 0.1, f"seed {seed}"
     assert torch.equal(ours["model.norm.weight"].float(), torch.ones(small.hidden))
     assert torch.equal(model.lm_head.weight, ours["lm_head.weight"].float())  # loaded, not re-initialised
+
+
+def test_reuse_takes_the_settings_a_cut_off_run_finished_and_runs_the_rest(tmp_path, fake_python):
+    exe, model = fake_python
+    out = tmp_path / "c"
+    first = vc.check(out, model, 2, "llama-3.1-8b", 2, exe, n=2)
+    (out / "all_fp32.json").unlink()  # the run was cut off before its last setting
+    failing = shutil.which("false")  # a setting that runs here fails, naming itself
+    with pytest.raises(RuntimeError, match="^all_fp32: vLLM exited"):
+        vc.check(out, model, 2, "llama-3.1-8b", 2, failing, n=2, reuse=True)  # only the missing one runs
+    assert vc.check(out, model, 2, "llama-3.1-8b", 2, exe, n=2, reuse=True) == first
+    with pytest.raises(RuntimeError, match="^off_bf16: vLLM exited"):
+        vc.check(out, model, 2, "llama-3.1-8b", 2, failing, n=2)  # without reuse every setting runs again

@@ -1,4 +1,5 @@
-"""One-shot SM collectives over the symmetric heap (the ``sm`` data path of issue 49): one kernel per call.
+"""One-shot SM collectives over the symmetric heap (the ``sm`` data path of issue 49): one kernel per call (two for an
+all_reduce of ``TWO_SHOT_BYTES`` or more at 3 ranks or more: ``call_shapes``).
 
 Every rank's kernel stores its data straight into each peer's heap over NVLink, tells that peer with one flag word
 per block, waits for every peer's flags, then combines what arrived in its own heap into the output: copies
@@ -376,7 +377,6 @@ class SmPath:
         if (blocks, two_shot_bytes) != (self.blocks, self.two_shot_bytes):
             self.blocks, self.two_shot_bytes = blocks, two_shot_bytes
             self._launches.clear()
-
 
     def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str,
                  matrix: Optional[Sequence[Sequence[int]]] = None) -> Optional[int]:

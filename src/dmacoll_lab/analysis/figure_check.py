@@ -113,17 +113,10 @@ def _legends_over_data(fig, renderer) -> list[str]:
         if legend is None or not legend.get_visible():
             continue
         box = legend.get_window_extent(renderer)
-        points = 0
-        for line in ax.get_lines():
-            if not line.get_visible() or not len(line.get_xdata()):
-                continue
-            xy = ax.transData.transform(line.get_xydata())
-            points += sum(1 for x, y in xy if box.x0 < x < box.x1 and box.y0 < y < box.y1)
-        for coll in ax.collections:
-            offsets = coll.get_offsets()
-            if len(offsets):
-                xy = ax.transData.transform(offsets)
-                points += sum(1 for x, y in xy if box.x0 < x < box.x1 and box.y0 < y < box.y1)
+        data = [line.get_xydata() for line in ax.get_lines() if line.get_visible() and len(line.get_xdata())]
+        data += [coll.get_offsets() for coll in ax.collections if len(coll.get_offsets())]
+        points = sum(1 for xy in data for x, y in ax.transData.transform(xy)
+                     if box.x0 < x < box.x1 and box.y0 < y < box.y1)
         if points:
             title = ax.get_title() or "an axes"
             problems.append(f"the legend of {title!r} covers {points} plotted point(s)")

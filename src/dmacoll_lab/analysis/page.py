@@ -63,14 +63,14 @@ def figure(fig, outdir: str | Path, name: str) -> Path:
     return png
 
 
-def grid(g, ylabel: str | None = None) -> None:
+def grid(g) -> None:
     """A seaborn grid the way every page shows one: facet titles that name the facets without the column names
-    ("ttft, time | llama-3.1-8b", not "ratio = ttft, time | model = llama-3.1-8b"), the y label (``ylabel``, else
-    the grid's own) on the left column only, and the axes spaced so that no text runs into its neighbour's."""
+    ("ttft, time | llama-3.1-8b", not "ratio = ttft, time | model = llama-3.1-8b"), the grid's y label on the left
+    column only, and the axes spaced so that no text runs into its neighbour's."""
     rows, cols = bool(g.row_names), bool(g.col_names)
     g.set_titles(template="{row_name} | {col_name}" if rows and cols else "{row_name}" if rows else "{col_name}")
     axes = g.axes if g.axes.ndim == 2 else g.axes.reshape(1, -1)
-    label = ylabel if ylabel is not None else axes[0, 0].get_ylabel()
+    label = axes[0, 0].get_ylabel()
     for row in axes:
         for i, ax in enumerate(row):
             ax.set_ylabel(label if i == 0 else "")

@@ -250,6 +250,13 @@ def write_markdown(path: Path, df: pd.DataFrame) -> None:
     Path(path).write_text(markdown(df) + "\n")
 
 
+def save_table(df: pd.DataFrame, outdir: Path, name: str) -> pd.DataFrame:
+    """A page's table as ``name``.csv and ``name``.md in ``outdir``; returns ``df`` (to show it too)."""
+    df.to_csv(Path(outdir) / f"{name}.csv", index=False)
+    write_markdown(Path(outdir) / f"{name}.md", df)
+    return df
+
+
 def source_line(paths: list[str], root: Path = Path(".")) -> str:
     """Where a table's numbers come from: the files, and the code and machine their provenance names."""
     prov = results.provenance(root / paths[0])
