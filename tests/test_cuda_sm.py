@@ -67,10 +67,21 @@ def test_two_shot_all_reduce_is_a_reduce_scatter_then_an_all_gather_in_place(ran
     assert cuda_sm.sm_bytes("all_reduce", 4, rank, nbytes, nbytes, "float32", 1024, two_shot_bytes=None) is None
 
 
-def test_two_shot_needs_three_ranks_or_more():
-    # at world 2 both ways send the whole tensor over the one link: one kernel is cheaper
-    assert len(cuda_sm.call_shapes("all_reduce", 2, 0, 1 << 24, 1 << 24, two_shot_bytes=0)) == 1
+def test_two_shots_are_for_all_reduce_only():
     assert len(cuda_sm.call_shapes("all_gather", 4, 0, 1 << 24, 1 << 26, two_shot_bytes=0)) == 1
+    assert len(cuda_sm.call_shapes("all_reduce", 4, 0, 1 << 24, 1 << 24)) == 1  # no threshold: one shot
+
+
+def test_at_world_2_two_shots_take_only_what_one_slot_cannot_hold():
+    # both ways send the whole tensor over the one link, so one kernel while it fits a slot; two carry halves
+    slot = 1 << 20
+    first = cuda_sm.default_two_shot_bytes(2, slot)
+    assert cuda_sm.default_two_shot_bytes(4, slot) == cuda_sm.TWO_SHOT_BYTES
+    assert len(cuda_sm.call_shapes("all_reduce", 2, 0, slot, slot, two_shot_bytes=first)) == 1
+    assert cuda_sm.sm_bytes("all_reduce", 2, 0, 2 * slot, 2 * slot, "bfloat16", slot, two_shot_bytes=first) == slot
+    assert cuda_sm.sm_bytes("all_reduce", 2, 0, 2 * slot + 32, 2 * slot + 32, "bfloat16", slot, None, first) is None
+    rs, ag = cuda_sm.call_shapes("all_reduce", 2, 1, 2 * slot, 2 * slot, two_shot_bytes=first)
+    assert rs.out_offset == slot and ag.send == ((slot, slot),) * 2 and ag.reads_output
 
 
 def test_all_to_all_v_shape_follows_the_matrix():

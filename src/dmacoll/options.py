@@ -29,7 +29,7 @@ from .tuning import CHOSEN, Choice, TuningTable
 HANDSHAKES = ("full", "lean")
 PATHS = ("dma", "sm")
 # 'auto' takes the sm path up to this many bytes per peer (the sm path's default slots; an all_reduce's per peer part
-# is its two-shot chunk at world >= 3): graph-replayed on 4x and 2x H200 its kernels beat the copy engines' calls for
+# is its two-shot chunk where it runs two kernels): graph-replayed on 4x and 2x H200 its kernels beat the copy engines' calls for
 # every op up to here, and NCCL for every op but all_to_all at world 4 (1.12x at 4 MB per peer, 64 blocks), not at
 # 8-16 MB for the gathers (results/h200x4/sm_path/sm_path_large/, results/h200x4/small_calls/)
 SM_AUTO_MAX_BYTES = 4 << 20

@@ -149,7 +149,7 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
     n = world * 4099
     x, y = comm.empty(n, dtype=torch.bfloat16), comm.empty(n, dtype=torch.bfloat16)
     for op, two_shot in (("all_reduce", None), ("all_reduce", 0), ("all_to_all", None)):
-        comm.engine.sm.configure(comm.engine.sm.blocks, two_shot)  # two_shot 0: two kernels at world >= 3
+        comm.engine.sm.configure(comm.engine.sm.blocks, two_shot)  # two_shot 0: two kernels
         x.copy_(draw(n, torch.bfloat16, seed).to(comm.device))
         comm.collective(op, y, x, path="sm")
         torch.cuda.synchronize()
@@ -168,7 +168,7 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
             dist.barrier()
     from dmacoll.backends import cuda_sm
 
-    comm.engine.sm.configure(cuda_sm.BLOCKS, cuda_sm.TWO_SHOT_BYTES)
+    comm.engine.sm.configure(cuda_sm.BLOCKS, cuda_sm.default_two_shot_bytes(world, comm.engine.sm.slot_bytes))
     small, large = comm.empty(512, dtype=torch.bfloat16), comm.empty(16 << 20, dtype=torch.bfloat16)  # 1 KB, 32 MB
     comm.all_reduce(small, small)
     out["small"] = comm.last_options.path
@@ -176,6 +176,8 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
     out["large"] = comm.last_options.path
     comm.all_reduce(large[: 2 << 20], large[: 2 << 20])  # 4 MB: two shots of 1 MB at world >= 3, one at world 2
     out["mid"] = comm.last_options.path
+    comm.all_reduce(large[: 4 << 20], large[: 4 << 20])  # 8 MB: two shots of 2 MB at world 4, of 4 MB at world 2
+    out["two_shot"] = comm.last_options.path
     comm.all_reduce(small, small, variant="b2b")
     out["named_variant"] = comm.last_options.path
     torch.cuda.synchronize()
@@ -191,7 +193,7 @@ def test_sm_path_replays_in_graphs_and_auto_takes_it_where_it_should(world, seed
     shared = gpus_for(world) < world  # ranks on one GPU: 'auto' keeps the copy engines
     sm = "dma" if shared else "sm"
     for r in results:
-        assert (r["small"], r["mid"], r["large"], r["named_variant"]) == (sm, sm, "dma", "dma"), r
+        assert (r["small"], r["mid"], r["two_shot"], r["large"], r["named_variant"]) == (sm, sm, sm, "dma", "dma"), r
 
 
 def _absent(rank: int, world: int) -> str:

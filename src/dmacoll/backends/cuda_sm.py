@@ -1,5 +1,5 @@
-"""One-shot SM collectives over the symmetric heap (the ``sm`` data path of issue 49): one kernel per call (two for an
-all_reduce of ``TWO_SHOT_BYTES`` or more at 3 ranks or more: ``call_shapes``).
+"""One-shot SM collectives over the symmetric heap (the ``sm`` data path of issue 49): one kernel per call (two for a
+large all_reduce: ``call_shapes``, ``default_two_shot_bytes``).
 
 Every rank's kernel stores its data straight into each peer's heap over NVLink, tells that peer with one flag word
 per block, waits for every peer's flags, then combines what arrived in its own heap into the output: copies
@@ -34,6 +34,9 @@ MAX_BLOCKS = 256  # the flag words' layout: the most blocks a launch may have (i
 MAX_WORLD = 8  # per-peer offsets travel in the kernel's arguments (``Parts``)
 THREADS = 512
 VECTORS_PER_THREAD = 2  # 16-byte vectors each thread sends per peer before another block is worth its launch
+# bytes per peer a block sends before the grid grows by a block ($DMACOLL_SM_BLOCK_BYTES, for measuring small calls:
+# smaller spreads a small call over more SMs, each then waiting for more flags)
+BLOCK_BYTES = int(os.environ.get("DMACOLL_SM_BLOCK_BYTES", THREADS * VECTORS_PER_THREAD * 16))
 OPS = {"all_gather": "gather", "all_to_all": "gather", "all_to_all_v": "gather", "all_reduce": "sum",
        "reduce_scatter": "sum"}  # op -> how a rank combines what arrived
 # what a communicator reserves per sender and parity (the largest part the sm path takes): $DMACOLL_SM_SLOT_BYTES, for
@@ -47,9 +50,17 @@ SLOT_BYTES = int(os.environ.get("DMACOLL_SM_SLOT_BYTES", 4 << 20))
 BLOCKS = int(os.environ.get("DMACOLL_SM_BLOCKS", 64))
 # all_reduce from this many bytes at world >= 3 runs two kernels, a reduce_scatter of world chunks and an all_gather of
 # them: (world - 1) / world of the tensor over each link twice, where the one-shot kernel sends all of it to every
-# peer (at world 2 both move the same bytes, so one shot). From 2 MB at world 4 two shots were faster graph-replayed
-# (0.70 of NCCL against 0.88 at 2 MB; results/h200x4/sm_path/sm_path_large/); $DMACOLL_SM_TWO_SHOT_BYTES
+# peer. From 2 MB at world 4 two shots were faster graph-replayed (0.70 of NCCL against 0.88 at 2 MB;
+# results/h200x4/sm_path/sm_path_large/); $DMACOLL_SM_TWO_SHOT_BYTES. At world 2 both move the same bytes: see
+# ``default_two_shot_bytes``.
 TWO_SHOT_BYTES = int(os.environ.get("DMACOLL_SM_TWO_SHOT_BYTES", 2 << 20))
+
+
+def default_two_shot_bytes(world: int, slot_bytes: int) -> int:
+    """The all_reduce size from which a path runs two kernels by default: ``TWO_SHOT_BYTES`` at world >= 3; at world
+    2 (where one kernel and two move the same bytes over the link) only a tensor larger than a slot, which one kernel
+    cannot take and two, in halves, can."""
+    return TWO_SHOT_BYTES if world >= 3 else slot_bytes + 1
 
 
 def slots_offset(world: int) -> int:
@@ -67,8 +78,7 @@ def area_bytes(world: int, slot_bytes: int) -> int:
 def grid(world: int, nbytes: int, blocks: int = BLOCKS) -> int:
     """Blocks for a kernel moving up to ``nbytes`` to each of ``world - 1`` peers, at most ``blocks``: the same on
     every rank (the receivers wait for one flag per sender block)."""
-    vectors = (world - 1) * -(-nbytes // 16)
-    return max(1, min(blocks, MAX_BLOCKS, -(-vectors // (THREADS * VECTORS_PER_THREAD))))
+    return max(1, min(blocks, MAX_BLOCKS, -(-(world - 1) * -(-nbytes // 16) * 16 // BLOCK_BYTES)))
 
 
 COMMON = HELPERS + r"""
@@ -286,12 +296,12 @@ def chunks(world: int, nbytes: int) -> tuple[tuple[int, int], ...]:
 
 def call_shapes(op: str, world: int, rank: int, in_bytes: int, out_bytes: int,
                 matrix: Optional[Sequence[Sequence[int]]] = None,
-                two_shot_bytes: Optional[int] = TWO_SHOT_BYTES) -> tuple[Shape, ...]:
-    """The kernels of a call, in order: ``call_shape``'s one, or for an all_reduce of ``two_shot_bytes`` or more at
-    world >= 3 two: each rank sums its chunk into its part of the output (a reduce_scatter), then sends that part to
-    every peer's output (an all_gather in place). None: always one shot."""
+                two_shot_bytes: Optional[int] = None) -> tuple[Shape, ...]:
+    """The kernels of a call, in order: ``call_shape``'s one, or for an all_reduce of ``two_shot_bytes`` or more two:
+    each rank sums its chunk into its part of the output (a reduce_scatter), then sends that part to every peer's
+    output (an all_gather in place). None: always one shot (a path passes its own: ``default_two_shot_bytes``)."""
     shape = call_shape(op, world, rank, in_bytes, out_bytes, matrix)
-    if op != "all_reduce" or world < 3 or two_shot_bytes is None or in_bytes < two_shot_bytes:
+    if op != "all_reduce" or world < 2 or two_shot_bytes is None or in_bytes < two_shot_bytes:
         return (shape,)
     parts = chunks(world, in_bytes)
     mine = parts[rank]
@@ -302,7 +312,7 @@ def call_shapes(op: str, world: int, rank: int, in_bytes: int, out_bytes: int,
 
 def sm_bytes(op: str, world: int, rank: int, in_bytes: int, out_bytes: int, dtype: str, slot_bytes: int,
              matrix: Optional[Sequence[Sequence[int]]] = None,
-             two_shot_bytes: Optional[int] = TWO_SHOT_BYTES) -> Optional[int]:
+             two_shot_bytes: Optional[int] = None) -> Optional[int]:
     """The largest part of a call the sm path can run (its op, world, sizes, a sum of its dtype, its slots), else
     None. The same on every rank."""
     if op not in OPS or OPS[op] == "sum" and dtype not in FOLD_TYPES:
@@ -368,7 +378,7 @@ class SmPath:
         self._launches: dict[tuple, tuple[Launch, ...]] = {}
         self._sms = min(MAX_BLOCKS, torch.cuda.get_device_properties(engine.heap.device).multi_processor_count)
         self.blocks = min(BLOCKS, self._sms)
-        self.two_shot_bytes: Optional[int] = TWO_SHOT_BYTES
+        self.two_shot_bytes: Optional[int] = default_two_shot_bytes(self.world, slot_bytes)
 
     def configure(self, blocks: int, two_shot_bytes: Optional[int]) -> None:
         """The most blocks a launch takes (kept to the GPU's SM count) and the all_reduce size from which two kernels

@@ -24,7 +24,7 @@ COLUMNS = ["world", "op", "impl", "path", "sm_blocks", "mode", "bytes", "per_cal
            "per_call_us_p90", "calls", "correct", "error"]
 EXTRA: dict[str, list[str]] = {}
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-# sm_one_shot / sm_two_shot: all_reduce at world >= 3 as one kernel or as two (reduce_scatter, all_gather)
+# sm_one_shot / sm_two_shot: all_reduce as one kernel or as two (reduce_scatter, all_gather)
 IMPLS = ("sm", "sm_one_shot", "sm_two_shot", "default", "dma", "nccl", "symm_mem_one_shot")
 MODES = ("graph", "eager")
 
@@ -97,7 +97,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                 "all_gather": lambda: dist.all_gather_into_tensor(y, x),
                 "reduce_scatter": lambda: dist.reduce_scatter_tensor(y, x),
                 "all_to_all": lambda: dist.all_to_all_single(y, x)}[op]
-        shots = {"sm_one_shot": None, "sm_two_shot": 0} if op == "all_reduce" and world >= 3 else {"sm": defaults[1]}
+        shots = {"sm_one_shot": None, "sm_two_shot": 0} if op == "all_reduce" else {"sm": defaults[1]}
         in_bytes, out_bytes = x.numel() * 2, y.numel() * 2
         for impl, two_shot in shots.items():
             if cuda_sm.sm_bytes(op, world, rank, in_bytes, out_bytes, "bfloat16", sm.slot_bytes, None, two_shot):
