@@ -176,7 +176,7 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
     out["large"] = comm.last_options.path
     comm.all_reduce(large[: 2 << 20], large[: 2 << 20])  # 4 MB: two shots of 1 MB at world >= 3, one at world 2
     out["mid"] = comm.last_options.path
-    comm.all_reduce(large[: 4 << 20], large[: 4 << 20])  # 8 MB: two shots of 2 MB at world 4, of 4 MB at world 2
+    comm.all_reduce(large[: 8 << 20], large[: 8 << 20])  # 16 MB: two shots of 4 MB at world 4, of 8 MB at world 2
     out["two_shot"] = comm.last_options.path
     comm.all_reduce(small, small, variant="b2b")
     out["named_variant"] = comm.last_options.path
@@ -221,3 +221,60 @@ def test_a_peer_that_never_calls_is_named_by_a_timeout(world):
     messages = run_ranks(_absent, world, device="cuda", timeout_s=120)
     for rank, message in enumerate(messages[:-1]):
         assert f"for rank(s) {world - 1} to deliver" in message, (rank, message)
+
+
+def _eager_repeats(rank: int, world: int, seed: int) -> dict:
+    """Repeated eager calls take the fast path (``Communicator._sm_repeats``): results stay right on fresh data,
+    with other tensors of the same shape, in place; a call whose tensors differ in anything its checks read is
+    checked again."""
+    import torch.distributed as dist
+
+    from dmacoll import Communicator
+    from dmacoll.errors import InvalidArgument
+
+    comm = Communicator(timeout_s=30)
+    failures: list[str] = []
+    paths: set[str] = set()
+    n = world * 1031
+    heap = [comm.empty(n, dtype=torch.bfloat16) for _ in range(2)]
+    private = [torch.empty(n, dtype=torch.bfloat16, device=comm.device) for _ in range(2)]
+    for op in ("all_reduce", "all_to_all"):
+        for name, (x, y) in (("heap", heap), ("private", private), ("heap again", heap)):
+            for call in range(3):
+                inputs = [draw(n, torch.bfloat16, seed + 100 * call + r) for r in range(world)]
+                x.copy_(inputs[rank].to(comm.device))
+                y.fill_(float("nan"))
+                comm.collective(op, y, x)
+                paths.add(comm.last_options.path)
+                if not torch.equal(y.cpu().view(torch.int16), expected(op, world, rank, inputs).view(torch.int16)):
+                    failures.append(f"{op} {name} call {call} (seed {seed})")
+                dist.barrier()
+    inputs = [draw(n, torch.bfloat16, seed + 7 + r) for r in range(world)]
+    for call in range(2):  # in place, input omitted
+        heap[0].copy_(inputs[rank].to(comm.device))
+        comm.all_reduce(heap[0])
+        if not torch.equal(heap[0].cpu().view(torch.int16), expected("all_reduce", world, rank, inputs).view(torch.int16)):
+            failures.append(f"in-place all_reduce call {call} (seed {seed})")
+        dist.barrier()
+    out = {"failures": failures, "paths": paths, "repeats": len(comm._sm_repeats)}
+    strided = heap[0][::2]  # the same address as a cached in-place call's tensor, other shape and stride
+    try:
+        comm.all_reduce(strided)
+        out["strided"] = "accepted"
+    except InvalidArgument as e:
+        out["strided"] = str(e)
+    torch.cuda.synchronize()
+    comm.close()
+    return out
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_repeated_eager_calls_take_the_fast_path_and_stay_correct(world, seed):
+    results = run_ranks(_eager_repeats, world, seed, device="cuda", timeout_s=200)
+    from dmacoll_lab.verify.launch import gpus_for
+    shared = gpus_for(world) < world  # ranks on one GPU: 'auto' keeps the copy engines
+    for r in results:
+        assert not r["failures"], r["failures"]
+        assert "not contiguous" in r["strided"], r
+        if not shared:
+            assert r["paths"] == {"sm"} and r["repeats"] >= 5, r  # heap and private pairs of both ops, in place

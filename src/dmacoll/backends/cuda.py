@@ -351,11 +351,12 @@ class CudaEngine(StreamEngine):
     @staticmethod
     def sm_area_bytes(world: int) -> int:
         """Heap bytes the sm path's area takes at ``world`` ranks (reserved by the communicator beside its heap)."""
-        return cuda_sm.area_bytes(world, cuda_sm.SLOT_BYTES)
+        return cuda_sm.area_bytes(world, cuda_sm.slot_bytes(world))
 
     def open_sm(self, area: int) -> None:
         """Zero the sm area at heap offset ``area`` on every rank (a barrier): the sm path is ready."""
-        self.sm = cuda_sm.SmPath.open(self, self.group, area, cuda_sm.SLOT_BYTES, self.timeout_s, _drv, check_driver)
+        self.sm = cuda_sm.SmPath.open(self, self.group, area, cuda_sm.slot_bytes(self.world), self.timeout_s, _drv,
+                                      check_driver)
 
     def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str,
                  matrix: Optional[tuple] = None) -> Optional[int]:

@@ -39,9 +39,18 @@ VECTORS_PER_THREAD = 2  # 16-byte vectors each thread sends per peer before anot
 BLOCK_BYTES = int(os.environ.get("DMACOLL_SM_BLOCK_BYTES", THREADS * VECTORS_PER_THREAD * 16))
 OPS = {"all_gather": "gather", "all_to_all": "gather", "all_to_all_v": "gather", "all_reduce": "sum",
        "reduce_scatter": "sum"}  # op -> how a rank combines what arrived
-# what a communicator reserves per sender and parity (the largest part the sm path takes): $DMACOLL_SM_SLOT_BYTES, for
-# measuring larger calls; the area is 2 x world x this (32 MB at world 4)
-SLOT_BYTES = int(os.environ.get("DMACOLL_SM_SLOT_BYTES", 4 << 20))
+# what a communicator reserves per sender and parity (the largest part the sm path takes; ``slot_bytes``): 4 MB, 8 MB
+# at world 2 (an all_reduce of 16 MB there runs as two kernels of 8 MB halves: 0.91 of NCCL where the copy engines
+# took 1.13, results/h200x2/sm_path/); the area is 2 x world x this (32 MB at worlds 2 and 4).
+# $DMACOLL_SM_SLOT_BYTES sets it at every world, for measuring larger calls
+SLOT_BYTES = 4 << 20
+WORLD2_SLOT_BYTES = 8 << 20
+
+
+def slot_bytes(world: int) -> int:
+    """A communicator's slot size at ``world`` ranks."""
+    forced = os.environ.get("DMACOLL_SM_SLOT_BYTES")
+    return int(forced) if forced else WORLD2_SLOT_BYTES if world == 2 else SLOT_BYTES
 # the most blocks a launch takes ($DMACOLL_SM_BLOCKS, for measuring; never more than the GPU's SMs: a block waits for
 # every sender's blocks, so all must be resident at once). One block per SM was faster graph-replayed on 4x H200 (at
 # world 2 from 2 MB per peer, 0.59 of NCCL against 0.65 for a 4 MB all_reduce; at world 4 from 8 MB per peer,
