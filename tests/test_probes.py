@@ -294,7 +294,7 @@ EARLIER = {
 # runs measured before a default changed: the values they were measured with
 EARLIER_CONFIG = {
     # code 565b89b: before signal='kernel' wrote dmacoll's flag words (then: PyTorch's signal pads)
-    "h100x1/probes/call_cost_before": {"signals": ["memop", "copy"]},
+    "h100x1/probes/call_cost_serial_ready": {"signals": ["memop", "copy"]},
     # runs made with options other than the defaults, on purpose (their READMEs say why)
     "h200x4/small_calls/call_timeline_50_calls": {"calls": 50, "timeline": False},
     "h200x4/small_calls/call_timeline_max_connections": {"worlds": [4], "max_connections": [1, 32], "timeline": False},
@@ -334,7 +334,7 @@ def committed():
         name = probe_of(json.loads(side.read_text()).get("command") or [])
         if name:
             run = side.parent
-            # an extra table's run folder is named after it (sm_carveout_gemm_cost, sm_carveout_gemm_cost_rerun)
+            # an extra table's run folder is named after it (sm_carveout_gemm_cost, sm_carveout_gemm_cost_dmacoll_probe)
             extra = [t for t in PROBES[name].EXTRA if run.name.startswith(t)]
             found.append((run, name, extra[0] if extra else name))
     return found

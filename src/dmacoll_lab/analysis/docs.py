@@ -200,7 +200,7 @@ def probes(machine: str) -> str:
 
 
 def call_cost(machine: str) -> str:
-    after, before = run(machine, "probes", "call_cost"), run(machine, "probes", "call_cost_before")
+    after, before = run(machine, "probes", "call_cost"), run(machine, "probes", "call_cost_serial_ready")
     rows = load.read("probe", _abs([after]))
     return "\n\n".join([_table(tables.call_cost_structure(rows, load.read("probe", _abs([before]))), [after, before]),
                         _table(tables.call_cost_shared(rows), [after])])
