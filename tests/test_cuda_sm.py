@@ -12,7 +12,9 @@ from dmacoll.errors import InvalidArgument
 def test_area_layout_keeps_slots_aligned_and_past_the_words(world):
     words = world * cuda_sm.MAX_BLOCKS + cuda_sm.MAX_BLOCKS  # flags per sender and block, an epoch per block
     assert cuda_sm.slots_offset(world) % 16 == 0 and 4 * words <= cuda_sm.slots_offset(world) < 4 * words + 16
-    assert cuda_sm.area_bytes(world, 4096) == cuda_sm.slots_offset(world) + 2 * world * 4096
+    # then the slots (per parity and sender), then the LL region (lines: twice LL_MAX_BYTES per parity and sender)
+    assert cuda_sm.ll_offset(world, 4096) == cuda_sm.slots_offset(world) + 2 * world * 4096
+    assert cuda_sm.area_bytes(world, 4096) == cuda_sm.ll_offset(world, 4096) + 2 * world * 2 * cuda_sm.LL_MAX_BYTES
 
 
 @pytest.mark.parametrize("slot", [0, -16, 24])
@@ -28,6 +30,21 @@ def test_grid_grows_with_the_bytes_and_stays_within_the_flags():
         grids = [cuda_sm.grid(8, n, cap) for n in sizes]
         assert grids == sorted(grids) and max(grids) == min(cap, cuda_sm.MAX_BLOCKS)
     assert cuda_sm.grid(4, 65536) == -(-3 * 4096 // (cuda_sm.THREADS * cuda_sm.VECTORS_PER_THREAD))
+    assert cuda_sm.grid(2, 65536) == 65536 // cuda_sm.WORLD2_BLOCK_BYTES  # world 2: smaller blocks
+
+
+def test_ll_kernels_take_only_parts_of_whole_vectors():
+    shape = cuda_sm.call_shape("all_to_all", 2, 0, 64, 64)
+    assert cuda_sm.whole_vectors(shape, 4096, 8192)
+    assert not cuda_sm.whole_vectors(shape, 4096 + 2, 8192)  # an input one bfloat16 past a vector
+    assert not cuda_sm.whole_vectors(cuda_sm.call_shape("all_reduce", 2, 0, 34, 34), 4096, 8192)
+
+
+def test_ll_bytes_is_capped_by_its_region(monkeypatch):
+    monkeypatch.setenv("DMACOLL_SM_LL_BYTES", str(1 << 30))
+    assert cuda_sm.ll_bytes() == cuda_sm.LL_MAX_BYTES
+    monkeypatch.setenv("DMACOLL_SM_LL_BYTES", "0")
+    assert cuda_sm.ll_bytes() == 0
 
 
 @pytest.mark.parametrize("op, inp, out, want", [
@@ -133,6 +150,7 @@ def test_source_has_a_gather_and_a_sum_per_dtype_and_compiles_where_nvrtc_is():
     src = cuda_sm.source()
     assert "@MAX_BLOCKS@" not in src and f"#define SM_MAX_BLOCKS {cuda_sm.MAX_BLOCKS}" in src
     assert src.count("extern \"C\" __global__ void dmacoll_sm_sum_") == len(cuda_sm.FOLD_TYPES)
+    assert src.count("extern \"C\" __global__ void dmacoll_sm_ll_sum_") == len(cuda_sm.FOLD_TYPES)
     assert "@MAX_WORLD@" not in src and f"#define SM_MAX_WORLD {cuda_sm.MAX_WORLD}" in src
     pytest.importorskip("cuda.bindings.nvrtc")
     from dmacoll.backends.cuda_kernels import compile_program

@@ -64,15 +64,17 @@ def _cases(rank: int, world: int, seed: int) -> list[str]:
     failures, case = [], 0
     sm = comm.engine.sm
     # all_reduce twice more: two kernels (reduce_scatter, then all_gather in place) from any size, on a grid of up to
-    # the GPU's SM count (a 2 MB tensor's parts take more than the default 64 blocks)
-    for op, two_shot in [(op, None) for op in OPS] + [("all_reduce", 0)]:
+    # the GPU's SM count (a 2 MB tensor's parts take more than the default 64 blocks); every op again with LL lines
+    # for parts of whole vectors up to LL_MAX_BYTES (the other sizes and the offset buffers: the regular kernels)
+    lines = cuda_sm.LL_MAX_BYTES
+    for op, two_shot, ll in [(op, None, 0) for op in OPS] + [("all_reduce", 0, 0)] + [(op, None, lines) for op in OPS]:
         forced = two_shot == 0
-        sm.configure(cuda_sm.MAX_BLOCKS if forced else cuda_sm.BLOCKS, two_shot)
+        sm.configure(cuda_sm.MAX_BLOCKS if forced else cuda_sm.BLOCKS, two_shot, ll)
         for name in (SUM_DTYPES if op in ("all_reduce", "reduce_scatter") else GATHER_DTYPES):
             dtype = getattr(torch, name)
             size = torch.empty((), dtype=dtype).element_size()
-            label = f"{name} two-shot" if forced else name
-            for count in (1, 17, 4099, 32768, 1 << 19):
+            label = f"{name} two-shot" if forced else f"{name} LL" if ll else name
+            for count in (1, 17, 64, 1024, 4099, 32768, 1 << 19):
                 if count * size > (2 << 20 if forced else 256 << 10):
                     continue
                 n_in, n_out = shapes(op, world, count)
@@ -143,32 +145,37 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
     import torch.distributed as dist
 
     from dmacoll import Communicator
+    from dmacoll.backends import cuda_sm
 
     comm = Communicator(timeout_s=30, staging_bytes=32 << 20)  # a 32 MB all_reduce on the copy engines
     out = {"failures": []}
     n = world * 4099
     x, y = comm.empty(n, dtype=torch.bfloat16), comm.empty(n, dtype=torch.bfloat16)
-    for op, two_shot in (("all_reduce", None), ("all_reduce", 0), ("all_to_all", None)):
-        comm.engine.sm.configure(comm.engine.sm.blocks, two_shot)  # two_shot 0: two kernels
-        x.copy_(draw(n, torch.bfloat16, seed).to(comm.device))
-        comm.collective(op, y, x, path="sm")
+    lines = cuda_sm.LL_MAX_BYTES
+    for op, two_shot, ll in (("all_reduce", None, 0), ("all_reduce", 0, 0), ("all_to_all", None, 0),
+                             ("all_reduce", None, lines), ("all_to_all", None, lines)):
+        comm.engine.sm.configure(comm.engine.sm.blocks, two_shot, ll)  # two_shot 0: two kernels; ll: LL lines
+        m = world * 4096 if ll else n  # LL: whole vectors
+        xs, ys = x[:m], y[:m]
+        xs.copy_(draw(m, torch.bfloat16, seed).to(comm.device))
+        comm.collective(op, ys, xs, path="sm")
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(3):  # three calls: the epochs advance inside the graph
-                comm.collective(op, y, x, path="sm")
+                comm.collective(op, ys, xs, path="sm")
         for replay in range(5):  # fresh data every replay
-            inputs = [draw(n, torch.bfloat16, seed + 10 * replay + r) for r in range(world)]
-            x.copy_(inputs[rank].to(comm.device))
-            y.fill_(float("nan"))
+            inputs = [draw(m, torch.bfloat16, seed + 10 * replay + r) for r in range(world)]
+            xs.copy_(inputs[rank].to(comm.device))
+            ys.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()
-            if not torch.equal(y.cpu().view(torch.int16), expected(op, world, rank, inputs).view(torch.int16)):
-                out["failures"].append(f"{op} (two-shot from {two_shot}) graph replay {replay} (seed {seed})")
+            if not torch.equal(ys.cpu().view(torch.int16), expected(op, world, rank, inputs).view(torch.int16)):
+                out["failures"].append(f"{op} (two-shot from {two_shot}, LL {ll}) graph replay {replay} (seed {seed})")
             dist.barrier()
-    from dmacoll.backends import cuda_sm
 
-    comm.engine.sm.configure(cuda_sm.BLOCKS, cuda_sm.default_two_shot_bytes(world, comm.engine.sm.slot_bytes))
+    comm.engine.sm.configure(cuda_sm.BLOCKS, cuda_sm.default_two_shot_bytes(world, comm.engine.sm.slot_bytes),
+                             cuda_sm.ll_bytes())
     small, large = comm.empty(512, dtype=torch.bfloat16), comm.empty(16 << 20, dtype=torch.bfloat16)  # 1 KB, 32 MB
     comm.all_reduce(small, small)
     out["small"] = comm.last_options.path
@@ -196,13 +203,14 @@ def test_sm_path_replays_in_graphs_and_auto_takes_it_where_it_should(world, seed
         assert (r["small"], r["mid"], r["two_shot"], r["large"], r["named_variant"]) == (sm, sm, sm, "dma", "dma"), r
 
 
-def _absent(rank: int, world: int) -> str:
+def _absent(rank: int, world: int, ll: int) -> str:
     import torch.distributed as dist
 
     from dmacoll import Communicator
     from dmacoll.errors import DmaCollTimeoutError
 
     comm = Communicator(timeout_s=2)
+    comm.engine.sm.configure(comm.engine.sm.blocks, comm.engine.sm.two_shot_bytes, ll)  # ll: LL lines wait
     x = comm.empty(1024, dtype=torch.float32)
     message = ""
     if rank != world - 1:  # the last rank never calls
@@ -216,9 +224,10 @@ def _absent(rank: int, world: int) -> str:
     return message
 
 
+@pytest.mark.parametrize("ll", [0, 64 << 10])
 @pytest.mark.parametrize("world", WORLDS)
-def test_a_peer_that_never_calls_is_named_by_a_timeout(world):
-    messages = run_ranks(_absent, world, device="cuda", timeout_s=120)
+def test_a_peer_that_never_calls_is_named_by_a_timeout(world, ll):
+    messages = run_ranks(_absent, world, ll, device="cuda", timeout_s=120)
     for rank, message in enumerate(messages[:-1]):
         assert f"for rank(s) {world - 1} to deliver" in message, (rank, message)
 

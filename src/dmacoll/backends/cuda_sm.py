@@ -34,9 +34,16 @@ MAX_BLOCKS = 256  # the flag words' layout: the most blocks a launch may have (i
 MAX_WORLD = 8  # per-peer offsets travel in the kernel's arguments (``Parts``)
 THREADS = 512
 VECTORS_PER_THREAD = 2  # 16-byte vectors each thread sends per peer before another block is worth its launch
-# bytes per peer a block sends before the grid grows by a block ($DMACOLL_SM_BLOCK_BYTES, for measuring small calls:
-# smaller spreads a small call over more SMs, each then waiting for more flags)
-BLOCK_BYTES = int(os.environ.get("DMACOLL_SM_BLOCK_BYTES", THREADS * VECTORS_PER_THREAD * 16))
+# bytes a block sends before the grid grows by a block (``block_bytes``): 16 KB; 2 KB at world 2, where 16-64 KB calls
+# then spread over 8-32 blocks and took about 1 us less, graph-replayed, in three runs on 2x H200, 1-4 KB and 256 KB
+# the same (results/h200x2/sm_path/small_calls_block_bytes_*). $DMACOLL_SM_BLOCK_BYTES sets it at every world
+BLOCK_BYTES = THREADS * VECTORS_PER_THREAD * 16
+WORLD2_BLOCK_BYTES = 2048
+
+
+def block_bytes(world: int) -> int:
+    forced = os.environ.get("DMACOLL_SM_BLOCK_BYTES")
+    return int(forced) if forced else WORLD2_BLOCK_BYTES if world == 2 else BLOCK_BYTES
 OPS = {"all_gather": "gather", "all_to_all": "gather", "all_to_all_v": "gather", "all_reduce": "sum",
        "reduce_scatter": "sum"}  # op -> how a rank combines what arrived
 # what a communicator reserves per sender and parity (the largest part the sm path takes; ``slot_bytes``): 4 MB, 8 MB
@@ -72,6 +79,18 @@ def default_two_shot_bytes(world: int, slot_bytes: int) -> int:
     return TWO_SHOT_BYTES if world >= 3 else slot_bytes + 1
 
 
+# LL calls (``ll_bytes``: parts of whole 16-byte vectors up to this many bytes per peer) carry the epoch beside every 4
+# data bytes, in a region of their own past the slots (``ll_offset``): stale words there only ever hold older epochs,
+# where the slots' raw data could hold any value. $DMACOLL_SM_LL_BYTES: the largest part sent that way (0: none)
+LL_MAX_BYTES = 64 << 10
+LL_BYTES = 0
+
+
+def ll_bytes() -> int:
+    forced = os.environ.get("DMACOLL_SM_LL_BYTES")
+    return min(LL_MAX_BYTES, int(forced) if forced else LL_BYTES)
+
+
 def slots_offset(world: int) -> int:
     """Byte offset of the slots in the area: the flag and count words, rounded up to 16 bytes."""
     words = world * MAX_BLOCKS + MAX_BLOCKS
@@ -81,13 +100,18 @@ def slots_offset(world: int) -> int:
 def area_bytes(world: int, slot_bytes: int) -> int:
     if slot_bytes <= 0 or slot_bytes % 16:
         raise InvalidArgument(f"slot_bytes must be a positive multiple of 16, got {slot_bytes}")
+    return ll_offset(world, slot_bytes) + 2 * world * 2 * LL_MAX_BYTES
+
+
+def ll_offset(world: int, slot_bytes: int) -> int:
+    """Byte offset of the LL region in the area: per parity and sender, lines of twice ``LL_MAX_BYTES``."""
     return slots_offset(world) + 2 * world * slot_bytes
 
 
 def grid(world: int, nbytes: int, blocks: int = BLOCKS) -> int:
     """Blocks for a kernel moving up to ``nbytes`` to each of ``world - 1`` peers, at most ``blocks``: the same on
     every rank (the receivers wait for one flag per sender block)."""
-    return max(1, min(blocks, MAX_BLOCKS, -(-(world - 1) * -(-nbytes // 16) * 16 // BLOCK_BYTES)))
+    return max(1, min(blocks, MAX_BLOCKS, -(-(world - 1) * -(-nbytes // 16) * 16 // block_bytes(world))))
 
 
 COMMON = HELPERS + r"""
@@ -130,9 +154,8 @@ __device__ __forceinline__ void copy_part(char* dst, const char* src, long long 
 
 struct Sm { char* mine; unsigned e; int parity; long long gt, gs; };
 
-// Phase 1 and 2 of every kernel: send this rank's parts to every peer's slot, flag them, wait for every peer's flags.
-__device__ Sm sm_exchange(const u64* bases, long long area, long long slots_off, int me, int world,
-                          long long slot_bytes, const char* in, const Parts& P, u64 timeout_ns, unsigned* silent) {
+// This call's epoch (this block's count + 1), its slots' parity, the thread's place in the grid.
+__device__ Sm sm_begin(const u64* bases, long long area, int me, int world) {
     __shared__ unsigned epoch;
     Sm s;
     s.mine = (char*)bases[me] + area;
@@ -143,6 +166,13 @@ __device__ Sm sm_exchange(const u64* bases, long long area, long long slots_off,
     s.parity = s.e & 1;
     s.gt = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     s.gs = (long long)gridDim.x * blockDim.x;
+    return s;
+}
+
+// Phase 1 and 2 of every kernel: send this rank's parts to every peer's slot, flag them, wait for every peer's flags.
+__device__ Sm sm_exchange(const u64* bases, long long area, long long slots_off, int me, int world,
+                          long long slot_bytes, const char* in, const Parts& P, u64 timeout_ns, unsigned* silent) {
+    Sm s = sm_begin(bases, area, me, world);
     for (int i = 1; i < world; ++i) {
         int p = (me + i) % world;
         char* dst = (char*)bases[p] + area + slots_off + ((long long)s.parity * world + me) * slot_bytes;
@@ -198,6 +228,71 @@ extern "C" __global__ void dmacoll_sm_gather(SM_ARGS) {
     }
     sm_finish(s, world);
 }
+
+// LL (small calls, whole 16-byte vectors): a vector travels as two 16-byte lines {a, e, b, e} {c, e, d, e}, the epoch
+// beside every 4 data bytes in one 8-byte word, which NVLink delivers whole. A receiver polls its own slot's lines
+// until every word carries this call's epoch: no fence, no flag word, no wait for a whole block's stores.
+__device__ __forceinline__ void ll_store(char* dst, const V16& v, unsigned e) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(dst), "r"(v.a), "r"(e), "r"(v.b), "r"(e)
+                 : "memory");
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(dst + 16), "r"(v.c), "r"(e), "r"(v.d),
+                 "r"(e) : "memory");
+}
+// The vector sender q put at ``src`` this call; after timeout_ns sets q's silent bit, marks q dead (no more waits on
+// it this call) and gives zeros.
+__device__ __forceinline__ V16 ll_wait(const char* src, unsigned e, int q, unsigned& dead, u64 timeout_ns,
+                                       unsigned* silent) {
+    V16 v = {0u, 0u, 0u, 0u};
+    if (dead >> q & 1) return v;
+    unsigned f0, f1, f2, f3;
+    u64 start = 0;
+    for (unsigned k = 0;; ++k) {
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.a), "=r"(f0), "=r"(v.b), "=r"(f1)
+                     : "l"(src) : "memory");
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.c), "=r"(f2), "=r"(v.d), "=r"(f3)
+                     : "l"(src + 16) : "memory");
+        if (f0 == e && f1 == e && f2 == e && f3 == e) return v;
+        if ((k & 1023) == 0) {
+            if (k == 0) start = now_ns();
+            else if (now_ns() - start > timeout_ns) {
+                atomicOr_system(silent, 1u << q);
+                dead |= 1u << q;
+                V16 z = {0u, 0u, 0u, 0u};
+                return z;
+            }
+        }
+    }
+}
+// Send this rank's parts as LL lines into every peer's slot (vector v of a part at 32 v): each thread sends the
+// vectors it later combines (the same grid stride), so in-place calls stay safe as in sm_exchange.
+__device__ __forceinline__ void ll_send(const Sm& s, const u64* bases, long long area, long long slots_off, int me,
+                                        int world, long long slot_bytes, const char* in, const Parts& P) {
+    for (int i = 1; i < world; ++i) {
+        int p = (me + i) % world;
+        char* dst = (char*)bases[p] + area + slots_off + ((long long)s.parity * world + me) * slot_bytes;
+        const V16* src = (const V16*)(in + P.send_off[p]);
+        for (long long v = s.gt; v < P.send_len[p] / 16; v += s.gs) ll_store(dst + 32 * v, src[v], s.e);
+    }
+}
+
+extern "C" __global__ void dmacoll_sm_ll_gather(SM_ARGS) {
+    Sm s = sm_begin(bases, area, me, world);
+    ll_send(s, bases, area, slots_off, me, world, slot_bytes, in, P);
+    unsigned dead = 0;
+    for (int q = 0; q < world; ++q) {
+        V16* dst = (V16*)(out + P.recv_off[q]);
+        if (q == me) {
+            const V16* own = (const V16*)(in + P.send_off[me]);
+            if ((const void*)own != (const void*)dst)
+                for (long long v = s.gt; v < P.recv_len[q] / 16; v += s.gs) dst[v] = own[v];
+            continue;
+        }
+        const char* slot = slot_of(s, slots_off, world, slot_bytes, q);
+        for (long long v = s.gt; v < P.recv_len[q] / 16; v += s.gs)
+            dst[v] = ll_wait(slot + 32 * v, s.e, q, dead, timeout_ns, silent);
+    }
+    sm_finish(s, world);
+}
 """
 
 # all_reduce, reduce_scatter: out (recv_len[me] bytes) = the parts of every rank, added in rank order. Each thread
@@ -245,10 +340,38 @@ extern "C" __global__ void dmacoll_sm_sum_$NAME(SM_ARGS) {
 """)
 
 
+# all_reduce, reduce_scatter over LL lines (``LL``): the same sum in rank order as SUM, whole vectors only.
+SUM_LL = string.Template(r"""
+extern "C" __global__ void dmacoll_sm_ll_sum_$NAME(SM_ARGS) {
+    Sm s = sm_begin(bases, area, me, world);
+    ll_send(s, bases, area, slots_off, me, world, slot_bytes, in, P);
+    const int E = 16 / sizeof($T);
+    const long long nvec = P.recv_len[me] / 16;
+    const V16* own = (const V16*)(in + P.send_off[me]);
+    unsigned dead = 0;
+    for (long long v = s.gt; v < nvec; v += s.gs) {
+        $ACC acc[16 / sizeof($T)];
+        for (int q = 0; q < world; ++q) {  // rank order: every rank adds alike
+            V16 w = q == me ? own[v]
+                            : ll_wait(slot_of(s, slots_off, world, slot_bytes, q) + 32 * v, s.e, q, dead, timeout_ns,
+                                      silent);
+            const $T* el = (const $T*)&w;
+            for (int k = 0; k < E; ++k) { $T x = el[k]; $ACC y = $LOAD; acc[k] = q == 0 ? y : acc[k] + y; }
+        }
+        V16 w;
+        $T* el = ($T*)&w;
+        for (int k = 0; k < E; ++k) { $ACC x = acc[k]; el[k] = $STORE; }
+        ((V16*)out)[v] = w;
+    }
+    sm_finish(s, world);
+}
+""")
+
+
 def source() -> str:
     common = COMMON.replace("@MAX_BLOCKS@", str(MAX_BLOCKS)).replace("@MAX_WORLD@", str(MAX_WORLD))
-    return common + "".join(SUM.substitute(NAME=name, T=t, ACC=acc, LOAD=load, STORE=store)
-                            for name, (t, acc, load, store) in FOLD_TYPES.items())
+    return common + "".join(template.substitute(NAME=name, T=t, ACC=acc, LOAD=load, STORE=store)
+                            for template in (SUM, SUM_LL) for name, (t, acc, load, store) in FOLD_TYPES.items())
 
 
 class Parts(ctypes.Structure):
@@ -333,6 +456,13 @@ def sm_bytes(op: str, world: int, rank: int, in_bytes: int, out_bytes: int, dtyp
     return n if n <= slot_bytes else None
 
 
+def whole_vectors(shape: Shape, source: int, output: int) -> bool:
+    """Whether every part of a kernel (its offsets, lengths, the buffers' addresses) is whole 16-byte vectors: what
+    the LL kernels move."""
+    numbers = [source, output, *(x for pair in shape.send + shape.recv for x in pair)]
+    return all(x % 16 == 0 for x in numbers)
+
+
 class SmKernels:
     """The loaded functions of ``source()`` on one device."""
 
@@ -345,6 +475,9 @@ class SmKernels:
         self.gather = check(drv.cuModuleGetFunction(module, b"dmacoll_sm_gather"), "cuModuleGetFunction")[0]
         self.sums = {dtype: check(drv.cuModuleGetFunction(module, f"dmacoll_sm_sum_{dtype}".encode()),
                                   "cuModuleGetFunction")[0] for dtype in FOLD_TYPES}
+        self.ll_gather = check(drv.cuModuleGetFunction(module, b"dmacoll_sm_ll_gather"), "cuModuleGetFunction")[0]
+        self.ll_sums = {dtype: check(drv.cuModuleGetFunction(module, f"dmacoll_sm_ll_sum_{dtype}".encode()),
+                                     "cuModuleGetFunction")[0] for dtype in FOLD_TYPES}
 
     def launch(self, fn, blocks: int, stream: int, params: int) -> None:
         """``params``: the address of a ``Launch``'s packed argument array (void**)."""
@@ -388,13 +521,16 @@ class SmPath:
         self._sms = min(MAX_BLOCKS, torch.cuda.get_device_properties(engine.heap.device).multi_processor_count)
         self.blocks = min(BLOCKS, self._sms)
         self.two_shot_bytes: Optional[int] = default_two_shot_bytes(self.world, slot_bytes)
+        self.ll_bytes = ll_bytes()
 
-    def configure(self, blocks: int, two_shot_bytes: Optional[int]) -> None:
-        """The most blocks a launch takes (kept to the GPU's SM count) and the all_reduce size from which two kernels
-        run (None: one always); every rank alike (the probes measure the choices)."""
+    def configure(self, blocks: int, two_shot_bytes: Optional[int], ll: Optional[int] = None) -> None:
+        """The most blocks a launch takes (kept to the GPU's SM count), the all_reduce size from which two kernels
+        run (None: one always) and the largest part sent as LL lines (None: unchanged; at most ``LL_MAX_BYTES``);
+        every rank alike (the probes and tests choose)."""
         blocks = max(1, min(blocks, self._sms))
-        if (blocks, two_shot_bytes) != (self.blocks, self.two_shot_bytes):
-            self.blocks, self.two_shot_bytes = blocks, two_shot_bytes
+        ll = self.ll_bytes if ll is None else min(ll, LL_MAX_BYTES)
+        if (blocks, two_shot_bytes, ll) != (self.blocks, self.two_shot_bytes, self.ll_bytes):
+            self.blocks, self.two_shot_bytes, self.ll_bytes = blocks, two_shot_bytes, ll
             self._launches.clear()
 
     def sm_bytes(self, op: str, in_bytes: int, out_bytes: int, dtype: str,
@@ -469,12 +605,16 @@ class SmPath:
                 parts.send_off[p], parts.send_len[p], parts.recv_off[p], parts.recv_len[p] = \
                     send_off, send_len, recv_off, recv_len
             source = output if shape.reads_output else input
-            launches.append(Launch(
-                kernels.gather if shape.combine == "gather" else kernels.sums[dtype],
-                grid(self.world, shape.largest, self.blocks),
-                (self.bases.data_ptr(), self.area, slots_offset(self.world), self.rank, self.world, self.slot_bytes,
-                 source.data_ptr(), output.data_ptr() + shape.out_offset, self.timeout_ns, self.silent.data_ptr(),
-                 parts)))
+            dst = output.data_ptr() + shape.out_offset
+            if shape.largest <= self.ll_bytes and whole_vectors(shape, source.data_ptr(), dst):
+                fn = kernels.ll_gather if shape.combine == "gather" else kernels.ll_sums[dtype]
+                region = (ll_offset(self.world, self.slot_bytes), 2 * LL_MAX_BYTES)
+            else:
+                fn = kernels.gather if shape.combine == "gather" else kernels.sums[dtype]
+                region = (slots_offset(self.world), self.slot_bytes)
+            launches.append(Launch(fn, grid(self.world, shape.largest, self.blocks),
+                                   (self.bases.data_ptr(), self.area, region[0], self.rank, self.world, region[1],
+                                    source.data_ptr(), dst, self.timeout_ns, self.silent.data_ptr(), parts)))
         return tuple(launches)
 
     def silent_ranks(self) -> list[int]:
