@@ -40,11 +40,13 @@ def test_ll_kernels_take_only_parts_of_whole_vectors():
     assert not cuda_sm.whole_vectors(cuda_sm.call_shape("all_reduce", 2, 0, 34, 34), 4096, 8192)
 
 
-def test_ll_bytes_is_capped_by_its_region(monkeypatch):
+def test_ll_bytes_is_measured_at_world_2_and_capped_by_its_region(monkeypatch):
+    monkeypatch.delenv("DMACOLL_SM_LL_BYTES", raising=False)
+    assert cuda_sm.ll_bytes(2) == cuda_sm.LL_MAX_BYTES and cuda_sm.ll_bytes(4) == 0
     monkeypatch.setenv("DMACOLL_SM_LL_BYTES", str(1 << 30))
-    assert cuda_sm.ll_bytes() == cuda_sm.LL_MAX_BYTES
+    assert cuda_sm.ll_bytes(4) == cuda_sm.LL_MAX_BYTES
     monkeypatch.setenv("DMACOLL_SM_LL_BYTES", "0")
-    assert cuda_sm.ll_bytes() == 0
+    assert cuda_sm.ll_bytes(2) == 0
 
 
 @pytest.mark.parametrize("op, inp, out, want", [

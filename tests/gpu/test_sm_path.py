@@ -175,7 +175,7 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
             dist.barrier()
 
     comm.engine.sm.configure(cuda_sm.BLOCKS, cuda_sm.default_two_shot_bytes(world, comm.engine.sm.slot_bytes),
-                             cuda_sm.ll_bytes())
+                             cuda_sm.ll_bytes(world))
     small, large = comm.empty(512, dtype=torch.bfloat16), comm.empty(16 << 20, dtype=torch.bfloat16)  # 1 KB, 32 MB
     comm.all_reduce(small, small)
     out["small"] = comm.last_options.path

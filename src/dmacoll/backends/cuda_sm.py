@@ -81,14 +81,17 @@ def default_two_shot_bytes(world: int, slot_bytes: int) -> int:
 
 # LL calls (``ll_bytes``: parts of whole 16-byte vectors up to this many bytes per peer) carry the epoch beside every 4
 # data bytes, in a region of their own past the slots (``ll_offset``): stale words there only ever hold older epochs,
-# where the slots' raw data could hold any value. $DMACOLL_SM_LL_BYTES: the largest part sent that way (0: none)
+# where the slots' raw data could hold any value. At world 2 up to 64 KB per peer: 1-64 KB calls took 0.7-1.7 us less
+# than the regular kernels, graph-replayed, in two runs each on 2x H200 (all_reduce 0.41-0.52 of NCCL;
+# results/h200x2/sm_path/small_calls_ll_*); not yet measured at other worlds, so off there.
+# $DMACOLL_SM_LL_BYTES sets the largest part sent that way at every world (0: none)
 LL_MAX_BYTES = 64 << 10
-LL_BYTES = 0
+WORLD2_LL_BYTES = 64 << 10
 
 
-def ll_bytes() -> int:
+def ll_bytes(world: int) -> int:
     forced = os.environ.get("DMACOLL_SM_LL_BYTES")
-    return min(LL_MAX_BYTES, int(forced) if forced else LL_BYTES)
+    return min(LL_MAX_BYTES, int(forced) if forced else WORLD2_LL_BYTES if world == 2 else 0)
 
 
 def slots_offset(world: int) -> int:
@@ -521,7 +524,7 @@ class SmPath:
         self._sms = min(MAX_BLOCKS, torch.cuda.get_device_properties(engine.heap.device).multi_processor_count)
         self.blocks = min(BLOCKS, self._sms)
         self.two_shot_bytes: Optional[int] = default_two_shot_bytes(self.world, slot_bytes)
-        self.ll_bytes = ll_bytes()
+        self.ll_bytes = ll_bytes(self.world)
 
     def configure(self, blocks: int, two_shot_bytes: Optional[int], ll: Optional[int] = None) -> None:
         """The most blocks a launch takes (kept to the GPU's SM count), the all_reduce size from which two kernels
