@@ -86,26 +86,30 @@ def test_the_engines_state_their_capabilities():
 
 # -- the data path -------------------------------------------------------------------------------------------------
 def test_auto_takes_the_sm_path_for_small_calls_that_fit_it():
-    assert choose_path(Options(), CUDA, 1024, 4) == "sm"
-    assert choose_path(Options(), CUDA, SM_AUTO_MAX_BYTES, 4) == "sm"
-    assert choose_path(Options(), CUDA, SM_AUTO_MAX_BYTES + 16, 4) == "dma"  # larger: the copy engines
-    assert choose_path(Options(), CUDA, SM_AUTO_MAX_BYTES + 16, 2) == "sm"  # at world 2 up to twice as much
-    assert choose_path(Options(), CUDA, 2 * SM_AUTO_MAX_BYTES + 16, 2) == "dma"
-    assert choose_path(Options(), CUDA, None, 4) == "dma"  # an op, dtype or size the sm path cannot run
-    assert choose_path(Options(), CUDA, 1024, 4, gated=True) == "dma"  # prelaunched calls run on the copy engines
-    assert choose_path(Options(), HOST, 1024, 4) == "dma" and choose_path(Options(), HIP, 1024, 4) == "dma"
+    assert choose_path(Options(), CUDA, "all_reduce", 1024, 4) == "sm"
+    assert choose_path(Options(), CUDA, "all_reduce", SM_AUTO_MAX_BYTES, 4) == "sm"
+    assert choose_path(Options(), CUDA, "all_reduce", SM_AUTO_MAX_BYTES + 16, 4) == "dma"  # larger: the copy engines
+    assert choose_path(Options(), CUDA, "all_reduce", SM_AUTO_MAX_BYTES + 16, 2) == "sm"  # world 2: twice as much
+    assert choose_path(Options(), CUDA, "all_reduce", 2 * SM_AUTO_MAX_BYTES + 16, 2) == "dma"
+    assert choose_path(Options(), CUDA, "all_to_all", SM_AUTO_MAX_BYTES + 16, 2) == "dma"  # slower there on sm
+    assert choose_path(Options(), CUDA, "all_reduce", None, 4) == "dma"  # an op, dtype or size the sm path cannot run
+    # prelaunched calls run on the copy engines
+    assert choose_path(Options(), CUDA, "all_reduce", 1024, 4, gated=True) == "dma"
+    assert choose_path(Options(), HOST, "all_reduce", 1024, 4) == "dma"
+    assert choose_path(Options(), HIP, "all_reduce", 1024, 4) == "dma"
 
 
 @pytest.mark.parametrize("name", COPY_ENGINE_OPTIONS)
 def test_a_copy_engine_option_named_by_the_caller_keeps_auto_on_the_copy_engines(name):
     value = {"variant": "b2b", "direction": "pull", "signal": "copy", "wait": "spin", "prerecord": False,
              "submit": "python"}[name]
-    assert choose_path(Options(**{name: value}), CUDA, 1024, 4) == "dma"
+    assert choose_path(Options(**{name: value}), CUDA, "all_reduce", 1024, 4) == "dma"
 
 
 def test_a_named_path_is_taken_as_it_is():
-    assert choose_path(Options(path="dma"), CUDA, 1024, 4) == "dma"
-    assert choose_path(Options(path="sm", variant="b2b"), CUDA, 1 << 30, 4) == "sm"  # the communicator refuses it
+    assert choose_path(Options(path="dma"), CUDA, "all_reduce", 1024, 4) == "dma"
+    # the communicator refuses it
+    assert choose_path(Options(path="sm", variant="b2b"), CUDA, "all_reduce", 1 << 30, 4) == "sm"
 
 
 def test_epoch_cannot_be_captured_and_prerecording_needs_reset():

@@ -478,7 +478,8 @@ class Communicator:
             resolved = resolve(wanted, self.capabilities, call, self.tuning)
             shared = self.capabilities.sm_path and self.engine.sm_shares_device()
             sm_bytes = self._sm_bytes(spec, request)
-            path = choose_path(wanted, self.capabilities, sm_bytes, self.world, self._gate is not None or shared)
+            path = choose_path(wanted, self.capabilities, spec.name, sm_bytes, self.world,
+                               self._gate is not None or shared)
             if path == "sm":
                 if sm_bytes is None:
                     raise InvalidArgument(f"{spec.name} with path='sm': the sm path runs all_gather, all_to_all(_v), "

@@ -32,14 +32,19 @@ PATHS = ("dma", "sm")
 # is its two-shot chunk where it runs two kernels): graph-replayed on 4x and 2x H200 its kernels beat the copy engines'
 # calls for every op up to here, and NCCL for every op but all_to_all at world 4 (1.12x at 4 MB per peer, 64 blocks),
 # not at 8-16 MB per peer for the gathers at world 4 (results/h200x4/sm_path/sm_path_large/,
-# results/h200x4/small_calls/). At world 2 up to 8 MB per peer (``sm_auto_max_bytes``): there the sm rows at 8 MB
-# per peer took 0.78-1.13 of NCCL, the copy engines 0.84-1.12, no op slower by more than 0.01
+# results/h200x4/small_calls/). At world 2 up to 8 MB per peer (``sm_auto_max_bytes``) but for all_to_all: there
+# the sm rows at 8 MB per peer took 0.74-0.87 of NCCL for all_reduce, all_gather and reduce_scatter, as fast as the
+# copy engines or faster (0.84-1.30), and all_to_all 1.13-1.26 where the copy engines took 1.07-1.13
+# (results/h200x2/sm_path/, four runs)
 SM_AUTO_MAX_BYTES = 4 << 20
 WORLD2_SM_AUTO_MAX_BYTES = 8 << 20
 
 
-def sm_auto_max_bytes(world: int) -> int:
-    return WORLD2_SM_AUTO_MAX_BYTES if world == 2 else SM_AUTO_MAX_BYTES
+def sm_auto_max_bytes(world: int, op: str) -> int:
+    """The most bytes per peer 'auto' sends on the sm path for ``op`` at ``world`` ranks."""
+    if world == 2 and not op.startswith("all_to_all"):
+        return WORLD2_SM_AUTO_MAX_BYTES
+    return SM_AUTO_MAX_BYTES
 COPY_ENGINE_OPTIONS = ("variant", "direction", "signal", "wait", "prerecord", "submit")
 SUBMITS = ("python", "native")
 MAX_ENGINES = 16
@@ -81,12 +86,13 @@ class Options:
     three are the communicator's own, set once.
 
     ``path``: ``dma`` (the copy engines: the papers' collectives, every option below), ``sm`` (one one-shot kernel
-    per call: stores into every peer's heap over NVLink, a flag per block, a local copy or sum; all_gather,
-    all_to_all(_v), all_reduce (two kernels from ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more), reduce_scatter up
-    to ``cuda_sm.slot_bytes`` per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of
-    ``cuda_sm.THREADS`` threads; cuda only) or ``auto`` (the default):
-    ``sm`` up to ``sm_auto_max_bytes`` per peer (8 MB at world 2, 4 MB beyond) where the call fits it and names no copy-engine option, else ``dma``
-    (``choose_path``). ``last_options.path`` says which ran.
+    per call: stores into every peer's heap over NVLink, a flag per block (at world 2 up to 64 KB per peer the flag
+    rides in the data: LL lines), a local copy or sum; all_gather, all_to_all(_v), all_reduce (two kernels from
+    ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more, above a slot at 2), reduce_scatter up to ``cuda_sm.slot_bytes``
+    per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of ``cuda_sm.THREADS`` threads;
+    cuda only) or ``auto`` (the default): ``sm`` up to ``sm_auto_max_bytes`` per peer (4 MB; 8 MB at world 2 but
+    for all_to_all) where the call fits it and names no copy-engine option, else ``dma`` (``choose_path``).
+    ``last_options.path`` says which ran.
 
     ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue), ``multi`` (one handshake, copies
     split over ``engines`` queues) or ``auto``; ``direction``: ``push`` (write into peers), ``pull`` (read from
@@ -263,7 +269,7 @@ def _check_combination(options: Options, capabilities: EngineCapabilities) -> No
                                   "kernel: use wait='memop'")
 
 
-def choose_path(options: Options, capabilities: EngineCapabilities, sm_bytes: Optional[int], world: int,
+def choose_path(options: Options, capabilities: EngineCapabilities, op: str, sm_bytes: Optional[int], world: int,
                 gated: bool = False) -> str:
     """Which data path a call takes: the caller's, or for 'auto' the sm path where the engine has it, the call fits it
     (``sm_bytes``: its bytes per peer there, None where the sm path cannot run it), up to ``sm_auto_max_bytes``, not
@@ -271,7 +277,7 @@ def choose_path(options: Options, capabilities: EngineCapabilities, sm_bytes: Op
     direction, signal, wait, prerecord or submit asked for the copy engines). Pure, the same on every rank."""
     if options.path != "auto":
         return options.path
-    if not capabilities.sm_path or sm_bytes is None or sm_bytes > sm_auto_max_bytes(world) or gated:
+    if not capabilities.sm_path or sm_bytes is None or sm_bytes > sm_auto_max_bytes(world, op) or gated:
         return "dma"
     return "dma" if any(getattr(options, name) != "auto" for name in COPY_ENGINE_OPTIONS) else "sm"
 

@@ -262,7 +262,8 @@ def _eager_repeats(rank: int, world: int, seed: int) -> dict:
     for call in range(2):  # in place, input omitted
         heap[0].copy_(inputs[rank].to(comm.device))
         comm.all_reduce(heap[0])
-        if not torch.equal(heap[0].cpu().view(torch.int16), expected("all_reduce", world, rank, inputs).view(torch.int16)):
+        want = expected("all_reduce", world, rank, inputs)
+        if not torch.equal(heap[0].cpu().view(torch.int16), want.view(torch.int16)):
             failures.append(f"in-place all_reduce call {call} (seed {seed})")
         dist.barrier()
     out = {"failures": failures, "paths": paths, "repeats": len(comm._sm_repeats)}
