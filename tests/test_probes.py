@@ -312,7 +312,23 @@ EARLIER_CONFIG = {
     "h200x2/sm_path/sm_path_unaligned": {"worlds": [2], "ops": ["all_to_all", "all_gather", "all_reduce"],
                                          "sizes": [8196, 24588, 106548, 262144, 270468, 532740, 1048576, 1057284],
                                          "repeats": 20},
+    "h200x2/sm_path/all_reduce_one_and_two_kernels": {"worlds": [2], "ops": ["all_reduce"], "repeats": 15,
+                                                      "sizes": [2 << 20, 4 << 20, 8 << 20, 16 << 20]},
 }
+# world 2 runs of the seventh session (results/h200x2/sm_path/README.md): the default call 1 KB-16 MB, and small calls
+# at 50 per graph with one setting changed through the environment (block bytes, LL lines) in runs that alternate
+_DEFAULT_CALL = {"worlds": [2], "calls": 20, "repeats": 15,
+                 "sizes": [1 << k for k in (10, 12, 14, 16, 18, 20, 21, 22, 23, 24)]}
+_SMALL_CALLS = {"worlds": [2], "calls": 50, "repeats": 15}
+EARLIER_CONFIG.update({f"h200x2/sm_path/{run}": _DEFAULT_CALL for run in (
+    "default_call_4m_slots", "default_call_fast_path", "default_call_ll_run1", "default_call_ll_run2")})
+EARLIER_CONFIG.update({f"h200x2/sm_path/small_calls_{setting}_run{n}": _SMALL_CALLS
+                       for setting in ("block_bytes_2048", "block_bytes_16384") for n in (2, 3)})
+EARLIER_CONFIG.update({f"h200x2/sm_path/small_calls_ll_{setting}_run{n}": _SMALL_CALLS
+                       for setting in ("on", "off") for n in (1, 2)})
+EARLIER_CONFIG.update({f"h200x2/sm_path/small_calls_block_bytes_{b}_run1": {**_SMALL_CALLS,
+                                                                           "ops": ["all_reduce", "all_gather"]}
+                       for b in (2048, 16384)})
 
 
 def probe_of(command: list[str]):
