@@ -321,11 +321,12 @@ _DEFAULT_CALL = {"worlds": [2], "calls": 20, "repeats": 15,
                  "sizes": [1 << k for k in (10, 12, 14, 16, 18, 20, 21, 22, 23, 24)]}
 _SMALL_CALLS = {"worlds": [2], "calls": 50, "repeats": 15}
 EARLIER_CONFIG.update({f"h200x2/sm_path/{run}": _DEFAULT_CALL for run in (
-    "default_call_4m_slots", "default_call_fast_path", "default_call_ll_run1", "default_call_ll_run2")})
+    "default_call_4m_slots", "default_call_fast_path", "default_call_ll_run1", "default_call_ll_run2",
+    "default_call_ll_run3")})
 EARLIER_CONFIG.update({f"h200x2/sm_path/small_calls_{setting}_run{n}": _SMALL_CALLS
                        for setting in ("block_bytes_2048", "block_bytes_16384") for n in (2, 3)})
 EARLIER_CONFIG.update({f"h200x2/sm_path/small_calls_ll_{setting}_run{n}": _SMALL_CALLS
-                       for setting in ("on", "off") for n in (1, 2)})
+                       for setting in ("on", "off") for n in (1, 2, 3)})
 EARLIER_CONFIG.update({f"h200x2/sm_path/small_calls_block_bytes_{b}_run1": {**_SMALL_CALLS,
                                                                            "ops": ["all_reduce", "all_gather"]}
                        for b in (2048, 16384)})
