@@ -20,6 +20,11 @@ SUM_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
 GATHER_DTYPES = (*SUM_DTYPES, "int8", "uint8", "bool")
 
 
+def ranks_share_gpus(world: int) -> bool:
+    from dmacoll_lab.verify.launch import gpus_for
+    return gpus_for(world) < world
+
+
 def draw(numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     if dtype == torch.bool:
@@ -196,8 +201,7 @@ def _graph_and_auto(rank: int, world: int, seed: int) -> dict:
 def test_sm_path_replays_in_graphs_and_auto_takes_it_where_it_should(world, seed):
     results = run_ranks(_graph_and_auto, world, seed, device="cuda", timeout_s=200)
     assert not [f for r in results for f in r["failures"]]
-    from dmacoll_lab.verify.launch import gpus_for
-    shared = gpus_for(world) < world  # ranks on one GPU: 'auto' keeps the copy engines
+    shared = ranks_share_gpus(world)  # 'auto' keeps the copy engines there
     sm = "dma" if shared else "sm"
     for r in results:
         assert (r["small"], r["mid"], r["two_shot"], r["large"], r["named_variant"]) == (sm, sm, sm, "dma", "dma"), r
@@ -281,8 +285,7 @@ def _eager_repeats(rank: int, world: int, seed: int) -> dict:
 @pytest.mark.parametrize("world", WORLDS)
 def test_repeated_eager_calls_take_the_fast_path_and_stay_correct(world, seed):
     results = run_ranks(_eager_repeats, world, seed, device="cuda", timeout_s=200)
-    from dmacoll_lab.verify.launch import gpus_for
-    shared = gpus_for(world) < world  # ranks on one GPU: 'auto' keeps the copy engines
+    shared = ranks_share_gpus(world)  # 'auto' keeps the copy engines there
     for r in results:
         assert not r["failures"], r["failures"]
         assert "not contiguous" in r["strided"], r
