@@ -241,3 +241,22 @@ def test_nccl_tests_table_compares_one_run_and_counts_wrong_rows():
     assert r["oracle busbw"] == round(4096 / 12.0 / 1e3, 2)
     alone = tables.nccl_tests(sweep[sweep["impl"] != "dma_default"])
     assert "Communicator() us" not in alone and "path" not in alone  # a run without it shows no such columns
+
+
+def test_default_call_table_gives_each_run_its_ratio_and_counts_refusals():
+    from dmacoll_lab.analysis import tables
+
+    def row(source, impl, us, path="", correct="True", mode="graph", size=1024):
+        return {"source": source, "op": "all_reduce", "impl": impl, "mode": mode, "bytes": size, "per_call_us": us,
+                "path": path, "correct": correct}
+    rows = pd.DataFrame([row("a", "nccl", 8.0), row("a", "default", 4.0, "sm"),
+                         row("b", "nccl", 10.0), row("b", "default", 6.0, "sm"),
+                         row("a", "nccl", 90.0, size=1 << 24), row("a", "default", float("nan"), "dma", "False",
+                                                                   size=1 << 24),
+                         row("a", "nccl", 40.0, mode="eager"), row("a", "default", 30.0, "sm", mode="eager")])
+    t = tables.default_call(rows)
+    small, large = t.iloc[0], t.iloc[1]
+    assert small["Communicator() / NCCL, per run"] == "0.50 / 0.60" and small["path"] == "sm"
+    assert small["NCCL us (median of runs)"] == 9.0 and small["#wrong"] == 0
+    assert large["Communicator() / NCCL, per run"] == "failed" and large["#wrong"] == 1 and large["path"] == "dma"
+    assert tables.default_call(rows, "eager").iloc[0]["Communicator() / NCCL, per run"] == "0.75"

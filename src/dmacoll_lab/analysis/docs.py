@@ -234,6 +234,23 @@ def nccl_tests(machine: str) -> str:
                                   "defines it; sizes are bytes per rank; 'not run': the run did not measure it.")
 
 
+DEFAULT_CALL_RUNS = "sm_path/default_call_ll_run*"  # repeated runs of Communicator()'s current defaults
+
+
+def default_call(machine: str) -> str:
+    """``Communicator()`` with its current defaults against NCCL, run by run (``tables.default_call``), graph-replayed
+    and eager."""
+    found = sorted((ROOT / "results" / machine).glob(f"{DEFAULT_CALL_RUNS}/data.csv"))
+    paths = [str(p.relative_to(ROOT)) for p in found]
+    if not paths:
+        return f"No runs of the current defaults on {machine} (`{DEFAULT_CALL_RUNS}`)."
+    rows = load.read("probe", _abs(paths))
+    codes = ", ".join(str(load.provenance(ROOT / p).get("git_sha"))[:10] for p in paths)
+    tables_ = [f"{mode.capitalize()}:\n\n" + report.markdown(tables.default_call(rows, mode))
+               for mode in ("graph", "eager")]
+    return "\n\n".join([source_line(paths) + f" Code per run: {codes}.", *tables_])
+
+
 def sources(machine: str) -> str:
     """Every committed run of a machine: its code, when it ran, and its GPUs."""
     rows = []
@@ -252,7 +269,7 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "calibration": calibration,
     "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
     "ficco": ficco, "e2e": e2e, "native": native, "probes": probes, "call_cost": call_cost, "check_cost": check_cost,
-    "nccl_tests": nccl_tests, "sources": sources,
+    "nccl_tests": nccl_tests, "default_call": default_call, "sources": sources,
 }
 
 

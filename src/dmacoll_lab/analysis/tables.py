@@ -2,6 +2,7 @@
 documents (``docs.py``), so that a number printed in both comes from one computation."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from dmacoll.lab_api import human
@@ -219,6 +220,32 @@ def call_cost_shared(rows: pd.DataFrame) -> pd.DataFrame:
     out["over its floor"] = [t / floors[(w, c)] if c == c and (w, c) in floors else float("nan")
                              for w, c, t in zip(out["world"], crossings, out["per_call_us"])]
     return out.round(2).astype(object).fillna("").reset_index(drop=True)
+
+
+def default_call(rows: pd.DataFrame, mode: str = "graph") -> pd.DataFrame:
+    """Repeated runs of ``dmacoll probe sm_path`` (its ``default`` rows: ``Communicator()`` with no options, NCCL
+    in the same run): per op and size (bytes per rank), NCCL's median time over the runs, ``Communicator()`` / NCCL
+    in each run (run order: ``source``), the data paths the default call took and ``#wrong``, its rows that failed
+    their check or did not run."""
+    rows = rows[rows["mode"] == mode]
+    runs = list(dict.fromkeys(rows["source"]))
+    out = []
+    for (op, size), point in rows.groupby(["op", "bytes"], sort=True):
+        per_run, nccl, wrong = [], [], 0
+        for source in runs:
+            here = point[point["source"] == source]
+            mine, theirs = here[here["impl"] == "default"], here[here["impl"] == "nccl"]
+            if mine.empty or theirs.empty:
+                continue
+            ok = str(mine["correct"].iloc[0]) == "True" and pd.notna(mine["per_call_us"].iloc[0])
+            wrong += not ok
+            nccl.append(float(theirs["per_call_us"].iloc[0]))
+            per_run.append(f"{float(mine['per_call_us'].iloc[0]) / nccl[-1]:.2f}" if ok else "failed")
+        paths = sorted(set(point.loc[point["impl"] == "default", "path"].dropna().astype(str)) - {""})
+        out.append({"op": op, "size": human(int(size)), "NCCL us (median of runs)": round(float(np.median(nccl)), 1),
+                    "Communicator() / NCCL, per run": " / ".join(per_run), "path": ", ".join(paths),
+                    "#wrong": wrong})
+    return pd.DataFrame(out).astype(object)
 
 
 NCCL_TESTS_IMPLS = ("NCCL", "Communicator()", "oracle")
