@@ -71,12 +71,16 @@ def evaluate(machine: str) -> dict:
 
 def test_committed_claims_carry_spreads_and_say_within_noise():
     x4 = evaluate("h200x4")
-    # the issue's example: 4x H200's tuned all-gather at 256 MB is 0.844 against 0.86, p10-p90 0.838-0.860
+    # 4x H200's tuned all-gather at 256 MB is 0.844 against 0.86 with p10-p90 0.838-0.860 in its one run: the
+    # repeats' quantiles are shown, and the median decides (they are not the noise between runs)
     tuned = x4[("dmalatte-large-speedup", "tuned")]
-    assert (tuned["reproduced"], tuned["spread"], tuned["status"]) == (0.844, "0.838-0.86", "within noise")
+    assert (tuned["reproduced"], tuned["spread"], tuned["status"]) == (0.844, "0.838-0.86", "pass")
+    assert "one run: its median decides" in tuned["note"]
     for row in x4.values():
         assert row["status"] in claims.STATUSES
-        assert row["spread"] or "no spread" in row["note"], row["id"]  # a spread, or a word why there is none
+        assert row["spread"] or "no spread" in row["note"] or row["status"] == "not run", row["id"]
+        if row["runs"] == 1 and "run-to-run range" not in row["note"]:
+            assert row["status"] != "within noise", row["id"]  # one run's quantiles never make it
     x2 = evaluate("h200x2")
     default, rule = x2[("conccl-c3-dma", "default")], x2[("conccl-c3-dma", "tuned")]
     assert default["runs"] == 3 and default["over runs"] == default["spread"]  # the plain dma strategy, 3 runs
@@ -324,3 +328,11 @@ def test_a_bare_number_on_a_page_is_a_problem(tmp_path):
                          '<div class="jp-RenderedText"><pre>seed 1234</pre></div></body></html>')
     assert page_check.page_problems(page_file) == [
         f"{page_file}: a bare number printed (28905): a cell's last expression leaked its value"]
+
+
+def test_the_claims_table_defines_its_configurations_and_statuses():
+    from dmacoll_lab.analysis import index_page
+
+    text = index_page._claims_table([{"id": "a", "configuration": "default", "status": "within noise"}])
+    for word in ("default", "derived", "tuned", "oracle", "pcpy", "within noise", "one run"):
+        assert word in text, word

@@ -33,10 +33,13 @@ Every value carries its spread, the interval the noise of the measurement allows
   one strategy's mean where a strategy was measured in several runs (the run-to-run noise of such a mean); no
   spread where none was.
 
-A value whose spread contains the tolerance is ``within noise``: its margin to the tolerance is smaller than the
-noise, so it neither passes nor fails. Where a claim rests on several runs, ``reproduced`` is the worst run's
-value (a pass needs the worst run to pass) and ``over runs`` gives their range. Claims whose experiment has not
-run are listed as ``not run``.
+``within noise`` comes from the noise between runs only (``noise``): the range of the runs' values where a claim
+rests on several runs, or for a C3 value from one run the run-to-run range of a strategy measured in several. A
+value whose run-to-run interval contains the tolerance neither passes nor fails. The repeats' p10-p90 within one
+run is shown (``spread``) but decides nothing: a run's quantiles are not how far its median moves in the next run
+(at KB sizes a worst-case quantile ratio spans several times the value). Where a claim rests on several runs,
+``reproduced`` is the worst run's value (a pass needs the worst run to pass) and ``over runs`` gives their range.
+Claims whose experiment has not run are listed as ``not run``.
 """
 from __future__ import annotations
 
@@ -94,10 +97,11 @@ class Claim:
         return max(values) if self.test[0] == "<=" else min(values)
 
     def status(self, value: Optional[float], lo: float = NAN, hi: float = NAN) -> str:
-        """pass / fail, ``within noise`` where the spread contains the tolerance, ``not run`` without a value."""
+        """pass / fail, ``within noise`` where the run-to-run interval ``lo``-``hi`` contains the tolerance, ``not
+        run`` without a value."""
         if value is None:
             return "not run"
-        if lo <= self.test[1] <= hi:  # False with a NaN bound: no spread recorded
+        if lo <= self.test[1] <= hi:  # False with a NaN bound: no run-to-run interval
             return "within noise"
         return "pass" if self.passes(value) else "fail"
 
@@ -354,13 +358,17 @@ def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None,
             value = c.worst(values) if values else None
             bounds = [b for v in got for b in (v.lo, v.hi) if not math.isnan(b)] + (values if len(values) > 1 else [])
             lo, hi = (min(bounds), max(bounds)) if bounds else (NAN, NAN)
+            # the noise that decides 'within noise': between runs, never the repeats' quantiles within one
+            noise_lo, noise_hi = (min(values), max(values)) if len(values) > 1 else (NAN, NAN)
             notes = [x for v in got if v.note for x in v.note.split("; ")]
             if value is not None and not bounds and noise.get(c.data):
                 width, source = noise[c.data]
-                lo, hi = round(value - width, 3), round(value + width, 3)
+                lo, hi = noise_lo, noise_hi = round(value - width, 3), round(value + width, 3)
                 notes.append(f"spread: +-{width:g}, the run-to-run range of one strategy's mean ({source})")
-            elif value is not None and not bounds:
-                notes.append("no spread: one run, whose table keeps no spread of its repeats")
+            elif value is not None and len(values) == 1:
+                notes.append("one run: its median decides; the noise between runs is not measured" +
+                             (" (spread: the p10-p90 of its repeats)" if bounds else
+                              ", and its table keeps no spread of its repeats"))
             elif value is None:
                 notes.append(f"no {c.data} result to score")
             if c.why:
@@ -370,7 +378,7 @@ def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None,
                          "reproduced": value, "spread": _fmt(lo, hi), "runs": len(values),
                          "over runs": _fmt(min(values), max(values)) if len(values) > 1 else "",
                          "tolerance": " ".join(map(str, c.test)), "paper value": c.paper_value,
-                         "status": c.status(value, lo, hi), "note": "; ".join(dict.fromkeys(notes))})
+                         "status": c.status(value, noise_lo, noise_hi), "note": "; ".join(dict.fromkeys(notes))})
     return rows
 
 

@@ -41,11 +41,23 @@ def _counts(rows: list[dict]) -> str:
     return f'<p class="counts">Claims: {"".join(spans)}</p>'
 
 
+# what the claims table's words mean, shown under it (claims.py and report.picks define them)
+CLAIMS_LEGEND = (
+    "<p class=\"legend\">Configurations: <b>default</b>, what <code>Communicator()</code> does with no options (a sweep "
+    "without such rows shows the row its tuning table picks, marked <em>derived</em>); <b>tuned</b>, options that need "
+    "no promise from the caller, from the shipped table; <b>oracle</b>, the best of all N measured configurations, "
+    "picked after the fact; <b>pcpy</b>, the unoptimised DMA collective. Status: <b>within noise</b> when the "
+    "tolerance lies inside the claim's range over several runs (or, for a C3 value from one run, a strategy's "
+    "run-to-run range); a claim resting on one run is decided by its median, and <em>spread</em> then shows the "
+    "p10-p90 of its repeats, which decides nothing.</p>")
+
+
 def _claims_table(rows: list[dict]) -> str:
     if not rows:
         return "<p>no claims for this platform</p>"
     table = pd.DataFrame(rows).reindex(columns=CLAIM_COLUMNS)
-    return page.table_html(table, cell_class=lambda column, value: _status_class(value) if column == "status" else "")
+    return (page.table_html(table, cell_class=lambda column, value: _status_class(value) if column == "status" else "")
+            + CLAIMS_LEGEND)
 
 
 def _headline(report_dir: Path, name: str) -> str:
