@@ -301,9 +301,19 @@ extern "C" __global__ void dmacoll_sm_ll_gather(SM_ARGS) {
 # all_reduce, reduce_scatter: out (recv_len[me] bytes) = the parts of every rank, added in rank order. Each thread
 # sends and later writes the same 16-byte vectors (send_off is 0 for an all_reduce), so in place is safe.
 SUM = string.Template(r"""
+// one 16-byte vector of sender q (rank order: q = 0 starts the sum) into acc; acc back into a vector
+__device__ __forceinline__ void fold_in_$NAME($ACC* acc, const V16& w, int q) {
+    const $T* el = (const $T*)&w;
+    for (int k = 0; k < 16 / (int)sizeof($T); ++k) { $T x = el[k]; $ACC y = $LOAD; acc[k] = q == 0 ? y : acc[k] + y; }
+}
+__device__ __forceinline__ V16 fold_out_$NAME(const $ACC* acc) {
+    V16 w;
+    $T* el = ($T*)&w;
+    for (int k = 0; k < 16 / (int)sizeof($T); ++k) { $ACC x = acc[k]; el[k] = $STORE; }
+    return w;
+}
 extern "C" __global__ void dmacoll_sm_sum_$NAME(SM_ARGS) {
     Sm s = sm_exchange(bases, area, slots_off, me, world, slot_bytes, in, P, timeout_ns, silent);
-    const int E = 16 / sizeof($T);
     const long long n = P.recv_len[me];
     const char* own = in + P.send_off[me];
     $T* o = ($T*)out;
@@ -312,16 +322,9 @@ extern "C" __global__ void dmacoll_sm_sum_$NAME(SM_ARGS) {
     const long long nvec = g == 16 ? n / 16 : 0;
     for (long long v = s.gt; v < nvec; v += s.gs) {
         $ACC acc[16 / sizeof($T)];
-        for (int q = 0; q < world; ++q) {  // rank order: every rank adds alike
-            const char* src = q == me ? own : slot_of(s, slots_off, world, slot_bytes, q);
-            V16 w = ((const V16*)src)[v];
-            const $T* el = (const $T*)&w;
-            for (int k = 0; k < E; ++k) { $T x = el[k]; $ACC y = $LOAD; acc[k] = q == 0 ? y : acc[k] + y; }
-        }
-        V16 w;
-        $T* el = ($T*)&w;
-        for (int k = 0; k < E; ++k) { $ACC x = acc[k]; el[k] = $STORE; }
-        ((V16*)o)[v] = w;
+        for (int q = 0; q < world; ++q)  // rank order: every rank adds alike
+            fold_in_$NAME(acc, ((const V16*)(q == me ? own : slot_of(s, slots_off, world, slot_bytes, q)))[v], q);
+        ((V16*)o)[v] = fold_out_$NAME(acc);
     }
     const int per = g / (int)sizeof($T);  // elements per unit below 16 bytes (a dtype's element divides g)
     for (long long u = s.gt; g < 16 && u < n / g; u += s.gs) {
@@ -348,23 +351,15 @@ SUM_LL = string.Template(r"""
 extern "C" __global__ void dmacoll_sm_ll_sum_$NAME(SM_ARGS) {
     Sm s = sm_begin(bases, area, me, world);
     ll_send(s, bases, area, slots_off, me, world, slot_bytes, in, P);
-    const int E = 16 / sizeof($T);
     const long long nvec = P.recv_len[me] / 16;
     const V16* own = (const V16*)(in + P.send_off[me]);
     unsigned dead = 0;
     for (long long v = s.gt; v < nvec; v += s.gs) {
         $ACC acc[16 / sizeof($T)];
-        for (int q = 0; q < world; ++q) {  // rank order: every rank adds alike
-            V16 w = q == me ? own[v]
-                            : ll_wait(slot_of(s, slots_off, world, slot_bytes, q) + 32 * v, s.e, q, dead, timeout_ns,
-                                      silent);
-            const $T* el = (const $T*)&w;
-            for (int k = 0; k < E; ++k) { $T x = el[k]; $ACC y = $LOAD; acc[k] = q == 0 ? y : acc[k] + y; }
-        }
-        V16 w;
-        $T* el = ($T*)&w;
-        for (int k = 0; k < E; ++k) { $ACC x = acc[k]; el[k] = $STORE; }
-        ((V16*)out)[v] = w;
+        for (int q = 0; q < world; ++q)  // rank order: every rank adds alike
+            fold_in_$NAME(acc, q == me ? own[v] : ll_wait(slot_of(s, slots_off, world, slot_bytes, q) + 32 * v, s.e, q,
+                                                          dead, timeout_ns, silent), q);
+        ((V16*)out)[v] = fold_out_$NAME(acc);
     }
     sm_finish(s, world);
 }
