@@ -327,6 +327,12 @@ EARLIER_CONFIG.update({f"h200x2/sm_path/small_calls_{setting}_run{n}": _SMALL_CA
                        for setting in ("block_bytes_2048", "block_bytes_16384") for n in (2, 3)})
 EARLIER_CONFIG.update({f"h200x2/sm_path/small_calls_ll_{setting}_run{n}": _SMALL_CALLS
                        for setting in ("on", "off") for n in (1, 2, 3)})
+EARLIER_CONFIG["h200x4/sm_path/default_call"] = {"worlds": [4], "calls": 20, "repeats": 10,
+                                                "sizes": [1 << k for k in (10, 12, 14, 16, 18, 20, 21, 22)]}
+EARLIER_CONFIG.update({f"h200x4/sm_path/small_calls_ll_{setting}": {"worlds": [4], "ops": ["all_reduce", "all_gather"],
+                                                                   "sizes": [1 << 10, 16 << 10, 64 << 10],
+                                                                   "calls": 50, "repeats": 10}
+                       for setting in ("on", "off")})
 EARLIER_CONFIG.update({f"h200x2/sm_path/small_calls_block_bytes_{b}_run1": {**_SMALL_CALLS,
                                                                            "ops": ["all_reduce", "all_gather"]}
                        for b in (2048, 16384)})
