@@ -182,3 +182,19 @@ def test_every_readme_names_tools_that_exist():
                     why = f"is in none of {shas}" if shas else "does not exist and the line names no commit"
                     problems.append(f"{doc.relative_to(ROOT)}:{n}: {path} {why}")
     assert not problems, "\n".join(problems)
+
+
+def test_readmes_name_files_that_exist():
+    """A log or probe file a results README names in backticks exists under its folder (a run's own run.log and
+    the like are named generically; '...' and a suffix stand for a family of files)."""
+    missing = []
+    for readme in RESULTS.rglob("README.md"):
+        if "local" in readme.relative_to(RESULTS).parts[:1]:
+            continue
+        files = [p.name for p in readme.parent.rglob("*") if p.is_file()]
+        for name in re.findall(r"`([^`\s/]+\.(?:log|txt))`", readme.read_text()):
+            if name.startswith("...") or any(c in name for c in "*{<") or matches(name, RUN_EXTRAS):
+                continue
+            if not any(f == name or f.endswith("_" + name) for f in files):
+                missing.append(f"{readme.relative_to(ROOT)}: {name}")
+    assert not missing, missing
