@@ -40,6 +40,17 @@ def test_ll_kernels_take_only_parts_of_whole_vectors():
     assert not cuda_sm.whole_vectors(cuda_sm.call_shape("all_reduce", 2, 0, 34, 34), 4096, 8192)
 
 
+@pytest.mark.parametrize("setting, variable, world2, elsewhere", [
+    (cuda_sm.block_bytes, "DMACOLL_SM_BLOCK_BYTES", cuda_sm.WORLD2_BLOCK_BYTES, cuda_sm.BLOCK_BYTES),
+    (cuda_sm.slot_bytes, "DMACOLL_SM_SLOT_BYTES", cuda_sm.WORLD2_SLOT_BYTES, cuda_sm.SLOT_BYTES),
+])
+def test_world_2_settings_and_their_variables(monkeypatch, setting, variable, world2, elsewhere):
+    monkeypatch.delenv(variable, raising=False)
+    assert (setting(2), setting(4), setting(8)) == (world2, elsewhere, elsewhere)
+    monkeypatch.setenv(variable, "4096")
+    assert setting(2) == setting(4) == 4096
+
+
 def test_ll_bytes_is_measured_at_world_2_and_capped_by_its_region(monkeypatch):
     monkeypatch.delenv("DMACOLL_SM_LL_BYTES", raising=False)
     assert cuda_sm.ll_bytes(2) == cuda_sm.LL_MAX_BYTES and cuda_sm.ll_bytes(4) == 0

@@ -45,6 +45,8 @@ def sm_auto_max_bytes(world: int, op: str) -> int:
     if world == 2 and not op.startswith("all_to_all"):
         return WORLD2_SM_AUTO_MAX_BYTES
     return SM_AUTO_MAX_BYTES
+
+
 COPY_ENGINE_OPTIONS = ("variant", "direction", "signal", "wait", "prerecord", "submit")
 SUBMITS = ("python", "native")
 MAX_ENGINES = 16

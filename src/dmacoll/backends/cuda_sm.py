@@ -34,6 +34,15 @@ MAX_BLOCKS = 256  # the flag words' layout: the most blocks a launch may have (i
 MAX_WORLD = 8  # per-peer offsets travel in the kernel's arguments (``Parts``)
 THREADS = 512
 VECTORS_PER_THREAD = 2  # 16-byte vectors each thread sends per peer before another block is worth its launch
+
+
+def per_world(variable: str, world: int, at_world2: int, elsewhere: int) -> int:
+    """A setting measured apart at world 2: ``$variable`` where set (at every world, for measuring), else
+    ``at_world2`` or ``elsewhere``."""
+    forced = os.environ.get(variable)
+    return int(forced) if forced else at_world2 if world == 2 else elsewhere
+
+
 # bytes a block sends before the grid grows by a block (``block_bytes``): 16 KB; 2 KB at world 2, where 16-64 KB calls
 # then spread over 8-32 blocks and took about 1 us less, graph-replayed, in three runs on 2x H200, 1-4 KB and 256 KB
 # the same (results/h200x2/sm_path/small_calls_block_bytes_*). $DMACOLL_SM_BLOCK_BYTES sets it at every world
@@ -42,8 +51,9 @@ WORLD2_BLOCK_BYTES = 2048
 
 
 def block_bytes(world: int) -> int:
-    forced = os.environ.get("DMACOLL_SM_BLOCK_BYTES")
-    return int(forced) if forced else WORLD2_BLOCK_BYTES if world == 2 else BLOCK_BYTES
+    return per_world("DMACOLL_SM_BLOCK_BYTES", world, WORLD2_BLOCK_BYTES, BLOCK_BYTES)
+
+
 OPS = {"all_gather": "gather", "all_to_all": "gather", "all_to_all_v": "gather", "all_reduce": "sum",
        "reduce_scatter": "sum"}  # op -> how a rank combines what arrived
 # what a communicator reserves per sender and parity (the largest part the sm path takes; ``slot_bytes``): 4 MB, 8 MB
@@ -56,8 +66,9 @@ WORLD2_SLOT_BYTES = 8 << 20
 
 def slot_bytes(world: int) -> int:
     """A communicator's slot size at ``world`` ranks."""
-    forced = os.environ.get("DMACOLL_SM_SLOT_BYTES")
-    return int(forced) if forced else WORLD2_SLOT_BYTES if world == 2 else SLOT_BYTES
+    return per_world("DMACOLL_SM_SLOT_BYTES", world, WORLD2_SLOT_BYTES, SLOT_BYTES)
+
+
 # the most blocks a launch takes ($DMACOLL_SM_BLOCKS, for measuring; never more than the GPU's SMs: a block waits for
 # every sender's blocks, so all must be resident at once). One block per SM was faster graph-replayed on 4x H200 (at
 # world 2 from 2 MB per peer, 0.59 of NCCL against 0.65 for a 4 MB all_reduce; at world 4 from 8 MB per peer,
@@ -90,8 +101,7 @@ WORLD2_LL_BYTES = 64 << 10
 
 
 def ll_bytes(world: int) -> int:
-    forced = os.environ.get("DMACOLL_SM_LL_BYTES")
-    return min(LL_MAX_BYTES, int(forced) if forced else WORLD2_LL_BYTES if world == 2 else 0)
+    return min(LL_MAX_BYTES, per_world("DMACOLL_SM_LL_BYTES", world, WORLD2_LL_BYTES, 0))
 
 
 def slots_offset(world: int) -> int:
@@ -114,7 +124,8 @@ def ll_offset(world: int, slot_bytes: int) -> int:
 def grid(world: int, nbytes: int, blocks: int = BLOCKS) -> int:
     """Blocks for a kernel moving up to ``nbytes`` to each of ``world - 1`` peers, at most ``blocks``: the same on
     every rank (the receivers wait for one flag per sender block)."""
-    return max(1, min(blocks, MAX_BLOCKS, -(-(world - 1) * -(-nbytes // 16) * 16 // block_bytes(world))))
+    sent = (world - 1) * -(-nbytes // 16) * 16  # whole vectors to every peer
+    return max(1, min(blocks, MAX_BLOCKS, -(-sent // block_bytes(world))))
 
 
 COMMON = HELPERS + r"""
