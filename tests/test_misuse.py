@@ -117,6 +117,27 @@ def test_a_closed_communicator_refuses_every_use():
             assert status == "refused" and "this communicator is closed; create a new Communicator" in message, name
 
 
+def _nccl_path_without_nccl(rank, world):
+    from dmacoll import Communicator, Options
+
+    comm = Communicator(backend="host", timeout_s=10)
+    x, out = comm.empty(4), comm.empty(4 * world)
+    outcomes = {"call": _outcome(lambda: comm.all_gather(out, x, path="nccl")),
+                "auto": _outcome(lambda: (comm.all_gather(out, x), comm.last_options.path)[1])}
+    comm.close()
+    outcomes["communicator"] = _outcome(lambda: Communicator(backend="host", options=Options(path="nccl")))
+    return outcomes
+
+
+def test_the_nccl_path_is_refused_where_the_group_does_not_run_nccl_and_auto_never_takes_it():
+    for outcomes in run_ranks(_nccl_path_without_nccl, 2):
+        for name in ("call", "communicator"):
+            status, message = outcomes[name]
+            assert status == "refused" and "path='nccl' hands calls to torch.distributed" in message, name
+            assert "backend='host'" in message, name
+        assert outcomes["auto"] == ("ok", "dma")
+
+
 BAD_COUNTS = {
     "float": [[1.5, 1.5], [1.5, 1.5]],
     "whole_float": [[1.0, 2.0], [2.0, 1.0]],

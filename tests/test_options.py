@@ -11,8 +11,9 @@ import pytest
 
 from dmacoll import ops, tuning
 from dmacoll.errors import InvalidArgument
-from dmacoll.options import (CALL_OPTIONS, COPY_ENGINE_OPTIONS, FALLBACK, SM_AUTO_MAX_BYTES, Call, CallOptions,
-                             EngineCapabilities, Options, allowed, candidates, choices, choose_path, fallback, resolve)
+from dmacoll.options import (CALL_OPTIONS, COPY_ENGINE_OPTIONS, DMA_AUTO_MIN_BYTES, FALLBACK, SM_AUTO_MAX_BYTES, Call,
+                             CallOptions, EngineCapabilities, Options, allowed, candidates, choices, choose_path,
+                             fallback, nccl_auto, resolve, sm_auto_max_bytes)
 from dmacoll_lab.verify.launch import run_ranks
 
 CUDA = EngineCapabilities("cuda")
@@ -106,7 +107,34 @@ def test_a_copy_engine_option_named_by_the_caller_keeps_auto_on_the_copy_engines
     assert choose_path(Options(**{name: value}), CUDA, "all_reduce", 1024, 4) == "dma"
 
 
+def test_above_the_sm_path_auto_takes_nccl_unless_the_copy_engines_were_measured_faster():
+    def path(op, world, nbytes, sm_bytes=None, nccl=True, options=Options()):
+        return choose_path(options, CUDA, op, sm_bytes, world, False, nbytes, nccl)
+
+    for op in ("reduce_scatter", "all_reduce"):  # the copy engines never beat NCCL at the sums
+        assert path(op, 4, 256 << 20) == path(op, 2, 64 << 20) == "nccl"
+    assert path("all_gather", 2, 16 << 20) == "dma"  # world 2: the copy engines win at every size
+    assert path("all_gather", 4, 8 << 20) == "nccl"
+    assert path("all_gather", 4, DMA_AUTO_MIN_BYTES[4, "all_gather"]) == "dma"
+    assert path("all_to_all", 4, DMA_AUTO_MIN_BYTES[4, "all_to_all"] - 1) == "nccl"
+    assert path("all_to_all", 2, DMA_AUTO_MIN_BYTES[2, "all_to_all"]) == "dma"
+    assert path("all_gather", 8, 1 << 30) == "nccl"  # a world without measurements: the baseline
+    assert path("all_to_all_v", 4, 64 << 20) == "dma"  # the MoE dispatch stays on the copy engines
+    assert path("all_reduce", 4, 1 << 20, sm_bytes=1 << 18) == "sm"  # the sm path first
+    assert path("all_reduce", 4, 64 << 20, nccl=False) == "dma"  # a group without NCCL (ranks sharing a GPU, gloo)
+    assert path("all_reduce", 4, 64 << 20, options=Options(variant="b2b")) == "dma"  # a copy-engine option
+    assert choose_path(Options(), CUDA, "all_reduce", None, 4, True, 64 << 20, True) == "dma"  # prelaunched
+    assert choose_path(Options(), HOST, "all_reduce", None, 4, False, 64 << 20, False) == "dma"
+    assert not nccl_auto(4, "broadcast", 1 << 20)
+
+
+def test_all_to_all_leaves_the_sm_path_at_2_mb_per_peer_at_world_4():
+    assert sm_auto_max_bytes(4, "all_to_all") == 2 << 20 < sm_auto_max_bytes(4, "all_gather")
+    assert sm_auto_max_bytes(2, "all_to_all") == SM_AUTO_MAX_BYTES < sm_auto_max_bytes(2, "all_reduce")
+
+
 def test_a_named_path_is_taken_as_it_is():
+    assert choose_path(Options(path="nccl"), CUDA, "all_reduce", 1024, 4) == "nccl"
     assert choose_path(Options(path="dma"), CUDA, "all_reduce", 1024, 4) == "dma"
     # the communicator refuses it
     assert choose_path(Options(path="sm", variant="b2b"), CUDA, "all_reduce", 1 << 30, 4) == "sm"

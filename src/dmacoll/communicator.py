@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple, NoReturn, Optional, Sequ
 import torch
 import torch.distributed as dist
 
-from . import backends, consistency, ops, validate
+from . import backends, consistency, nccl_path, ops, validate
 from .calibration import lookup
 from .errors import BackendUnavailable, DmaCollDeviceError, DmaCollError, DmaCollTimeoutError, InvalidArgument
 from .executor import GATES, Program, flag_words, lower, run, wait_words
@@ -162,6 +162,9 @@ class Communicator:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
         self.backend = _agreed_backend(backend, self.group, self.world)
         resolve(options, backends.engine_class(self.backend).capabilities)  # refused before any memory is allocated
+        self._nccl = nccl_path.available(self.group, self.backend)  # path 'nccl': the group runs NCCL
+        if options.path == "nccl" and not self._nccl:
+            raise InvalidArgument(_NO_NCCL.format(what="path='nccl'", backend=self.backend))
         self.options = options
         self.staging = _align(flag_words(self.world) * 4)
         self.heap_start = self.staging + _align(staging_bytes)
@@ -194,7 +197,7 @@ class Communicator:
         self._calls = 0
         self._programs: dict[tuple, Lowered] = {}
         self._resolved: dict[tuple, Options] = {}  # (op, size, in place, capturing, a call's changes) -> its Options
-        self._sm_repeats: dict[tuple, tuple[ops.OpSpec, Options]] = {}  # _repeat_key -> an sm call's spec, options
+        self._repeats: dict[tuple, tuple[ops.OpSpec, Options]] = {}  # _repeat_key -> an sm / nccl call's spec, options
         self._lean = LeanState()
         self._results = ResultBuffers(lambda n: self.empty(n, dtype=torch.uint8))
         self.last_handshake: Handshake = FULL  # the flags the last call used (for tests and logs)
@@ -264,11 +267,11 @@ class Communicator:
         then this call's option changes); the named methods call this."""
         capturing = self.engine.is_capturing()
         repeat = self._repeat_key(op, output, input, capturing) if not args and not options else None
-        known = self._sm_repeats.get(repeat) if repeat is not None else None
-        if known is not None:  # an sm call seen before with these very tensors: its checks and choice hold
+        known = self._repeats.get(repeat) if repeat is not None else None
+        if known is not None:  # an sm / nccl call seen before with these very tensors: its checks and choice hold
             self._check_open(op)
             self._check_usable(op)
-            self._run_sm(known[0], output, output if input is None else input, None, known[1])
+            self._run_kernel_path(known[0], output, output if input is None else input, None, known[1])
             return output
         if self._calibration is not None and not capturing and self._gate is None:
             self._calibrate(self._calibration)  # the first call measures the platform's defaults once (cached), on
@@ -280,12 +283,12 @@ class Communicator:
         # not behind a prelaunch gate: recording a graph synchronizes the device (torch.cuda.graph), which waits for
         # the gate stream, which waits for a release the host has not issued yet: a deadlock
         prerecord = opts.prerecord and self.capabilities.graphs and not capturing and self._gate is None
-        if opts.path == "sm":
-            self._run_sm(spec, request.output, request.input, _matrix(spec, request), opts)
+        if opts.path in ("sm", "nccl"):
+            self._run_kernel_path(spec, request.output, request.input, _matrix(spec, request), opts)
             if repeat is not None and spec.name != "all_to_all_v":
-                if len(self._sm_repeats) >= 4096:
-                    self._sm_repeats.clear()
-                self._sm_repeats[repeat] = (spec, opts)
+                if len(self._repeats) >= 4096:
+                    self._repeats.clear()
+                self._repeats[repeat] = (spec, opts)
             return output
         if opts.submit == "native":
             self.engine.ensure_native()  # a missing library is an error of this call, not of the communicator
@@ -325,20 +328,25 @@ class Communicator:
         inp = None if input is None else (input.data_ptr(), input.shape, input.stride(), input.dtype)
         return op, capturing, output.data_ptr(), output.shape, output.stride(), output.dtype, inp
 
-    def _run_sm(self, spec: ops.OpSpec, output: torch.Tensor, input: torch.Tensor, matrix: Optional[tuple],
-                opts: Options) -> None:
-        """One call on the sm path: a kernel on the current stream (the engine's ``sm``); a wait that gave up
-        since the last call is raised first, naming the silent ranks."""
+    def _run_kernel_path(self, spec: ops.OpSpec, output: torch.Tensor, input: torch.Tensor, matrix: Optional[tuple],
+                         opts: Options) -> None:
+        """One call on the sm path (a kernel on the current stream, the engine's ``sm``; a wait that gave up since the
+        last call is raised first, naming the silent ranks) or on the nccl path (``nccl_path``)."""
         self._calls += 1
-        label = f"{spec.name} call #{self._calls} (sm)"
-        silent = self.engine.sm.silent_ranks()
-        if silent:
-            self.error = DmaCollTimeoutError(f"an sm call waited more than {self.engine.timeout_s:g} s for rank(s) "
-                                             f"{', '.join(map(str, silent))} to deliver; the communicator is unusable")
-            raise self.error
+        label = f"{spec.name} call #{self._calls} ({opts.path})"
+        if opts.path == "sm":
+            silent = self.engine.sm.silent_ranks()
+            if silent:
+                self.error = DmaCollTimeoutError(f"an sm call waited more than {self.engine.timeout_s:g} s for "
+                                                 f"rank(s) {', '.join(map(str, silent))} to deliver; the "
+                                                 "communicator is unusable")
+                raise self.error
         self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
         try:
-            self.engine.sm.run(spec.name, output, input, matrix)
+            if opts.path == "sm":
+                self.engine.sm.run(spec.name, output, input, matrix)
+            else:
+                nccl_path.run(spec.name, output, input, matrix, self.group, self.rank)
         except InvalidArgument:
             raise
         except Exception as e:
@@ -433,7 +441,7 @@ class Communicator:
         if table is not None:
             self.tuning = table
             self._resolved.clear()  # the calls' options are chosen again from the new table
-            self._sm_repeats.clear()
+            self._repeats.clear()
         return table is not None
 
     def _measuring(self, heap_bytes: int) -> "Communicator":
@@ -479,7 +487,7 @@ class Communicator:
             shared = self.capabilities.sm_path and self.engine.sm_shares_device()
             sm_bytes = self._sm_bytes(spec, request)
             path = choose_path(wanted, self.capabilities, spec.name, sm_bytes, self.world,
-                               self._gate is not None or shared)
+                               self._gate is not None or shared, request.nbytes, self._nccl)
             if path == "sm":
                 if sm_bytes is None:
                     raise InvalidArgument(f"{spec.name} with path='sm': the sm path runs all_gather, all_to_all(_v), "
@@ -488,6 +496,12 @@ class Communicator:
                                           "place); use path='dma'")
                 if self._gate is not None:
                     raise InvalidArgument(f"{spec.name} with path='sm' inside a prelaunch block: prelaunched calls "
+                                          "run on the copy engines; use path='dma'")
+            elif path == "nccl":
+                if not self._nccl:
+                    raise InvalidArgument(_NO_NCCL.format(what=f"{spec.name} with path='nccl'", backend=self.backend))
+                if self._gate is not None:
+                    raise InvalidArgument(f"{spec.name} with path='nccl' inside a prelaunch block: prelaunched calls "
                                           "run on the copy engines; use path='dma'")
             elif resolved.submit == "native" and wanted.submit == "auto" and not self._native_available():
                 resolved = resolve(wanted, self.capabilities, call, self.tuning)  # chosen again, from Python
@@ -677,6 +691,10 @@ class Communicator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_NO_NCCL = ("{what} hands calls to torch.distributed on the communicator's process group, which does not run NCCL "
+            "here (backend={backend!r}, or a group of another torch backend); use path='dma'")
 
 
 def _agreed_backend(requested: str, group, world: int) -> str:

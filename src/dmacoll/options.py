@@ -27,24 +27,42 @@ from .plan import DIRECTIONS, VARIANTS
 from .tuning import CHOSEN, Choice, TuningTable
 
 HANDSHAKES = ("full", "lean")
-PATHS = ("dma", "sm")
+PATHS = ("dma", "sm", "nccl")
 # 'auto' takes the sm path up to this many bytes per peer (the sm path's default slots; an all_reduce's per peer part
 # is its two-shot chunk where it runs two kernels): graph-replayed on 4x and 2x H200 its kernels beat the copy engines'
-# calls for every op up to here, and NCCL for every op but all_to_all at world 4 (1.12x at 4 MB per peer, 64 blocks),
-# not at 8-16 MB per peer for the gathers at world 4 (results/h200x4/sm_path/sm_path_large/,
-# results/h200x4/small_calls/). At world 2 up to 8 MB per peer (``sm_auto_max_bytes``) but for all_to_all: there
-# the sm rows at 8 MB per peer took 0.74-0.87 of NCCL for all_reduce, all_gather and reduce_scatter, as fast as the
-# copy engines or faster (0.84-1.30), and all_to_all 1.13-1.26 where the copy engines took 1.07-1.13
-# (results/h200x2/sm_path/, four runs)
+# calls for every op up to here, and NCCL for every op but all_to_all at world 4 (1.06-1.12x at 4 MB per peer, 0.95-0.98
+# at 2 MB: results/h200x4/sm_path/sm_path_large/, default_call/), not at 8-16 MB per peer for the gathers at world 4.
+# At world 2 up to 8 MB per peer (``sm_auto_max_bytes``) but for all_to_all: there the sm rows at 8 MB per peer took
+# 0.74-0.87 of NCCL for all_reduce, all_gather and reduce_scatter, as fast as the copy engines or faster (0.84-1.30),
+# and all_to_all 1.13-1.26 where the copy engines took 1.07-1.13 (results/h200x2/sm_path/, four runs)
 SM_AUTO_MAX_BYTES = 4 << 20
 WORLD2_SM_AUTO_MAX_BYTES = 8 << 20
+WORLD4_ALL_TO_ALL_SM_AUTO_MAX_BYTES = 2 << 20
+# Above the sm path, 'auto' takes the copy engines only where they were measured faster than NCCL: from these sizes
+# (the tuning table's: all_gather's input, all_to_all's, reduce_scatter's input, all_reduce's tensor), per (world, op);
+# below them, and for a world or op not listed, NCCL itself (path 'nccl', the communicator's own process group) where
+# the group runs it, so the default call is never slower than the baseline it is measured against. Graph-replayed on
+# 2x and 4x H200 (results/h200x2/operator/, results/h200x4/operator/ and sm_path/sm_path_large/): the copy engines
+# took 0.67-0.72 of NCCL for all_gather at world 2 at every size, 0.76-0.98 for all_to_all at world 2 from 32 MB
+# (1.07-1.13 at 16 MB), 0.89-0.95 for all_gather at world 4 from 32 MB (1.03-1.14 at 8-16 MB) and 0.89-0.93 for
+# all_to_all at world 4 from 128 MB (0.97-1.16 at 16-64 MB); the reductions lost at every size above the sm path
+# (1.27-1.89 at world 4). all_to_all_v (the MoE dispatch, uneven) stays on the copy engines.
+DMA_AUTO_MIN_BYTES = {(2, "all_gather"): 0, (2, "all_to_all"): 32 << 20,
+                      (4, "all_gather"): 32 << 20, (4, "all_to_all"): 128 << 20}
+NCCL_AUTO_OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
 
 
 def sm_auto_max_bytes(world: int, op: str) -> int:
     """The most bytes per peer 'auto' sends on the sm path for ``op`` at ``world`` ranks."""
-    if world == 2 and not op.startswith("all_to_all"):
-        return WORLD2_SM_AUTO_MAX_BYTES
-    return SM_AUTO_MAX_BYTES
+    if op.startswith("all_to_all"):
+        return WORLD4_ALL_TO_ALL_SM_AUTO_MAX_BYTES if world == 4 else SM_AUTO_MAX_BYTES
+    return WORLD2_SM_AUTO_MAX_BYTES if world == 2 else SM_AUTO_MAX_BYTES
+
+
+def nccl_auto(world: int, op: str, nbytes: int) -> bool:
+    """Whether 'auto' hands a call of ``op`` of ``nbytes`` (the tuning table's size) that the sm path does not take
+    to NCCL rather than the copy engines (``DMA_AUTO_MIN_BYTES``)."""
+    return op in NCCL_AUTO_OPS and nbytes < DMA_AUTO_MIN_BYTES.get((world, op), float("inf"))
 
 
 COPY_ENGINE_OPTIONS = ("variant", "direction", "signal", "wait", "prerecord", "submit")
@@ -92,9 +110,12 @@ class Options:
     rides in the data: LL lines), a local copy or sum; all_gather, all_to_all(_v), all_reduce (two kernels from
     ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more, above a slot at 2), reduce_scatter up to ``cuda_sm.slot_bytes``
     per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of ``cuda_sm.THREADS`` threads;
-    cuda only) or ``auto`` (the default): ``sm`` up to ``sm_auto_max_bytes`` per peer (4 MB; 8 MB at world 2 but
-    for all_to_all) where the call fits it and names no copy-engine option, else ``dma`` (``choose_path``).
-    ``last_options.path`` says which ran.
+    cuda only), ``nccl`` (the call handed to ``torch.distributed`` on the communicator's process group: the baseline
+    itself, where the group runs NCCL (RCCL on ROCm)) or ``auto`` (the default): ``sm`` up to ``sm_auto_max_bytes``
+    per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for all_to_all at world 4) where the call fits it and
+    names no copy-engine option; above it ``dma`` where the copy engines were measured faster than NCCL
+    (``DMA_AUTO_MIN_BYTES``), else ``nccl`` where the group runs it, else ``dma`` (``choose_path``).
+    ``last_options.path`` says which ran. Explicit ``dma`` is the papers' reproduction: pure copy engines.
 
     ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue), ``multi`` (one handshake, copies
     split over ``engines`` queues) or ``auto``; ``direction``: ``push`` (write into peers), ``pull`` (read from
@@ -272,16 +293,20 @@ def _check_combination(options: Options, capabilities: EngineCapabilities) -> No
 
 
 def choose_path(options: Options, capabilities: EngineCapabilities, op: str, sm_bytes: Optional[int], world: int,
-                gated: bool = False) -> str:
-    """Which data path a call takes: the caller's, or for 'auto' the sm path where the engine has it, the call fits it
-    (``sm_bytes``: its bytes per peer there, None where the sm path cannot run it), up to ``sm_auto_max_bytes``, not
-    behind a prelaunch gate (``gated``) and the caller chose no copy-engine option (a caller who names a variant,
-    direction, signal, wait, prerecord or submit asked for the copy engines). Pure, the same on every rank."""
+                gated: bool = False, nbytes: int = 0, nccl: bool = False) -> str:
+    """Which data path a call takes: the caller's, or for 'auto' the copy engines where the caller chose a copy-engine
+    option (a variant, direction, signal, wait, prerecord or submit) or the call is behind a prelaunch gate
+    (``gated``), else the sm path where the engine has it and the call fits it (``sm_bytes``: its bytes per peer
+    there, None where the sm path cannot run it) up to ``sm_auto_max_bytes``, else NCCL where the communicator's group
+    runs it (``nccl``) and ``nccl_auto`` says the copy engines were not measured faster at ``nbytes``, else the copy
+    engines. Pure, the same on every rank."""
     if options.path != "auto":
         return options.path
-    if not capabilities.sm_path or sm_bytes is None or sm_bytes > sm_auto_max_bytes(world, op) or gated:
+    if gated or any(getattr(options, name) != "auto" for name in COPY_ENGINE_OPTIONS):
         return "dma"
-    return "dma" if any(getattr(options, name) != "auto" for name in COPY_ENGINE_OPTIONS) else "sm"
+    if capabilities.sm_path and sm_bytes is not None and sm_bytes <= sm_auto_max_bytes(world, op):
+        return "sm"
+    return "nccl" if nccl and nccl_auto(world, op, nbytes) else "dma"
 
 
 def candidates(capabilities: EngineCapabilities, eager: bool, epoch: bool = False) -> dict[str, set]:

@@ -202,9 +202,9 @@ def test_sm_path_replays_in_graphs_and_auto_takes_it_where_it_should(world, seed
     results = run_ranks(_graph_and_auto, world, seed, device="cuda", timeout_s=200)
     assert not [f for r in results for f in r["failures"]]
     shared = ranks_share_gpus(world)  # 'auto' keeps the copy engines there
-    sm = "dma" if shared else "sm"
+    sm, nccl = ("dma", "dma") if shared else ("sm", "nccl")  # no NCCL where ranks share a GPU
     for r in results:
-        assert (r["small"], r["mid"], r["two_shot"], r["large"], r["named_variant"]) == (sm, sm, sm, "dma", "dma"), r
+        assert (r["small"], r["mid"], r["two_shot"], r["large"], r["named_variant"]) == (sm, sm, sm, nccl, "dma"), r
 
 
 def _absent(rank: int, world: int, ll: int) -> str:
@@ -237,7 +237,7 @@ def test_a_peer_that_never_calls_is_named_by_a_timeout(world, ll):
 
 
 def _eager_repeats(rank: int, world: int, seed: int) -> dict:
-    """Repeated eager calls take the fast path (``Communicator._sm_repeats``): results stay right on fresh data,
+    """Repeated eager calls take the fast path (``Communicator._repeats``): results stay right on fresh data,
     with other tensors of the same shape, in place; a call whose tensors differ in anything its checks read is
     checked again."""
     import torch.distributed as dist
@@ -270,7 +270,7 @@ def _eager_repeats(rank: int, world: int, seed: int) -> dict:
         if not torch.equal(heap[0].cpu().view(torch.int16), want.view(torch.int16)):
             failures.append(f"in-place all_reduce call {call} (seed {seed})")
         dist.barrier()
-    out = {"failures": failures, "paths": paths, "repeats": len(comm._sm_repeats)}
+    out = {"failures": failures, "paths": paths, "repeats": len(comm._repeats)}
     strided = heap[0][::2]  # the same address as a cached in-place call's tensor, other shape and stride
     try:
         comm.all_reduce(strided)

@@ -4,7 +4,7 @@ Three dmacoll configurations are reported per (op, mode, size), never mixed (``p
 
 * **default**: what ``Communicator()`` does with no options for an out-of-place call on the copy engines: the
   sweep's ``dma_default`` rows where it measured them (a call with no options; rows whose call took the sm path,
-  ``path='sm'``, are not the papers' DMA collectives and are left out); for sweeps without them, the row of the configuration
+  ``path='sm'``, or NCCL, ``path='nccl'``, are not the papers' DMA collectives and are left out); for sweeps without them, the row of the configuration
   that every 'auto' option takes from the tuning table shipped for the machine (``tuning.find``; the fallback
   without one): the variant, direction, flag signal, wait, prerecording and submission, with the full
   handshake. Where that table was derived from the same sweep, this pick is in-sample (the fastest of the
@@ -110,14 +110,20 @@ def fastest(rows: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def on_copy_engines(df: pd.DataFrame) -> pd.Series:
+    """The rows whose call ran on the copy engines: the papers' reproduction. A default call that took the sm path or
+    NCCL (``path`` 'sm', 'nccl') is not one of its rows."""
+    if "path" not in df:
+        return pd.Series(True, index=df.index)
+    return df["path"].fillna("").isin(("dma", ""))
+
+
 def picks(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """The default, tuned and oracle dma configurations (module docstring), and DMA-Latte's unoptimised
     ``baseline``, per (op, mode, size): the row measured for each, and the N it was picked from."""
     dma = df[(df["impl"] == "dma") & df["ok"]]
     auto = dma[auto_choice(dma)]
-    # the papers' reproduction is the copy engines: a default call that took the sm path is not one of its rows
-    on_dma = df["path"] != "sm" if "path" in df else pd.Series(True, index=df.index)
-    measured = fastest(df[(df["impl"] == "dma_default") & df["ok"] & on_dma]).assign(measured=True)
+    measured = fastest(df[(df["impl"] == "dma_default") & df["ok"] & on_copy_engines(df)]).assign(measured=True)
     derived = fastest(dma[default_choice(dma)]).assign(measured=False)
     default = pd.concat([measured, derived[~derived.index.isin(measured.index)]])
     return {"default": default, "tuned": fastest(auto[auto["handshake"] == "full"]),

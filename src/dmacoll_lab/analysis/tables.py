@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from dmacoll.lab_api import human
+from . import report
 
 
 def config_names(df: pd.DataFrame) -> pd.Series:
@@ -261,7 +262,7 @@ def nccl_tests(sweep: pd.DataFrame, mode: str = "graph", sizes=None) -> pd.DataF
     rows = sweep[sweep["mode"] == mode]
     if sizes is not None:
         rows = rows[rows["bytes_per_rank"].isin(sizes)]
-    on_dma = rows["path"].fillna("") != "sm" if "path" in rows else pd.Series(True, index=rows.index)
+    on_dma = report.on_copy_engines(rows)
     chosen = {"NCCL": rows["impl"] == "nccl", "Communicator()": rows["impl"] == "dma_default",
               "oracle": (rows["impl"] == "dma") & on_dma}
     out = []

@@ -1,0 +1,128 @@
+"""The nccl path (``path='nccl'``: the call handed to torch.distributed on the communicator's group, ``nccl_path.py``)
+at worlds 2 and 4, a GPU per rank: every op on fresh random data into poisoned outputs, in place where the op has
+that form, eager and graph-replayed, and 'auto' taking it above the sm path where the copy engines were not measured
+faster (``options.nccl_auto``). NCCL adds along its own order, so sums are checked within rounding; moves exactly."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmacoll_lab.verify.launch import run_ranks
+
+from test_sm_path import WORLDS, draw, ranks_share_gpus, shapes
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+OPS = ("all_gather", "all_to_all", "all_reduce", "reduce_scatter")
+DTYPES = ("bfloat16", "float32", "int32")
+
+
+def reference(op: str, world: int, rank: int, inputs: list[torch.Tensor]) -> torch.Tensor:
+    if op == "all_gather":
+        return torch.cat(inputs)
+    if op == "all_to_all":
+        return torch.cat([x.chunk(world)[rank] for x in inputs])
+    parts = inputs if op == "all_reduce" else [x.chunk(world)[rank] for x in inputs]
+    wide = torch.float64 if parts[0].dtype.is_floating_point else torch.int64
+    return sum(x.to(wide) for x in parts)
+
+
+def close(op: str, got: torch.Tensor, want: torch.Tensor) -> bool:
+    if op in ("all_gather", "all_to_all") or not got.dtype.is_floating_point:
+        return torch.equal(got.to(want.dtype), want)
+    step = 2.0 ** -7 if got.dtype == torch.bfloat16 else 2.0 ** -20  # NCCL's sums round along its ring
+    return bool(torch.allclose(got.double(), want, rtol=4 * step, atol=4 * step * want.abs().max().item()))
+
+
+def _calls(rank: int, world: int, seed: int) -> dict:
+    import torch.distributed as dist
+
+    from dmacoll import Communicator
+
+    comm = Communicator(timeout_s=30)
+    failures, paths = [], set()
+
+    def check(label: str, op: str, y: torch.Tensor, inputs: list[torch.Tensor]) -> None:
+        torch.cuda.synchronize()
+        if not close(op, y.cpu(), reference(op, world, rank, inputs)):
+            failures.append(f"{label} (seed {seed})")
+        dist.barrier()
+
+    for op in OPS:
+        for name in DTYPES:
+            dtype = getattr(torch, name)
+            for count in (1, 4099):  # per rank or per peer: one element, an odd count
+                n_in, n_out = shapes(op, world, count)
+                x, y = comm.empty(n_in, dtype=dtype), torch.empty(n_out, dtype=dtype, device=comm.device)
+                inputs = [draw(n_in, dtype, seed + r + count) for r in range(world)]
+                x.copy_(inputs[rank].to(comm.device))
+                y.fill_(-7)
+                comm.collective(op, y, x, path="nccl")
+                paths.add(comm.last_options.path)
+                check(f"{op} {name} {count} eager", op, y, inputs)
+    # in place: all_reduce (input omitted), all_gather into its own chunk, reduce_scatter from its own chunk
+    n = world * 1031
+    inputs = [draw(n, torch.bfloat16, seed + 50 + r) for r in range(world)]
+    t = comm.empty(n, dtype=torch.bfloat16)
+    t.copy_(inputs[rank].to(comm.device))
+    comm.all_reduce(t, path="nccl")
+    check("all_reduce in place", "all_reduce", t, inputs)
+    chunks = [draw(1031, torch.bfloat16, seed + 60 + r) for r in range(world)]
+    t.fill_(-7)
+    mine = t[rank * 1031:(rank + 1) * 1031]
+    mine.copy_(chunks[rank].to(comm.device))
+    comm.all_gather(t, mine, path="nccl")
+    check("all_gather in place", "all_gather", t, chunks)
+    t.copy_(inputs[rank].to(comm.device))
+    mine = t[rank * 1031:(rank + 1) * 1031]
+    comm.reduce_scatter(mine, t, path="nccl")
+    check("reduce_scatter in place", "reduce_scatter", mine, inputs)
+    # all_to_all_v: seeded uneven counts (an empty one too), in elements
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 700, (world, world), generator=g).tolist()
+    counts[0][world - 1] = 0
+    sent = [draw(sum(counts[r]), torch.bfloat16, seed + 70 + r) for r in range(world)]
+    x = comm.empty(sum(counts[rank]), dtype=torch.bfloat16)
+    x.copy_(sent[rank].to(comm.device))
+    y = torch.full((sum(row[rank] for row in counts),), -7, dtype=torch.bfloat16, device=comm.device)
+    comm.all_to_all_v(y, x, counts, path="nccl")
+    torch.cuda.synchronize()
+    want = torch.cat([sent[r][sum(counts[r][:rank]): sum(counts[r][:rank + 1])] for r in range(world)])
+    if not torch.equal(y.cpu(), want):
+        failures.append(f"all_to_all_v {counts} (seed {seed})")
+    dist.barrier()
+    # graph-replayed: three calls per graph, fresh data every replay
+    for op in ("all_reduce", "all_gather"):
+        n_in, n_out = shapes(op, world, 4099)
+        x, y = comm.empty(n_in, dtype=torch.bfloat16), comm.empty(n_out, dtype=torch.bfloat16)
+        comm.collective(op, y, x, path="nccl")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(3):
+                comm.collective(op, y, x, path="nccl")
+        for replay in range(3):
+            inputs = [draw(n_in, torch.bfloat16, seed + 90 + 10 * replay + r) for r in range(world)]
+            x.copy_(inputs[rank].to(comm.device))
+            y.fill_(-7)
+            graph.replay()
+            check(f"{op} graph replay {replay}", op, y, inputs)
+    # 'auto': a sum above the sm path goes to NCCL (the copy engines never beat it there), a small one to the sm path
+    big = comm.empty(48 << 20, dtype=torch.bfloat16)  # 96 MB: above the sm path at worlds 2 and 4
+    comm.all_reduce(big)
+    auto = {"large all_reduce": comm.last_options.path}
+    comm.all_reduce(big[:512])
+    auto["small all_reduce"] = comm.last_options.path
+    torch.cuda.synchronize()
+    comm.close()
+    return {"failures": failures, "paths": paths, "auto": auto}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_nccl_path_matches_the_reference_and_auto_takes_it_above_the_sm_path(world, seed):
+    if ranks_share_gpus(world):
+        pytest.skip(f"{world} ranks need a GPU each: NCCL refuses ranks that share one")
+    results = run_ranks(_calls, world, seed, device="cuda", timeout_s=300)
+    for r in results:
+        assert not r["failures"], r["failures"]
+        assert r["paths"] == {"nccl"}, r
+        assert r["auto"] == {"large all_reduce": "nccl", "small all_reduce": "sm"}, r
