@@ -107,7 +107,7 @@ def _calls(rank: int, world: int, seed: int) -> dict:
             graph.replay()
             check(f"{op} graph replay {replay}", op, y, inputs)
     # 'auto': a sum above the sm path goes to NCCL (the copy engines never beat it there), a small one to the sm path
-    big = comm.empty(48 << 20, dtype=torch.bfloat16)  # 96 MB: above the sm path at worlds 2 and 4
+    big = torch.zeros(48 << 20, dtype=torch.bfloat16, device=comm.device)  # 96 MB: above the sm path at worlds 2, 4
     comm.all_reduce(big)
     auto = {"large all_reduce": comm.last_options.path}
     comm.all_reduce(big[:512])
