@@ -337,6 +337,13 @@ EARLIER_CONFIG.update({f"h200x2/sm_path/small_calls_block_bytes_{b}_run1": {**_S
                                                                            "ops": ["all_reduce", "all_gather"]}
                        for b in (2048, 16384)})
 
+# eighth session, world 2 (results/h200x2/sm_path/README.md): the default call with the nccl band, three runs each
+EARLIER_CONFIG.update({f"h200x2/sm_path/default_call_nccl_band_run{n}": {
+    "worlds": [2], "calls": 20, "repeats": 10, "sizes": [1 << k for k in (10, 12, 14, 16, 18, 20, 21, 22)]}
+    for n in (1, 2, 3)})
+EARLIER_CONFIG.update({f"h200x2/sm_path/large_calls_nccl_band_run{n}": {
+    "worlds": [2], "calls": 5, "repeats": 10, "sizes": [8 << 20, 16 << 20, 32 << 20, 64 << 20]} for n in (1, 2, 3)})
+
 
 def probe_of(command: list[str]):
     """The probe a sidecar's command ran: tools/probe_<name>.py (before the CLI) or `dmacoll probe <name>`."""

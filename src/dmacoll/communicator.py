@@ -341,7 +341,10 @@ class Communicator:
                                                  f"rank(s) {', '.join(map(str, silent))} to deliver; the "
                                                  "communicator is unusable")
                 raise self.error
-        self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
+        if opts.path == "sm":
+            self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
+        else:
+            self.engine.raise_timeout()  # NCCL runs on its own stream: only a copy-engine call's timeout to raise
         try:
             if opts.path == "sm":
                 self.engine.sm.run(spec.name, output, input, matrix)
