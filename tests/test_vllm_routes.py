@@ -1,9 +1,9 @@
 """The vLLM plugin's routing table: derived from the committed sweeps, and the decisions it gives."""
 import json
 
+import pandas as pd
 import pytest
 
-from dmacoll_lab.analysis import report
 from dmacoll_lab.vllm import routes as derive
 from dmacoll_lab.cli import main
 from dmacoll.integrations.vllm_routes import Routes, bracket, policy
@@ -20,20 +20,21 @@ def test_shipped_table_is_what_the_committed_sweeps_give(capsys):
 
 
 @pytest.mark.parametrize("machine", derive.MACHINES)
-def test_entries_are_the_default_pick_and_nccl_of_the_sweep(machine):
-    """Every entry against the sweep read independently: Communicator()'s default row and NCCL's row."""
+def test_entries_are_the_default_call_and_nccl_of_the_runs(machine):
+    """Every entry against the runs read independently: the median over the runs of Communicator()'s default rows
+    and of NCCL's, at the vLLM call's input size (reduce_scatter: the probe's chunk times the world)."""
     table = derive.machine_table(machine)
-    df = report.load([str(derive.ROOT / c) for c in table["source"]])
-    default, nccl = report.picks(df)["default"], report.best(df, "nccl")
-    # the ops vLLM calls that the sweeps hold (all_to_all serves no vLLM call; 4x H200 swept the reductions too)
-    served = {"h200x2": {"all_gather"}, "h200x4": {"all_gather", "reduce_scatter"}}[machine]
-    assert {e["op"] for e in table["entries"]} == served
+    frames = [pd.read_csv(derive.ROOT / c) for c in table["source"]]
+    rows = pd.concat(frames)
+    world = table["world"]
+    assert {e["op"] for e in table["entries"]} == {"all_gather", "reduce_scatter"}  # the ops vLLM calls there
     for e in table["entries"]:
-        key = (e["op"], e["mode"], e["bytes_per_rank"])
-        assert e["dmacoll_us"] == pytest.approx(default.loc[key, "time_us"], abs=0.005)
-        assert e["vllm_us"] == pytest.approx(nccl.loc[key, "time_us"], abs=0.005)
-    for op in served:  # both modes at every size
-        assert sum(e["op"] == op for e in table["entries"]) == 2 * df[df["op"] == op]["bytes_per_rank"].nunique()
+        chunk = e["bytes_per_rank"] // (world if e["op"] == "reduce_scatter" else 1)
+        point = rows[(rows["op"] == e["op"]) & (rows["mode"] == e["mode"]) & (rows["bytes"] == chunk)]
+        assert e["dmacoll_us"] == pytest.approx(point[point["impl"] == "default"]["per_call_us"].median(), abs=0.005)
+        assert e["vllm_us"] == pytest.approx(point[point["impl"] == "nccl"]["per_call_us"].median(), abs=0.005)
+    for op in ("all_gather", "reduce_scatter"):  # both modes at every size
+        assert sum(e["op"] == op for e in table["entries"]) == 2 * rows[rows["op"] == op]["bytes"].nunique()
 
 
 def test_bracket_and_size_classes():
@@ -46,24 +47,23 @@ def test_bracket_and_size_classes():
 def test_decisions_on_the_shipped_table():
     r = Routes.shipped()
     h200x2 = r.table(2, H200)
-    rows = {(e["mode"], e["bytes_per_rank"]): e for e in h200x2["entries"]}
+    rows = {(e["mode"], e["bytes_per_rank"]): e for e in h200x2["entries"] if e["op"] == "all_gather"}
     for (mode, size), e in rows.items():  # every measured size decides by its own row
         d = r.decide("all_gather", size, mode, 2, H200)
         assert d.route == (e["dmacoll_us"] <= 0.9 * e["vllm_us"]), (mode, size)
     # between two sizes: both must favour dmacoll
-    slow_fast = [(m, a, b) for (m, a), ea in rows.items() for (m2, b), eb in rows.items()
-                 if m == m2 and b == 2 * a and (ea["dmacoll_us"] <= 0.9 * ea["vllm_us"]) != (
-                     eb["dmacoll_us"] <= 0.9 * eb["vllm_us"])]
-    assert slow_fast  # the committed data has a crossing
-    for mode, a, b in slow_fast:
-        assert not r.decide("all_gather", a + a // 2, mode, 2, H200).route
-    assert r.decide("all_gather", 1 << 10, "graph", 2, H200).route is False  # KB sizes: NCCL is faster
+    crossings = [(m, a, b) for (m, a), ea in rows.items() for (m2, b), eb in rows.items()
+                 if m == m2 and a < b and not [s for (m3, s) in rows if m3 == m and a < s < b]
+                 and (ea["dmacoll_us"] <= 0.9 * ea["vllm_us"]) != (eb["dmacoll_us"] <= 0.9 * eb["vllm_us"])]
+    assert crossings  # the committed data has one
+    for mode, a, b in crossings:
+        assert not r.decide("all_gather", (a + b) // 2, mode, 2, H200).route
+    assert r.decide("all_gather", 4 << 10, "graph", 2, H200).route  # KB sizes: the sm path beats NCCL
     d = r.decide("all_reduce", 64 << 20, "graph", 2, H200)
     assert not d.route and d.reason == r.deferred["all_reduce"]
-    d = r.decide("reduce_scatter", 64 << 20, "graph", 2, H200)  # measured on 4x H200 only
-    assert not d.route and d.reason == "no graph measurement of reduce_scatter at world 2 (h200x2)"
-    d = r.decide("reduce_scatter", 64 << 20, "graph", 4, H200)  # there the copy engines lose to NCCL
+    d = r.decide("reduce_scatter", 128 << 20, "graph", 2, H200)  # there Communicator() hands it to NCCL itself
     assert not d.route and d.reason.startswith("dmacoll not faster")
+    assert r.decide("reduce_scatter", 64 << 10, "graph", 4, H200).route
     assert "no measurement at world 8" in r.decide("all_gather", 64 << 20, "graph", 8, H200).reason
     assert not r.decide("all_gather", 64 << 20, "graph", 2, "NVIDIA H100 80GB HBM3").route
 

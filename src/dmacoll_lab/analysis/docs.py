@@ -234,17 +234,12 @@ def nccl_tests(machine: str) -> str:
                                   "defines it; sizes are bytes per rank; 'not run': the run did not measure it.")
 
 
-# repeated runs of Communicator()'s current defaults: 1 KB-4 MB and 8-64 MB per rank
-DEFAULT_CALL_RUNS = ("sm_path/default_call_nccl_band_run*", "sm_path/large_calls_nccl_band_run*")
-
-
 def default_call(machine: str) -> str:
     """``Communicator()`` with its current defaults against NCCL, run by run (``tables.default_call``), graph-replayed
     and eager."""
-    found = [p for runs in DEFAULT_CALL_RUNS for p in sorted((ROOT / "results" / machine).glob(f"{runs}/data.csv"))]
-    paths = [str(p.relative_to(ROOT)) for p in found]
+    paths = [str(p.relative_to(ROOT)) for p in tables.default_call_runs(machine, ROOT)]
     if not paths:
-        return f"No runs of the current defaults on {machine} (`{'`, `'.join(DEFAULT_CALL_RUNS)}`)."
+        return f"No runs of the current defaults on {machine} (`tables.DEFAULT_CALL_RUNS`)."
     rows = load.read("probe", _abs(paths))
     codes = ", ".join(str(load.provenance(ROOT / p).get("git_sha"))[:10] for p in paths)
     tables_ = [f"{mode.capitalize()}:\n\n" + report.markdown(tables.default_call(rows, mode))

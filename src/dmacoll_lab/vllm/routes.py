@@ -1,11 +1,13 @@
-"""The vLLM plugin's routing table (``dmacoll/integrations/vllm_routes.json``) from committed operator sweeps.
+"""The vLLM plugin's routing table (``dmacoll/integrations/vllm_routes.json``) from committed measurements.
 
-    dmacoll vllm routes           # rewrite it from results/<machine>/operator/ of every reference machine
-    dmacoll vllm routes --check   # exit 1 if it differs from what the committed sweeps give
+    dmacoll vllm routes           # rewrite it from the committed runs of Communicator()'s current defaults
+    dmacoll vllm routes --check   # exit 1 if it differs from what those runs give
 
-Per machine and (op, mode, size): the time of ``Communicator()``'s defaults (``report.picks``' *default*: what
-the plugin runs) and NCCL's (vLLM's ``all_gather`` / ``reduce_scatter`` call PyNccl). The decision rule lives in
-``integrations/vllm_routes.py``; this module only gathers the numbers.
+Per machine and (op, mode, size): the time of ``Communicator()``'s defaults (what the plugin runs: the ``default``
+rows of ``dmacoll probe sm_path``, which took the sm, nccl or copy-engine path by size) and NCCL's in the same runs
+(vLLM's ``all_gather`` / ``reduce_scatter`` call PyNccl), each the median over the runs (``tables.DEFAULT_CALL_RUNS``).
+Sizes are the vLLM call's input bytes per rank (the probe counts reduce_scatter by its chunk: times the world here).
+The decision rule lives in ``integrations/vllm_routes.py``; this module only gathers the numbers.
 """
 from __future__ import annotations
 
@@ -14,41 +16,45 @@ from pathlib import Path
 
 from dmacoll.lab_api import vllm_routes
 from ..analysis import load as results
-from ..analysis import report
+from ..analysis import tables
 
 ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "src/dmacoll/integrations" / vllm_routes.TABLE_FILE
-MACHINES = ("h200x2", "h200x4")  # the reference result sets with operator sweeps
+MACHINES = ("h200x2", "h200x4")  # the reference result sets with runs of the current defaults
 MARGIN = 0.10  # dmacoll must be this much faster at both ends of a size class (staging, run-to-run spread)
 NEVER = {"all_reduce": "vLLM's all-reduce is custom all-reduce, symmetric memory or PyNccl by size (its log line "
                        "'Using [...] all-reduce backends' names them); no committed measurement compares dmacoll "
                        "with those"}
 # the other dmacoll ops that serve vLLM's calls (vllm_routes.SERVED), and what stands for vLLM's own path in the
-# sweeps: vLLM's all_gather / reduce_scatter call PyNccl
+# runs: vLLM's all_gather / reduce_scatter call PyNccl
 BASELINE = {op: "nccl" for op in vllm_routes.SERVED if op not in NEVER}
 
 
-def sweeps(machine: str, root: Path = ROOT) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in (root / "results" / machine / "operator").glob("sweep_*/data.csv"))
+def sources(machine: str, root: Path = ROOT) -> list[str]:
+    return [str(p.relative_to(root)) for p in tables.default_call_runs(machine, root)]
 
 
 def machine_table(machine: str, root: Path = ROOT) -> dict:
-    csvs = sweeps(machine, root)
+    csvs = sources(machine, root)
     if not csvs:
-        raise FileNotFoundError(f"no operator sweeps under results/{machine}/operator/")
-    df = report.load([str(root / c) for c in csvs])
-    default = report.picks(df)["default"]
-    prov = results.provenance(root / csvs[0])
+        raise FileNotFoundError(f"no runs of the current defaults under results/{machine}/ "
+                                f"({', '.join(tables.DEFAULT_CALL_RUNS.get(machine, ()))})")
+    rows = results.read("probe", [root / c for c in csvs])
+    rows = rows[rows["op"].isin(list(BASELINE)) & (rows["correct"].astype(str) == "True")]
+    world = int(rows["world"].iloc[0])
+    medians = rows.groupby(["op", "mode", "bytes", "impl"])["per_call_us"].median()
     entries = []
-    for op, base in BASELINE.items():
-        theirs = report.best(df, base)
-        for key in sorted(k for k in default.index if k[0] == op and k in theirs.index):
-            mine = default.loc[key]
-            entries.append({"op": op, "mode": key[1], "bytes_per_rank": int(key[2]),
-                            "dmacoll_us": round(float(mine["time_us"]), 2), "dmacoll_config": report.config_label(mine),
-                            "vllm_path": base, "vllm_us": round(float(theirs.loc[key, "time_us"]), 2)})
+    for (op, mode, nbytes), point in medians.groupby(level=[0, 1, 2], sort=True):
+        times = point.droplevel([0, 1, 2])
+        if "default" not in times or BASELINE[op] not in times:
+            continue
+        entries.append({"op": op, "mode": mode, "bytes_per_rank": int(nbytes) * (world if op == "reduce_scatter" else 1),
+                        "dmacoll_us": round(float(times["default"]), 2), "dmacoll_config": "Communicator()",
+                        "vllm_path": BASELINE[op], "vllm_us": round(float(times[BASELINE[op]]), 2)})
+    entries.sort(key=lambda e: (e["op"], e["mode"], e["bytes_per_rank"]))
+    prov = results.provenance(root / csvs[0])
     gpus = prov.get("hardware", {}).get("gpus", [])
-    return {"machine": machine, "world": int(df["world"].iloc[0]), "gpu": gpus[0] if gpus else "", "source": csvs,
+    return {"machine": machine, "world": world, "gpu": gpus[0] if gpus else "", "source": csvs,
             "source_git_sha": prov.get("git_sha"), "entries": entries}
 
 
@@ -56,7 +62,7 @@ def derive(machines=MACHINES, root: Path = ROOT) -> dict:
     tables = [machine_table(m, root) for m in machines]
     measured = {e["op"] for t in tables for e in t["entries"]}
     deferred = dict(NEVER)
-    deferred.update({op: f"no committed sweep of {op} (measure: dmacoll sweep --ops {op}; then dmacoll vllm "
+    deferred.update({op: f"no committed run of {op} (measure: dmacoll probe sm_path --ops {op}; then dmacoll vllm "
                          "routes)" for op in BASELINE if op not in measured})
     return {"generated_by": "dmacoll vllm routes", "margin": MARGIN,
             "rule": "route a call when dmacoll_us <= (1 - margin) x vllm_us at every measured size around it "
