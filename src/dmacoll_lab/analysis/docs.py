@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -234,17 +234,32 @@ def nccl_tests(machine: str) -> str:
                                   "defines it; sizes are bytes per rank; 'not run': the run did not measure it.")
 
 
+def _default_call_runs(machine: str) -> tuple[list[str], Optional[pd.DataFrame], str]:
+    """The runs of the current defaults on ``machine``: their paths, their rows, and the source line."""
+    paths = [str(p.relative_to(ROOT)) for p in tables.default_call_runs(machine, ROOT)]
+    if not paths:
+        return paths, None, f"No runs of the current defaults on {machine} (`tables.DEFAULT_CALL_RUNS`)."
+    codes = ", ".join(str(load.provenance(ROOT / p).get("git_sha"))[:10] for p in paths)
+    return paths, load.read("probe", _abs(paths)), source_line(paths) + f" Code per run: {codes}."
+
+
 def default_call(machine: str) -> str:
     """``Communicator()`` with its current defaults against NCCL, run by run (``tables.default_call``), graph-replayed
     and eager."""
-    paths = [str(p.relative_to(ROOT)) for p in tables.default_call_runs(machine, ROOT)]
-    if not paths:
-        return f"No runs of the current defaults on {machine} (`tables.DEFAULT_CALL_RUNS`)."
-    rows = load.read("probe", _abs(paths))
-    codes = ", ".join(str(load.provenance(ROOT / p).get("git_sha"))[:10] for p in paths)
+    paths, rows, source = _default_call_runs(machine)
+    if rows is None:
+        return source
     tables_ = [f"{mode.capitalize()}:\n\n" + report.markdown(tables.default_call(rows, mode))
                for mode in ("graph", "eager")]
-    return "\n\n".join([source_line(paths) + f" Code per run: {codes}.", *tables_])
+    return "\n\n".join([source, *tables_])
+
+
+def default_call_headline(machine: str) -> str:
+    """The README's first table: ``Communicator()`` / NCCL at the headline sizes, graph-replayed, run by run."""
+    paths, rows, source = _default_call_runs(machine)
+    if rows is None:
+        return source
+    return source + "\n\n" + report.markdown(tables.default_call(rows[rows["bytes"].isin(HEADLINE_SIZES)], "graph"))
 
 
 def sources(machine: str) -> str:
@@ -265,7 +280,8 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "calibration": calibration,
     "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
     "ficco": ficco, "e2e": e2e, "native": native, "probes": probes, "call_cost": call_cost, "check_cost": check_cost,
-    "nccl_tests": nccl_tests, "default_call": default_call, "sources": sources,
+    "nccl_tests": nccl_tests, "default_call": default_call, "default_call_headline": default_call_headline,
+    "sources": sources,
 }
 
 
