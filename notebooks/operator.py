@@ -39,6 +39,8 @@ from dmacoll_lab.analysis import docs, figures, load, page, readings, report  # 
 page.setup()
 out = Path(outdir)
 out.mkdir(parents=True, exist_ok=True)
+default_runs = [c for c in csvs if "/sm_path/" in str(c)]  # runs of the current defaults, for the last section
+csvs = [c for c in csvs if c not in default_runs]
 df = load.read("operator", csvs)
 prov = load.provenance(csvs[0])
 print(f"{len(df)} points from {len(csvs)} files; git {prov['git_sha'][:10]}, torch {prov['software']['torch']}, "
@@ -107,3 +109,22 @@ targets = pd.DataFrame(report.targets(df))
 (out / "targets.md").write_text(report.markdown(targets) + "\n" if not targets.empty else "no targets\n")
 wide = docs.operator_columns(table)
 page.table(wide[wide["mode"] == "graph"].drop(columns="mode"))
+
+# %% [markdown]
+# ## `Communicator()` with its current defaults: sm path, NCCL or copy engines by size
+#
+# The library's default call, not the papers' reproduction: runs of `dmacoll probe sm_path` of this machine
+# (`machines.DEFAULT_CALL_RUNS`, given after the sweeps in `csvs`), each with NCCL in the same run. Time over NCCL's per op and size (below 1: faster),
+# the median over the runs with bars from the lowest to the highest run; the marker says which path the default call
+# took (`sm`: dmacoll's one-shot kernels, `nccl`: handed to NCCL where dmacoll's own paths lose, `dma`: the copy
+# engines where they win).
+
+# %%
+from dmacoll_lab.analysis import tables  # noqa: E402
+
+if default_runs:
+    rows = load.read("probe", default_runs)
+    page.figure(figures.default_call(rows, platform_label), out, "default_call")
+    page.table(tables.default_call(rows, "graph"))
+else:
+    print("no runs of Communicator()'s current defaults on this machine (machines.DEFAULT_CALL_RUNS)")

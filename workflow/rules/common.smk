@@ -110,6 +110,11 @@ def operator_csvs(platform):
     return [result(platform, f"operator/sweep_{op}/data.csv") for op in config["operator"]["ops"]] + ce + amd
 
 
+def default_call_csvs(platform):
+    """A shipped set's runs of Communicator()'s current defaults (machines.default_call_runs); a fresh run has none."""
+    return [] if MEASURED else [str(p) for p in machines.default_call_runs(Path(PLATFORMS[platform][0]))]
+
+
 def shipped_extra(platform, path):
     """A side experiment some shipped sets hold (a fresh run measures it inside the main sweep)."""
     f = result(platform, path)
@@ -118,7 +123,7 @@ def shipped_extra(platform, path):
 
 # what each notebook (notebooks/<name>.py) renders, passed as its `csvs` parameter
 NOTEBOOK_INPUTS = {
-    "operator": operator_csvs,
+    "operator": lambda p: operator_csvs(p) + default_call_csvs(p),
     "speedup": lambda p: operator_csvs(p) + shipped_extra(p, "native/native/data.csv"),
     "breakdown": lambda p: [result(p, "breakdown/breakdown/data.csv")],
     "resources": lambda p: [result(p, f"power/{name}/data.csv") for name in ("power", "sm_usage", "interference")],

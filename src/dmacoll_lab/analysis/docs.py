@@ -236,9 +236,9 @@ def nccl_tests(machine: str) -> str:
 
 def _default_call_runs(machine: str) -> tuple[list[str], Optional[pd.DataFrame], str]:
     """The runs of the current defaults on ``machine``: their paths, their rows, and the source line."""
-    paths = [str(p.relative_to(ROOT)) for p in tables.default_call_runs(machine, ROOT)]
+    paths = [str(p.relative_to(ROOT)) for p in machines.default_call_runs(ROOT / "results" / machine)]
     if not paths:
-        return paths, None, f"No runs of the current defaults on {machine} (`tables.DEFAULT_CALL_RUNS`)."
+        return paths, None, f"No runs of the current defaults on {machine} (`machines.DEFAULT_CALL_RUNS`)."
     codes = ", ".join(str(load.provenance(ROOT / p).get("git_sha"))[:10] for p in paths)
     return paths, load.read("probe", _abs(paths)), source_line(paths) + f" Code per run: {codes}."
 

@@ -52,3 +52,54 @@ def headline(df: pd.DataFrame, label: str, mode: str = "graph"):
                  "the repeats")
     fig.tight_layout()
     return fig
+
+
+def default_call_ratios(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per op, mode and size of runs of ``dmacoll probe sm_path`` (``machines.default_call_runs``): Communicator() / NCCL
+    in each run, then the median over the runs, its range, and the paths the default call took."""
+    per_run = []
+    for (source, op, mode, size), point in rows.groupby(["source", "op", "mode", "bytes"]):
+        mine, theirs = point[point["impl"] == "default"], point[point["impl"] == "nccl"]
+        if mine.empty or theirs.empty or str(mine["correct"].iloc[0]) != "True":
+            continue
+        per_run.append({"op": op, "mode": mode, "bytes": int(size), "path": str(mine["path"].iloc[0]),
+                        "ratio": float(mine["per_call_us"].iloc[0]) / float(theirs["per_call_us"].iloc[0])})
+    runs = pd.DataFrame(per_run, columns=["op", "mode", "bytes", "path", "ratio"])
+    return (runs.groupby(["op", "mode", "bytes"])
+            .agg(median=("ratio", "median"), low=("ratio", "min"), high=("ratio", "max"), runs=("ratio", "size"),
+                 path=("path", lambda p: "/".join(sorted(set(p)))))
+            .reset_index())
+
+
+def default_call(rows: pd.DataFrame, label: str):
+    """Communicator() / NCCL against size per op, graph-replayed and eager: the median over the runs, error bars from
+    the lowest to the highest run, a marker per data path the default call took."""
+    import matplotlib.pyplot as plt
+
+    ratios = default_call_ratios(rows)
+    ops = sorted(ratios["op"].unique())
+    fig, axes = plt.subplots(1, max(len(ops), 1), figsize=(4.6 * max(len(ops), 1), 4.2), squeeze=False,
+                             sharey=True)
+    markers = {"sm": "o", "nccl": "s", "dma": "^"}
+    for ax, op in zip(axes[0], ops):
+        for mode, style in (("graph", "-"), ("eager", ":")):
+            c = ratios[(ratios["op"] == op) & (ratios["mode"] == mode)].sort_values("bytes")
+            if c.empty:
+                continue
+            drawn = ax.errorbar(c["bytes"], c["median"], yerr=[c["median"] - c["low"], c["high"] - c["median"]],
+                                ls=style, capsize=2, label=mode)
+            for path, marker in markers.items():
+                at = c[c["path"] == path]
+                ax.plot(at["bytes"], at["median"], ls="", marker=marker, ms=5, color=drawn[0].get_color())
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(xscale="log", title=op, ylabel="Communicator() / NCCL (time per call)", xlabel="bytes per rank")
+        ticks = sorted(ratios["bytes"].unique())[::2]
+        ax.set_xticks(ticks, [human(int(t)) for t in ticks], rotation=45)
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+    handles = axes[0][0].get_legend_handles_labels()[0] + [
+        plt.Line2D([], [], ls="", marker=m, color="grey", label=f"{p} path") for p, m in markers.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, bbox_to_anchor=(0.5, -0.06))
+    fig.suptitle(f"Communicator() over NCCL, {label}; median of the runs, bars: lowest to highest run")
+    fig.tight_layout()
+    return fig

@@ -14,6 +14,19 @@ SWEEP_COLUMNS = {"impl", "bytes_per_rank", "time_us", "busbw_GBps", "place"}  # 
 GPU_MODELS = ("MI300X", "H200", "H100", "B200", "A100")
 
 
+# per machine folder, the runs of dmacoll probe sm_path that measured Communicator()'s current defaults (globs): on
+# 2x H200 three runs each at 1 KB-4 MB and 8-64 MB per rank; on 4x H200 the one run at 1 KB-4 MB of the seventh session
+# (the same defaults up to 4 MB per peer but all_to_all's, which no longer takes the sm path above 2 MB there)
+DEFAULT_CALL_RUNS = {"h200x2": ("sm_path/default_call_nccl_band_run*", "sm_path/large_calls_nccl_band_run*"),
+                     "h200x4": ("sm_path/default_call",)}
+
+
+def default_call_runs(folder: Path) -> list[Path]:
+    """The data.csv of each run of the current defaults in a machine folder (``DEFAULT_CALL_RUNS``), in order."""
+    folder = Path(folder)
+    return [p for runs in DEFAULT_CALL_RUNS.get(folder.name, ()) for p in sorted(folder.glob(f"{runs}/data.csv"))]
+
+
 def runs(folder: Path) -> list[Path]:
     """Every committed run of a machine folder (its ``data.csv``), sorted."""
     return sorted(p for p in Path(folder).rglob("data.csv") if p.with_suffix(".json").is_file())

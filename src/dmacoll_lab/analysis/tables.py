@@ -2,8 +2,6 @@
 documents (``docs.py``), so that a number printed in both comes from one computation."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
@@ -223,20 +221,6 @@ def call_cost_shared(rows: pd.DataFrame) -> pd.DataFrame:
     out["over its floor"] = [t / floors[(w, c)] if c == c and (w, c) in floors else float("nan")
                              for w, c, t in zip(out["world"], crossings, out["per_call_us"])]
     return out.round(2).astype(object).fillna("").reset_index(drop=True)
-
-
-# per machine, the runs of dmacoll probe sm_path that measured Communicator()'s current defaults (globs under
-# results/<machine>/): on 2x H200 three runs each at 1 KB-4 MB and 8-64 MB per rank; on 4x H200 the one run at
-# 1 KB-4 MB of the seventh session (the same defaults up to 4 MB per peer but all_to_all's, which no longer takes
-# the sm path above 2 MB there)
-DEFAULT_CALL_RUNS = {"h200x2": ("sm_path/default_call_nccl_band_run*", "sm_path/large_calls_nccl_band_run*"),
-                     "h200x4": ("sm_path/default_call",)}
-
-
-def default_call_runs(machine: str, root: Path) -> list[Path]:
-    """The data.csv of each run of the current defaults on ``machine`` (``DEFAULT_CALL_RUNS``), in order."""
-    return [p for runs in DEFAULT_CALL_RUNS.get(machine, ()) for p in sorted((root / "results" / machine).glob(
-        f"{runs}/data.csv"))]
 
 
 def default_call(rows: pd.DataFrame, mode: str = "graph") -> pd.DataFrame:

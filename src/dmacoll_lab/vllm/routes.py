@@ -5,7 +5,7 @@
 
 Per machine and (op, mode, size): the time of ``Communicator()``'s defaults (what the plugin runs: the ``default``
 rows of ``dmacoll probe sm_path``, which took the sm, nccl or copy-engine path by size) and NCCL's in the same runs
-(vLLM's ``all_gather`` / ``reduce_scatter`` call PyNccl), each the median over the runs (``tables.DEFAULT_CALL_RUNS``).
+(vLLM's ``all_gather`` / ``reduce_scatter`` call PyNccl), each the median over the runs (``machines.DEFAULT_CALL_RUNS``).
 Sizes are the vLLM call's input bytes per rank (the probe counts reduce_scatter by its chunk: times the world here).
 The decision rule lives in ``integrations/vllm_routes.py``; this module only gathers the numbers.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dmacoll.lab_api import vllm_routes
 from ..analysis import load as results
-from ..analysis import tables
+from ..analysis import machines
 
 ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "src/dmacoll/integrations" / vllm_routes.TABLE_FILE
@@ -31,14 +31,14 @@ BASELINE = {op: "nccl" for op in vllm_routes.SERVED if op not in NEVER}
 
 
 def sources(machine: str, root: Path = ROOT) -> list[str]:
-    return [str(p.relative_to(root)) for p in tables.default_call_runs(machine, root)]
+    return [str(p.relative_to(root)) for p in machines.default_call_runs(root / "results" / machine)]
 
 
 def machine_table(machine: str, root: Path = ROOT) -> dict:
     csvs = sources(machine, root)
     if not csvs:
         raise FileNotFoundError(f"no runs of the current defaults under results/{machine}/ "
-                                f"({', '.join(tables.DEFAULT_CALL_RUNS.get(machine, ()))})")
+                                f"({', '.join(machines.DEFAULT_CALL_RUNS.get(machine, ()))})")
     rows = results.read("probe", [root / c for c in csvs])
     rows = rows[rows["op"].isin(list(BASELINE)) & (rows["correct"].astype(str) == "True")]
     world = int(rows["world"].iloc[0])
