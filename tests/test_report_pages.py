@@ -243,6 +243,20 @@ def test_the_index_opens_with_each_machines_headline(tmp_path):
         f"{report_dir / 'index.html'}: h100x2 has no headline table"]
 
 
+def test_the_index_shows_the_machines_side_by_side_where_two_have_an_operator_page(tmp_path):
+    report_dir = fake_report(tmp_path)
+    ratios = report.ratio_table(docs.sweep_table("h200x2"))
+    ratios.to_csv(report_dir / "h200x2" / index_page.RATIOS, index=False)
+    alone = index_page.render(report_dir, [("h200x2", "2x H200"), ("h200x4", "4x H200")])
+    assert 'id="machines"' not in alone and not (report_dir / f"{index_page.MACHINES}.png").exists()
+    (report_dir / "h100x2/figures/operator").mkdir(parents=True)
+    ratios.assign(nccl_us=2 * ratios["nccl_us"]).to_csv(report_dir / "h100x2" / index_page.RATIOS, index=False)
+    text = index_page.render(report_dir, [("h200x2", "2x H200"), ("h100x2", "2x H100")])
+    assert f'<img class="headline-figure" src="{index_page.MACHINES}.png"' in text
+    assert (report_dir / f"{index_page.MACHINES}.png").stat().st_size > 0
+    assert "Figure check" not in text  # labelled axes, no text over text, no legend over the lines
+
+
 def test_the_check_finds_a_machine_folder_without_a_section(tmp_path):
     report_dir = fake_report(tmp_path / "report")
     (report_dir / "index.html").write_text(index_page.render(report_dir, [("h200x2", "2x H200")]))

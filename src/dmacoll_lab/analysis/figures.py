@@ -103,3 +103,37 @@ def default_call(rows: pd.DataFrame, label: str):
     fig.suptitle(f"Communicator() over NCCL, {label}; median of the runs, bars: lowest to highest run")
     fig.tight_layout()
     return fig
+
+
+def machines(ratios: dict[str, pd.DataFrame]):
+    """The machines side by side (the report's front page): per op that two or more machines swept, graph-replayed,
+    NCCL's time per call and the best copy-engine configuration's time over NCCL's, a line per machine.
+    ``ratios``: machine label -> its operator page's ``ratios.csv`` (``report.ratio_table``)."""
+    import matplotlib.pyplot as plt
+
+    graph = {label: df[df["mode"] == "graph"] for label, df in ratios.items()}
+    counts = pd.Series([op for df in graph.values() for op in df["op"].unique()]).value_counts()
+    ops = sorted(counts[counts >= 2].index)
+    fig, axes = plt.subplots(2, max(len(ops), 1), figsize=(5.2 * max(len(ops), 1), 7.4), squeeze=False)
+    for col, op in enumerate(ops):
+        for label, df in graph.items():
+            c = df[df["op"] == op].sort_values("bytes")
+            if c.empty:
+                continue
+            axes[0][col].plot(c["bytes"], c["nccl_us"], marker="o", ms=3, label=label)
+            axes[1][col].plot(c["bytes"], c["oracle_over_nccl"], marker="o", ms=3, label=label)
+        axes[0][col].set(yscale="log", title=op, ylabel="NCCL time per call (us)")
+        axes[1][col].axhline(1.0, color="grey", lw=0.8)
+        axes[1][col].set(ylabel="best copy-engine configuration / NCCL")
+        for ax in (axes[0][col], axes[1][col]):
+            ticks = sorted({int(b) for df in graph.values() for b in df["bytes"]})[::3]
+            ax.set_xscale("log")
+            ax.set_xticks(ticks, [human(t) for t in ticks], rotation=45)
+            ax.minorticks_off()
+            ax.set_xlabel("bytes per rank")
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, bbox_to_anchor=(0.5, -0.04))
+    fig.suptitle("the machines side by side, graph-replayed: NCCL, and the copy engines' best over NCCL")
+    fig.tight_layout()
+    return fig

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import page
+from . import figures, page
 from .claims import STATUSES
 from .page_check import NO_SWEEPS, claim_rows
 
@@ -20,6 +20,8 @@ NOTE = ("Everything here was measured on NVIDIA Hopper GPUs with the CUDA copy e
         "(ConCCL, DMA-Latte, FiCCO) ran on AMD MI300X. Claims compare the papers' statements with these "
         "measurements; they are not the papers' numbers.")
 HEADLINE = "figures/operator/headline"  # the operator notebook's headline figure (.png) and table (.csv)
+RATIOS = "figures/operator/ratios.csv"  # the operator notebook's table of every size
+MACHINES = "machines"  # the front page's figure of the machines side by side (.png)
 # every page the report renders per machine (notebooks/<name>.py), in the order the workflow lists them
 PAGES = ("operator", "speedup", "breakdown", "resources", "c3", "ficco", "e2e")
 CLAIM_COLUMNS = ["id", "claim", "paper (MI300X)", "metric", "configuration", "n", "reproduced", "spread", "runs",
@@ -93,9 +95,39 @@ def _section(report_dir: Path, name: str, label: str) -> str:
             f"<h3>Claims</h3>{_claims_table(rows)}</section>")
 
 
+def _machines(report_dir: Path, platforms: list[tuple[str, str]]) -> str:
+    """The machines side by side (``figures.machines``), where two or more have an operator page; what
+    ``figure_check`` finds wrong with the figure is shown under it, as on the notebook pages."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .figure_check import PROBLEMS, problems
+
+    ratios = {label: pd.read_csv(report_dir / name / RATIOS) for name, label in platforms
+              if (report_dir / name / RATIOS).is_file()}
+    if len(ratios) < 2:
+        return ""
+    fig = figures.machines(ratios)
+    found = problems(fig)
+    fig.savefig(report_dir / f"{MACHINES}.png", bbox_inches="tight")
+    plt.close(fig)
+    checked = "".join(f"<li>{html.escape(p)}</li>" for p in found)
+    return (f'<section id="machines"><h2>The machines side by side</h2>'
+            f'<img class="headline-figure" src="{MACHINES}.png" alt="NCCL and the copy engines on every machine">'
+            f"<p>Per op swept on two or more machines, graph-replayed: NCCL's time per call (top) and the best "
+            f"measured copy-engine configuration's time over NCCL's (bottom, below 1: the copy engines faster), a "
+            f"line per machine: two and four GPUs, H100 and H200 where both were measured. From each machine's "
+            f"operator page (`{RATIOS}`).</p>"
+            + (f'<div class="{PROBLEMS}" data-figure="{MACHINES}"><em>Figure check, {MACHINES}:</em>'
+               f"<ul>{checked}</ul></div>" if found else "") + "</section>")
+
+
 def render(report_dir: Path, platforms: list[tuple[str, str]]) -> str:
     parts = [f"<h1>dmacoll report</h1><p>{html.escape(NOTE)}</p>"]
     parts += [_section(report_dir, name, label) for name, label in platforms]
+    parts.append(_machines(report_dir, platforms))
     pages = []
     for name, label in platforms:
         found = sorted((report_dir / name / "notebooks").glob("*.html"))
