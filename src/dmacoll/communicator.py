@@ -341,7 +341,6 @@ class Communicator:
                                                  f"rank(s) {', '.join(map(str, silent))} to deliver; the "
                                                  "communicator is unusable")
                 raise self.error
-        if opts.path == "sm":
             self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
         else:
             self.engine.raise_timeout()  # NCCL runs on its own stream: only a copy-engine call's timeout to raise
