@@ -260,3 +260,24 @@ def test_default_call_table_gives_each_run_its_ratio_and_counts_refusals():
     assert small["NCCL us (median of runs)"] == 9.0 and small["#wrong"] == 0
     assert large["Communicator() / NCCL, per run"] == "failed" and large["#wrong"] == 1 and large["path"] == "dma"
     assert tables.default_call(rows, "eager").iloc[0]["Communicator() / NCCL, per run"] == "0.75"
+
+
+def test_default_call_as_nccl_tests_takes_the_median_of_the_runs_and_nccl_tests_bandwidths():
+    from dmacoll_lab.analysis import tables
+
+    def row(source, op, impl, us, path="", correct="True", size=1 << 20):
+        return {"source": source, "world": 2, "op": op, "impl": impl, "mode": "graph", "bytes": size,
+                "per_call_us": us, "path": path, "correct": correct}
+    rows = pd.DataFrame([row("a", "all_gather", "nccl", 10.0), row("b", "all_gather", "nccl", 30.0),
+                         row("c", "all_gather", "nccl", 20.0), row("a", "all_gather", "default", 8.0, "sm"),
+                         row("a", "all_gather", "dma", float("nan"), "dma", "False"),
+                         row("a", "reduce_scatter", "nccl", 10.0), row("a", "reduce_scatter", "default", 5.0, "nccl")])
+    t = tables.default_call_nccl_tests(rows).set_index("op")
+    gather, scatter = t.loc["all_gather"], t.loc["reduce_scatter"]
+    # nccl-tests: all_gather's size is its output (2 MB at 1 MB per rank), busbw = algbw x (n - 1) / n
+    assert gather["NCCL us"] == 20.0 and gather["NCCL algbw"] == round(2 * (1 << 20) / 20e-6 / 1e9, 1)
+    assert gather["NCCL busbw"] == round(2 * (1 << 20) / 20e-6 / 1e9 / 2, 1)
+    assert gather["Communicator() us"] == 8.0 and gather["path"] == "sm" and gather["#wrong"] == 0
+    assert gather["copy engines us"] == "not run" and gather["copy engines busbw"] == "-"
+    # the probe counts reduce_scatter by its chunk: the input nccl-tests counts is two chunks at two ranks
+    assert scatter["Communicator() algbw"] == round(2 * (1 << 20) / 5e-6 / 1e9, 1) and scatter["path"] == "nccl"

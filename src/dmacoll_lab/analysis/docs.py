@@ -254,6 +254,19 @@ def default_call(machine: str) -> str:
     return "\n\n".join([source, *tables_])
 
 
+def default_call_nccl_tests(machine: str) -> str:
+    """The runs of the current defaults as nccl-tests prints a run (``tables.default_call_nccl_tests``)."""
+    paths, rows, source = _default_call_runs(machine)
+    if rows is None:
+        return source
+    return (source + "\n\n" + report.markdown(tables.default_call_nccl_tests(rows, "graph")) +
+            "\n\nGraph-replayed; per implementation the median over the runs of its per-call time (the slowest rank "
+            "per replay); algbw and busbw (GB/s) as nccl-tests defines them from that time; sizes are the probe's "
+            "bytes per rank (all_gather's input, all_to_all's and reduce_scatter's chunk, all_reduce's tensor); "
+            "'not run': no correct row (a copy-engine call that needed more staging than the probe's communicator "
+            "has, or a size the run did not measure).")
+
+
 def default_call_headline(machine: str) -> str:
     """The README's first table: ``Communicator()`` / NCCL at the headline sizes, graph-replayed, run by run."""
     paths, rows, source = _default_call_runs(machine)
@@ -281,6 +294,7 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
     "ficco": ficco, "e2e": e2e, "native": native, "probes": probes, "call_cost": call_cost, "check_cost": check_cost,
     "nccl_tests": nccl_tests, "default_call": default_call, "default_call_headline": default_call_headline,
+    "default_call_nccl_tests": default_call_nccl_tests,
     "sources": sources,
 }
 

@@ -294,3 +294,38 @@ def nccl_tests(sweep: pd.DataFrame, mode: str = "graph", sizes=None) -> pd.DataF
     for c in [c for c in table if c.endswith("#wrong") or c == "of N"]:  # counts, not floats beside the gaps
         table[c] = pd.Series([int(v) if pd.notna(v) else v for v in table[c]], index=table.index, dtype=object)
     return table.astype(object).where(table.notna(), "not run")
+
+
+def default_call_nccl_tests(rows: pd.DataFrame, mode: str = "graph") -> pd.DataFrame:
+    """Runs of ``dmacoll probe sm_path`` (``machines.default_call_runs``) as nccl-tests prints a run: per op and size
+    (the probe's bytes per rank), the median over the runs of each implementation's time per call, NCCL,
+    ``Communicator()`` (its ``default`` rows; ``path``: the data paths it took) and the copy engines with the table's
+    choice (``path='dma'``), with nccl-tests' algbw and busbw from that time; ``#wrong``: ``Communicator()``'s rows
+    that failed their check or did not run."""
+    from ..bench.bandwidth import bandwidths  # nccl-tests' definitions, from the op specs
+
+    rows = rows[rows["mode"] == mode]
+    out = []
+    for (op, size), point in rows.groupby(["op", "bytes"], sort=True):
+        world = int(point["world"].iloc[0])
+        nbytes = int(size) * (world if op in ("all_to_all", "reduce_scatter") else 1)  # the sweep's size per rank
+        row = {"op": op, "size": human(int(size))}
+        for label, impl in (("NCCL", "nccl"), ("Communicator()", "default"), ("copy engines", "dma")):
+            mine = point[point["impl"] == impl]
+            good = mine[(mine["correct"].astype(str) == "True") & mine["per_call_us"].notna()]
+            if good.empty:
+                row.update({f"{label} us": "not run", f"{label} busbw": "-"})
+                row.update({f"{label} algbw": "-"} if label != "copy engines" else {})
+                row.update({"path": "-", "#wrong": len(mine)} if impl == "default" else {})
+                continue
+            time_us = float(good["per_call_us"].median())
+            _, algbw, busbw = bandwidths(op, impl, nbytes, world, time_us)
+            row[f"{label} us"] = round(time_us, 1)
+            if label != "copy engines":
+                row[f"{label} algbw"] = round(algbw, 1)
+            row[f"{label} busbw"] = round(busbw, 1)
+            if impl == "default":
+                row["path"] = "/".join(sorted(set(good["path"].astype(str))))
+                row["#wrong"] = len(mine) - len(good)
+        out.append(row)
+    return pd.DataFrame(out).astype(object)
