@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dmacoll.lab_api import human
-from . import report
+from . import report, tables
 
 # the headline's lines: name -> how a sweep gives it (report.best of a baseline, or one of report.picks)
 HEADLINE_LINES = (("NCCL", "nccl"), ("peer copy", "peer_copy"), ("dma default", "default"), ("dma tuned", "tuned"),
@@ -56,15 +56,9 @@ def headline(df: pd.DataFrame, label: str, mode: str = "graph"):
 
 def default_call_ratios(rows: pd.DataFrame) -> pd.DataFrame:
     """Per op, mode and size of runs of ``dmacoll probe sm_path`` (``machines.default_call_runs``): Communicator() / NCCL
-    in each run, then the median over the runs, its range, and the paths the default call took."""
-    per_run = []
-    for (source, op, mode, size), point in rows.groupby(["source", "op", "mode", "bytes"]):
-        mine, theirs = point[point["impl"] == "default"], point[point["impl"] == "nccl"]
-        if mine.empty or theirs.empty or str(mine["correct"].iloc[0]) != "True":
-            continue
-        per_run.append({"op": op, "mode": mode, "bytes": int(size), "path": str(mine["path"].iloc[0]),
-                        "ratio": float(mine["per_call_us"].iloc[0]) / float(theirs["per_call_us"].iloc[0])})
-    runs = pd.DataFrame(per_run, columns=["op", "mode", "bytes", "path", "ratio"])
+    in each run (``tables.default_call_per_run``), then the median over the runs, its range, and the paths the default
+    call took."""
+    runs = tables.default_call_per_run(rows).dropna(subset=["ratio"])
     return (runs.groupby(["op", "mode", "bytes"])
             .agg(median=("ratio", "median"), low=("ratio", "min"), high=("ratio", "max"), runs=("ratio", "size"),
                  path=("path", lambda p: "/".join(sorted(set(p)))))
@@ -115,6 +109,7 @@ def machines(ratios: dict[str, pd.DataFrame]):
     counts = pd.Series([op for df in graph.values() for op in df["op"].unique()]).value_counts()
     ops = sorted(counts[counts >= 2].index)
     fig, axes = plt.subplots(2, max(len(ops), 1), figsize=(5.2 * max(len(ops), 1), 7.4), squeeze=False)
+    ticks = sorted({int(b) for df in graph.values() for b in df["bytes"]})[::3]
     for col, op in enumerate(ops):
         for label, df in graph.items():
             c = df[df["op"] == op].sort_values("bytes")
@@ -126,7 +121,6 @@ def machines(ratios: dict[str, pd.DataFrame]):
         axes[1][col].axhline(1.0, color="grey", lw=0.8)
         axes[1][col].set(ylabel="best copy-engine configuration / NCCL")
         for ax in (axes[0][col], axes[1][col]):
-            ticks = sorted({int(b) for df in graph.values() for b in df["bytes"]})[::3]
             ax.set_xscale("log")
             ax.set_xticks(ticks, [human(t) for t in ticks], rotation=45)
             ax.minorticks_off()

@@ -103,7 +103,7 @@ def _machines(report_dir: Path, platforms: list[tuple[str, str]]) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .figure_check import PROBLEMS, problems
+    from .figure_check import problems
 
     ratios = {label: pd.read_csv(report_dir / name / RATIOS) for name, label in platforms
               if (report_dir / name / RATIOS).is_file()}
@@ -113,15 +113,13 @@ def _machines(report_dir: Path, platforms: list[tuple[str, str]]) -> str:
     found = problems(fig)
     fig.savefig(report_dir / f"{MACHINES}.png", bbox_inches="tight")
     plt.close(fig)
-    checked = "".join(f"<li>{html.escape(p)}</li>" for p in found)
     return (f'<section id="machines"><h2>The machines side by side</h2>'
             f'<img class="headline-figure" src="{MACHINES}.png" alt="NCCL and the copy engines on every machine">'
             f"<p>Per op swept on two or more machines, graph-replayed: NCCL's time per call (top) and the best "
             f"measured copy-engine configuration's time over NCCL's (bottom, below 1: the copy engines faster), a "
             f"line per machine: two and four GPUs, H100 and H200 where both were measured. From each machine's "
             f"operator page (`{RATIOS}`).</p>"
-            + (f'<div class="{PROBLEMS}" data-figure="{MACHINES}"><em>Figure check, {MACHINES}:</em>'
-               f"<ul>{checked}</ul></div>" if found else "") + "</section>")
+            + page.problems_html(MACHINES, found) + "</section>")
 
 
 def render(report_dir: Path, platforms: list[tuple[str, str]]) -> str:

@@ -46,7 +46,7 @@ def figure(fig, outdir: str | Path, name: str) -> Path:
     import matplotlib.pyplot as plt
     from IPython.display import HTML, Image
 
-    from .figure_check import PROBLEMS, problems
+    from .figure_check import problems
 
     fig = getattr(fig, "figure", fig)
     found = problems(fig)
@@ -56,11 +56,20 @@ def figure(fig, outdir: str | Path, name: str) -> Path:
     plt.close(fig)
     _display(Image(filename=str(png)))
     if found:
-        items = "".join(f"<li>{html.escape(p)}</li>" for p in found)
-        label = html.escape(name)
-        _display(HTML(f'<div class="{PROBLEMS}" data-figure="{label}"><em>Figure check, {label}:</em>'
-                      f"<ul>{items}</ul></div>"))
+        _display(HTML(problems_html(name, found)))
     return png
+
+
+def problems_html(name: str, found: list[str]) -> str:
+    """What ``figure_check`` found wrong with figure ``name``, as the element ``dmacoll report check`` counts ('' if
+    nothing)."""
+    from .figure_check import PROBLEMS
+
+    if not found:
+        return ""
+    items = "".join(f"<li>{html.escape(p)}</li>" for p in found)
+    label = html.escape(name)
+    return f'<div class="{PROBLEMS}" data-figure="{label}"><em>Figure check, {label}:</em><ul>{items}</ul></div>'
 
 
 def grid(g) -> None:

@@ -223,29 +223,40 @@ def call_cost_shared(rows: pd.DataFrame) -> pd.DataFrame:
     return out.round(2).astype(object).fillna("").reset_index(drop=True)
 
 
-def default_call(rows: pd.DataFrame, mode: str = "graph") -> pd.DataFrame:
-    """Repeated runs of ``dmacoll probe sm_path`` (its ``default`` rows: ``Communicator()`` with no options, NCCL
-    in the same run): per op and size (bytes per rank), NCCL's median time over the runs, ``Communicator()`` / NCCL
-    in each run (run order: ``source``), the data paths the default call took and ``#wrong``, its rows that failed
-    their check or did not run."""
-    rows = rows[rows["mode"] == mode]
-    runs = list(dict.fromkeys(rows["source"]))
+def default_call_per_run(rows: pd.DataFrame) -> pd.DataFrame:
+    """Runs of ``dmacoll probe sm_path`` (its ``default`` rows: ``Communicator()`` with no options, NCCL in the same
+    run), one row per run, mode, op and size (bytes per rank) that measured both, in run order (``source``):
+    ``Communicator()`` / NCCL (NaN where its row failed its check or did not run), NCCL's time and the path the
+    default call took."""
     out = []
-    for (op, size), point in rows.groupby(["op", "bytes"], sort=True):
-        per_run, nccl, wrong = [], [], 0
-        for source in runs:
-            here = point[point["source"] == source]
-            mine, theirs = here[here["impl"] == "default"], here[here["impl"] == "nccl"]
+    for source in dict.fromkeys(rows["source"]):
+        for (mode, op, size), point in rows[rows["source"] == source].groupby(["mode", "op", "bytes"], sort=True):
+            mine, theirs = point[point["impl"] == "default"], point[point["impl"] == "nccl"]
             if mine.empty or theirs.empty:
                 continue
             ok = str(mine["correct"].iloc[0]) == "True" and pd.notna(mine["per_call_us"].iloc[0])
-            wrong += not ok
-            nccl.append(float(theirs["per_call_us"].iloc[0]))
-            per_run.append(f"{float(mine['per_call_us'].iloc[0]) / nccl[-1]:.2f}" if ok else "failed")
-        paths = sorted(set(point.loc[point["impl"] == "default", "path"].dropna().astype(str)) - {""})
-        out.append({"op": op, "size": human(int(size)), "NCCL us (median of runs)": round(float(np.median(nccl)), 1),
-                    "Communicator() / NCCL, per run": " / ".join(per_run), "path": ", ".join(paths),
-                    "#wrong": wrong})
+            nccl = float(theirs["per_call_us"].iloc[0])
+            out.append({"source": source, "mode": mode, "op": op, "bytes": int(size), "nccl_us": nccl,
+                        "ratio": float(mine["per_call_us"].iloc[0]) / nccl if ok else float("nan"),
+                        "path": str(mine["path"].iloc[0])})
+    return pd.DataFrame(out, columns=["source", "mode", "op", "bytes", "nccl_us", "ratio", "path"])
+
+
+def default_call(rows: pd.DataFrame, mode: str = "graph") -> pd.DataFrame:
+    """Repeated runs of ``dmacoll probe sm_path`` (``default_call_per_run``): per op and size (bytes per rank),
+    NCCL's median time over the runs, ``Communicator()`` / NCCL in each run (run order: ``source``), the data paths
+    the default call took and ``#wrong``, its rows that failed their check or did not run."""
+    rows = rows[rows["mode"] == mode]
+    per_run = default_call_per_run(rows)
+    out = []
+    for (op, size), point in per_run.groupby(["op", "bytes"], sort=True):
+        at = rows[(rows["op"] == op) & (rows["bytes"] == size) & (rows["impl"] == "default")]
+        paths = sorted(set(at["path"].dropna().astype(str)) - {""})
+        out.append({"op": op, "size": human(int(size)),
+                    "NCCL us (median of runs)": round(float(np.median(point["nccl_us"])), 1),
+                    "Communicator() / NCCL, per run": " / ".join(
+                        "failed" if pd.isna(r) else f"{r:.2f}" for r in point["ratio"]),
+                    "path": ", ".join(paths), "#wrong": int(point["ratio"].isna().sum())})
     return pd.DataFrame(out).astype(object)
 
 
@@ -303,12 +314,13 @@ def default_call_nccl_tests(rows: pd.DataFrame, mode: str = "graph") -> pd.DataF
     choice (``path='dma'``), with nccl-tests' algbw and busbw from that time; ``#wrong``: ``Communicator()``'s rows
     that failed their check or did not run."""
     from ..bench.bandwidth import bandwidths  # nccl-tests' definitions, from the op specs
+    from ..bench.probes import sm_path
 
     rows = rows[rows["mode"] == mode]
     out = []
     for (op, size), point in rows.groupby(["op", "bytes"], sort=True):
         world = int(point["world"].iloc[0])
-        nbytes = int(size) * (world if op in ("all_to_all", "reduce_scatter") else 1)  # the sweep's size per rank
+        nbytes = sm_path.shapes(op, world, int(size))[0]  # the call's input: the sweep's size per rank
         row = {"op": op, "size": human(int(size))}
         for label, impl in (("NCCL", "nccl"), ("Communicator()", "default"), ("copy engines", "dma")):
             mine = point[point["impl"] == impl]

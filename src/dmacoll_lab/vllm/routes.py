@@ -6,7 +6,7 @@
 Per machine and (op, mode, size): the time of ``Communicator()``'s defaults (what the plugin runs: the ``default``
 rows of ``dmacoll probe sm_path``, which took the sm, nccl or copy-engine path by size) and NCCL's in the same runs
 (vLLM's ``all_gather`` / ``reduce_scatter`` call PyNccl), each the median over the runs (``machines.DEFAULT_CALL_RUNS``).
-Sizes are the vLLM call's input bytes per rank (the probe counts reduce_scatter by its chunk: times the world here).
+Sizes are the vLLM call's input bytes per rank (``sm_path.shapes``: the probe counts reduce_scatter by its chunk).
 The decision rule lives in ``integrations/vllm_routes.py``; this module only gathers the numbers.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from dmacoll.lab_api import vllm_routes
 from ..analysis import load as results
 from ..analysis import machines
+from ..bench.probes import sm_path
 
 ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "src/dmacoll/integrations" / vllm_routes.TABLE_FILE
@@ -48,7 +49,7 @@ def machine_table(machine: str, root: Path = ROOT) -> dict:
         times = point.droplevel([0, 1, 2])
         if "default" not in times or BASELINE[op] not in times:
             continue
-        entries.append({"op": op, "mode": mode, "bytes_per_rank": int(nbytes) * (world if op == "reduce_scatter" else 1),
+        entries.append({"op": op, "mode": mode, "bytes_per_rank": sm_path.shapes(op, world, int(nbytes))[0],
                         "dmacoll_us": round(float(times["default"]), 2), "dmacoll_config": "Communicator()",
                         "vllm_path": BASELINE[op], "vllm_us": round(float(times[BASELINE[op]]), 2)})
     entries.sort(key=lambda e: (e["op"], e["mode"], e["bytes_per_rank"]))
