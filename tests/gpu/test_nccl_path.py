@@ -1,7 +1,8 @@
 """The nccl path (``path='nccl'``: the call handed to torch.distributed on the communicator's group, ``nccl_path.py``)
 at worlds 2 and 4, a GPU per rank: every op on fresh random data into poisoned outputs, in place where the op has
 that form, eager and graph-replayed, and 'auto' taking it above the sm path where the copy engines were not measured
-faster (``options.nccl_auto``). NCCL adds along its own order, so sums are checked within rounding; moves exactly."""
+faster (``options.nccl_auto``). NCCL adds along its own order, so float sums are checked within rounding against
+test_sm_path's reference; moves and integer sums (wrapping at the dtype's width) exactly."""
 from __future__ import annotations
 
 import pytest
@@ -9,27 +10,19 @@ import torch
 
 from dmacoll_lab.verify.launch import run_ranks
 
-from test_sm_path import WORLDS, draw, ranks_share_gpus, shapes
+from test_sm_path import WORLDS, draw, expected, ranks_share_gpus, shapes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 OPS = ("all_gather", "all_to_all", "all_reduce", "reduce_scatter")
 DTYPES = ("bfloat16", "float32", "int32")
 
 
-def reference(op: str, world: int, rank: int, inputs: list[torch.Tensor]) -> torch.Tensor:
-    if op == "all_gather":
-        return torch.cat(inputs)
-    if op == "all_to_all":
-        return torch.cat([x.chunk(world)[rank] for x in inputs])
-    parts = inputs if op == "all_reduce" else [x.chunk(world)[rank] for x in inputs]
-    wide = torch.float64 if parts[0].dtype.is_floating_point else torch.int64
-    return sum(x.to(wide) for x in parts)
-
-
 def close(op: str, got: torch.Tensor, want: torch.Tensor) -> bool:
+    """``want``: test_sm_path's ``expected`` (integer sums wrap at the dtype's width, as NCCL's do)."""
     if op in ("all_gather", "all_to_all") or not got.dtype.is_floating_point:
-        return torch.equal(got.to(want.dtype), want)
+        return torch.equal(got, want)
     step = 2.0 ** -7 if got.dtype == torch.bfloat16 else 2.0 ** -20  # NCCL's sums round along its ring
+    want = want.double()
     return bool(torch.allclose(got.double(), want, rtol=4 * step, atol=4 * step * want.abs().max().item()))
 
 
@@ -43,7 +36,7 @@ def _calls(rank: int, world: int, seed: int) -> dict:
 
     def check(label: str, op: str, y: torch.Tensor, inputs: list[torch.Tensor]) -> None:
         torch.cuda.synchronize()
-        if not close(op, y.cpu(), reference(op, world, rank, inputs)):
+        if not close(op, y.cpu(), expected(op, world, rank, inputs)):
             failures.append(f"{label} (seed {seed})")
         dist.barrier()
 
