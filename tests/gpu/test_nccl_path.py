@@ -74,7 +74,8 @@ def _calls(rank: int, world: int, seed: int) -> dict:
     counts = torch.randint(0, 700, (world, world), generator=g).tolist()
     counts[0][world - 1] = 0
     sent = [draw(sum(counts[r]), torch.bfloat16, seed + 70 + r) for r in range(world)]
-    x = comm.empty(sum(counts[rank]), dtype=torch.bfloat16)
+    # the heap holds the same shapes on every rank: the longest row, each rank sending a view of its own length
+    x = comm.empty(max(sum(row) for row in counts), dtype=torch.bfloat16)[:sum(counts[rank])]
     x.copy_(sent[rank].to(comm.device))
     y = torch.full((sum(row[rank] for row in counts),), -7, dtype=torch.bfloat16, device=comm.device)
     comm.all_to_all_v(y, x, counts, path="nccl")

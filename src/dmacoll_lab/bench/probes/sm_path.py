@@ -82,7 +82,9 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
 
     torch.manual_seed(cfg["seed"] + rank)
     top = max(cfg["sizes"])
-    comm = Communicator(timeout_s=30, heap_bytes=max(64 << 20, 2 * world * top + (4 << 20)))  # the two buffers below
+    # the heap: the two buffers below; staging: the copy-engine sums' chunks (reduce_scatter's world * top)
+    comm = Communicator(timeout_s=30, heap_bytes=max(64 << 20, 2 * world * top + (4 << 20)),
+                        staging_bytes=max(16 << 20, world * top))
     sm = comm.engine.sm  # larger calls than its slots: no sm row ($DMACOLL_SM_SLOT_BYTES)
     defaults = (sm.blocks, sm.two_shot_bytes)
     dtype = torch.bfloat16
