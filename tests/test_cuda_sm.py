@@ -51,9 +51,10 @@ def test_world_2_settings_and_their_variables(monkeypatch, setting, variable, wo
     assert setting(2) == setting(4) == 4096
 
 
-def test_ll_bytes_is_measured_at_world_2_and_capped_by_its_region(monkeypatch):
+def test_ll_bytes_is_measured_at_worlds_2_and_4_and_capped_by_its_region(monkeypatch):
     monkeypatch.delenv("DMACOLL_SM_LL_BYTES", raising=False)
-    assert cuda_sm.ll_bytes(2) == cuda_sm.LL_MAX_BYTES and cuda_sm.ll_bytes(4) == 0
+    assert cuda_sm.ll_bytes(2) == cuda_sm.LL_MAX_BYTES and cuda_sm.ll_bytes(4) == 16 << 10
+    assert cuda_sm.ll_bytes(3) == cuda_sm.ll_bytes(8) == 0  # not measured there
     monkeypatch.setenv("DMACOLL_SM_LL_BYTES", str(1 << 30))
     assert cuda_sm.ll_bytes(4) == cuda_sm.LL_MAX_BYTES
     monkeypatch.setenv("DMACOLL_SM_LL_BYTES", "0")

@@ -111,8 +111,11 @@ def test_above_the_sm_path_auto_takes_nccl_unless_the_copy_engines_were_measured
     def path(op, world, nbytes, sm_bytes=None, nccl=True, options=Options()):
         return choose_path(options, CUDA, op, sm_bytes, world, False, nbytes, nccl)
 
-    for op in ("reduce_scatter", "all_reduce"):  # the copy engines never beat NCCL at the sums
-        assert path(op, 4, 256 << 20) == path(op, 2, 64 << 20) == "nccl"
+    for op in ("reduce_scatter", "all_reduce"):  # the copy engines' sums win only at the largest sizes
+        for world in (2, 4):
+            assert path(op, world, DMA_AUTO_MIN_BYTES[world, op] - 1) == "nccl"
+            assert path(op, world, DMA_AUTO_MIN_BYTES[world, op]) == "dma"
+        assert path(op, 4, 64 << 20) == "nccl"
     assert path("all_gather", 2, 16 << 20) == "dma"  # world 2: the copy engines win at every size
     assert path("all_gather", 4, 8 << 20) == "nccl"
     assert path("all_gather", 4, DMA_AUTO_MIN_BYTES[4, "all_gather"]) == "dma"

@@ -490,6 +490,9 @@ class Communicator:
             sm_bytes = self._sm_bytes(spec, request)
             path = choose_path(wanted, self.capabilities, spec.name, sm_bytes, self.world,
                                self._gate is not None or shared, request.nbytes, self._nccl)
+            if path == "dma" and wanted.path == "auto" and self._nccl and spec.reduces \
+                    and not self._stages(request, resolved):
+                path = "nccl"  # the copy engines' sum would not fit the staging area: the baseline, not an error
             if path == "sm":
                 if sm_bytes is None:
                     raise InvalidArgument(f"{spec.name} with path='sm': the sm path runs all_gather, all_to_all(_v), "
@@ -559,6 +562,13 @@ class Communicator:
             return None
         capture = self.engine.capture_id()
         return ("capture", capture) if capture is not None else object()
+
+    def _stages(self, request: ops.Request, opts: Options) -> bool:
+        """Whether the copy engines' plans of a call fit the staging area, counted as for private buffers (which
+        need the most)."""
+        _, need = request.build(opts.variant, opts.direction, Layout(None, None, self.staging), FULL,
+                                self.options.engines)
+        return need <= self.heap_start - self.staging
 
     def _lower(self, key: tuple, spec: ops.OpSpec, request: ops.Request, opts: Options, flags: Handshake,
                syms: tuple[Optional[int], Optional[int]]) -> "Lowered":

@@ -41,14 +41,18 @@ WORLD4_ALL_TO_ALL_SM_AUTO_MAX_BYTES = 2 << 20
 # Above the sm path, 'auto' takes the copy engines only where they were measured faster than NCCL: from these sizes
 # (the tuning table's: all_gather's input, all_to_all's, reduce_scatter's input, all_reduce's tensor), per (world, op);
 # below them, and for a world or op not listed, NCCL itself (path 'nccl', the communicator's own process group) where
-# the group runs it, so the default call is never slower than the baseline it is measured against. Graph-replayed on
-# 2x and 4x H200 (results/h200x2/operator/, results/h200x4/operator/ and sm_path/sm_path_large/): the copy engines
-# took 0.67-0.72 of NCCL for all_gather at world 2 at every size, 0.76-0.98 for all_to_all at world 2 from 32 MB
-# (1.07-1.13 at 16 MB), 0.89-0.95 for all_gather at world 4 from 32 MB (1.03-1.14 at 8-16 MB) and 0.89-0.93 for
-# all_to_all at world 4 from 128 MB (0.97-1.16 at 16-64 MB); the reductions lost at every size above the sm path
-# (1.27-1.89 at world 4). all_to_all_v (the MoE dispatch, uneven) stays on the copy engines.
-DMA_AUTO_MIN_BYTES = {(2, "all_gather"): 0, (2, "all_to_all"): 32 << 20,
-                      (4, "all_gather"): 32 << 20, (4, "all_to_all"): 128 << 20}
+# the group runs it, so the default call is never slower than the baseline it is measured against. A sum whose
+# received chunks do not fit the communicator's staging area goes to NCCL too (``Communicator(staging_bytes=...)``).
+# Graph-replayed, six runs per size on 2x and 4x H200, sizes 8-256 MB per rank (results/h200x{2,4}/sm_path/
+# large_calls_w*_run*): the copy engines / NCCL was 0.83-0.90 for all_gather at world 2 at every size and 0.94-0.98
+# at world 4 from 64 MB (1.01-1.03 at 32 MB); all_to_all at world 2 0.90-0.96 from 128 MB (1.01-1.12 at 64 MB) and
+# at world 4 0.88-1.05 at 128 MB, 0.90-0.98 above; reduce_scatter 0.82-0.86 at world 2 from 64 MB (eager 0.84-0.92)
+# and 0.95-0.98 at world 4 from 256 MB (0.98-1.00 at 128 MB); all_reduce 0.82-0.97 at world 2 from 32 MB and
+# 0.91-0.95 at world 4 from 128 MB (1.00 at 64 MB, 1.12-1.63 below). all_to_all_v (the MoE dispatch, uneven) stays on
+# the copy engines.
+DMA_AUTO_MIN_BYTES = {(2, "all_gather"): 0, (2, "all_to_all"): 128 << 20, (2, "reduce_scatter"): 64 << 20,
+                      (2, "all_reduce"): 32 << 20, (4, "all_gather"): 64 << 20, (4, "all_to_all"): 128 << 20,
+                      (4, "reduce_scatter"): 256 << 20, (4, "all_reduce"): 128 << 20}
 NCCL_AUTO_OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
 
 
@@ -106,8 +110,8 @@ class Options:
     three are the communicator's own, set once.
 
     ``path``: ``dma`` (the copy engines: the papers' collectives, every option below), ``sm`` (one one-shot kernel
-    per call: stores into every peer's heap over NVLink, a flag per block (at world 2 up to 64 KB per peer the flag
-    rides in the data: LL lines), a local copy or sum; all_gather, all_to_all(_v), all_reduce (two kernels from
+    per call: stores into every peer's heap over NVLink, a flag per block (up to 64 KB per peer at world 2, 16 KB at world
+    4, the flag rides in the data: LL lines), a local copy or sum; all_gather, all_to_all(_v), all_reduce (two kernels from
     ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more, above a slot at 2), reduce_scatter up to ``cuda_sm.slot_bytes``
     per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of ``cuda_sm.THREADS`` threads;
     cuda only), ``nccl`` (the call handed to ``torch.distributed`` on the communicator's process group: the baseline

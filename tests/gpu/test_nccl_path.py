@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dmacoll.options import DMA_AUTO_MIN_BYTES
+
 from dmacoll_lab.verify.launch import run_ranks
 
 from test_sm_path import WORLDS, draw, expected, ranks_share_gpus, shapes
@@ -100,7 +102,8 @@ def _calls(rank: int, world: int, seed: int) -> dict:
             y.fill_(-7)
             graph.replay()
             check(f"{op} graph replay {replay}", op, y, inputs)
-    # 'auto': a sum above the sm path goes to NCCL (the copy engines never beat it there), a small one to the sm path
+    # 'auto': a sum above the sm path goes to NCCL (at world 4 the copy engines lose at 96 MB; at world 2 they win
+    # there but their chunks need more than the 16 MB staging area), a small one to the sm path
     big = torch.zeros(48 << 20, dtype=torch.bfloat16, device=comm.device)  # 96 MB: above the sm path at worlds 2, 4
     comm.all_reduce(big)
     auto = {"large all_reduce": comm.last_options.path}
@@ -108,6 +111,17 @@ def _calls(rank: int, world: int, seed: int) -> dict:
     auto["small all_reduce"] = comm.last_options.path
     torch.cuda.synchronize()
     comm.close()
+    # the same sum at the size from which the copy engines beat NCCL: with a staging area that holds its chunks
+    # 'auto' takes the copy engines (above: 16 MB of staging, too small, so NCCL)
+    n = DMA_AUTO_MIN_BYTES[world, "all_reduce"] // 2
+    staged = Communicator(timeout_s=30, staging_bytes=3 * world * n * 2)
+    t = torch.full((n,), rank + 1, dtype=torch.bfloat16, device=staged.device)
+    staged.all_reduce(t)
+    auto["staged large all_reduce"] = staged.last_options.path
+    torch.cuda.synchronize()
+    if not bool((t == world * (world + 1) // 2).all()):
+        failures.append(f"staged all_reduce of {n} elements (seed {seed})")
+    staged.close()
     return {"failures": failures, "paths": paths, "auto": auto}
 
 
@@ -119,4 +133,4 @@ def test_nccl_path_matches_the_reference_and_auto_takes_it_above_the_sm_path(wor
     for r in results:
         assert not r["failures"], r["failures"]
         assert r["paths"] == {"nccl"}, r
-        assert r["auto"] == {"large all_reduce": "nccl", "small all_reduce": "sm"}, r
+        assert r["auto"] == {"large all_reduce": "nccl", "small all_reduce": "sm", "staged large all_reduce": "dma"}, r

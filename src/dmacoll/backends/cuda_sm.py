@@ -94,14 +94,18 @@ def default_two_shot_bytes(world: int, slot_bytes: int) -> int:
 # data bytes, in a region of their own past the slots (``ll_offset``): stale words there only ever hold older epochs,
 # where the slots' raw data could hold any value. At world 2 up to 64 KB per peer: 1-64 KB calls took 0.7-1.7 us less
 # than the regular kernels, graph-replayed, in two runs each on 2x H200 (all_reduce 0.41-0.52 of NCCL;
-# results/h200x2/sm_path/small_calls_ll_*); not yet measured at other worlds, so off there.
+# results/h200x2/sm_path/small_calls_ll_*). At world 4 up to 16 KB: on / off in three alternating runs on 4x H200
+# (results/h200x4/sm_path/small_calls_w4_ll_*), LL was faster or level for every op up to 16 KB (all_reduce 1-4 KB
+# 0.47-0.52 of NCCL against 0.55-0.61, all_to_all 2-16 KB 0.68-0.76 against 0.84-1.05) and slower for every op at
+# 64 KB (three peers' LL words). Not measured at other worlds, so off there.
 # $DMACOLL_SM_LL_BYTES sets the largest part sent that way at every world (0: none)
 LL_MAX_BYTES = 64 << 10
-WORLD2_LL_BYTES = 64 << 10
+LL_BYTES = {2: 64 << 10, 4: 16 << 10}
 
 
 def ll_bytes(world: int) -> int:
-    return min(LL_MAX_BYTES, per_world("DMACOLL_SM_LL_BYTES", world, WORLD2_LL_BYTES, 0))
+    forced = os.environ.get("DMACOLL_SM_LL_BYTES")
+    return min(LL_MAX_BYTES, int(forced) if forced else LL_BYTES.get(world, 0))
 
 
 def slots_offset(world: int) -> int:
