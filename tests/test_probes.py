@@ -344,6 +344,18 @@ EARLIER_CONFIG.update({f"h200x2/sm_path/default_call_nccl_band_run{n}": {
 EARLIER_CONFIG.update({f"h200x2/sm_path/large_calls_nccl_band_run{n}": {
     "worlds": [2], "calls": 5, "repeats": 10, "sizes": [8 << 20, 16 << 20, 32 << 20, 64 << 20]} for n in (1, 2, 3)})
 
+# ninth session, worlds 4 and 2 on one 4x H200 lease (results/h200x4/sm_path/README.md): the default call 1 KB-4 MB at
+# world 4 before and after LL lines there, 8-256 MB at worlds 2 and 4, LL on / off at world 4
+_SMALL_W4 = {"worlds": [4], "calls": 20, "repeats": 10, "sizes": [1 << k for k in (10, 12, 14, 16, 18, 20, 21, 22)]}
+_LARGE = {"calls": 5, "repeats": 10, "sizes": [8 << 20, 16 << 20, 32 << 20, 64 << 20, 128 << 20, 256 << 20]}
+EARLIER_CONFIG.update({f"h200x4/sm_path/{kind}_run{n}": _SMALL_W4 for kind in ("default_call_nccl_band",
+                                                                                "default_call_ll16k") for n in (1, 2, 3)})
+EARLIER_CONFIG.update({f"h200x{w}/sm_path/{kind}_run{n}": {**_LARGE, "worlds": [w]} for w in (2, 4)
+                       for kind in ("large_calls_staged", "large_calls_dma_sums") for n in (1, 2, 3)})
+EARLIER_CONFIG.update({f"h200x4/sm_path/small_calls_ll_{setting}_run{n}": {
+    "worlds": [4], "calls": 20, "repeats": 10, "sizes": [1 << k for k in range(10, 17)]}
+    for setting in ("on", "off") for n in (1, 2, 3)})
+
 
 def probe_of(command: list[str]):
     """The probe a sidecar's command ran: tools/probe_<name>.py (before the CLI) or `dmacoll probe <name>`."""

@@ -14,11 +14,11 @@ SWEEP_COLUMNS = {"impl", "bytes_per_rank", "time_us", "busbw_GBps", "place"}  # 
 GPU_MODELS = ("MI300X", "H200", "H100", "B200", "A100")
 
 
-# per machine folder, the runs of dmacoll probe sm_path that measured Communicator()'s current defaults (globs): on
-# 2x H200 three runs each at 1 KB-4 MB and 8-64 MB per rank; on 4x H200 the one run at 1 KB-4 MB of the seventh session
-# (the same defaults up to 4 MB per peer but all_to_all's, which no longer takes the sm path above 2 MB there)
-DEFAULT_CALL_RUNS = {"h200x2": ("sm_path/default_call_nccl_band_run*", "sm_path/large_calls_nccl_band_run*"),
-                     "h200x4": ("sm_path/default_call",)}
+# per machine folder, the runs of dmacoll probe sm_path that measured Communicator()'s current defaults (globs), three
+# runs each at 1 KB-4 MB and 8-256 MB per rank: on 2x H200 the eighth session's small calls (the defaults up to the sm
+# path's top have not changed since) and the ninth's large ones; on 4x H200 the ninth session's (one lease, 8686473)
+DEFAULT_CALL_RUNS = {"h200x2": ("sm_path/default_call_nccl_band_run*", "sm_path/large_calls_dma_sums_run*"),
+                     "h200x4": ("sm_path/default_call_ll16k_run*", "sm_path/large_calls_dma_sums_run*")}
 
 
 def default_call_runs(folder: Path) -> list[Path]:

@@ -85,9 +85,11 @@ class DmaCollectives(Collectives):
 
         size = torch.empty((), dtype=dtype).element_size()
         heap = sum((n * size + ALIGN - 1) // ALIGN * ALIGN for n in elements.values()) + (1 << 20)
-        # a reducing collective receives every rank's chunk into staging (calls.staging_elements); all buffers
-        # are symmetric
-        staging = staging_elements(elements) * size + (4 << 20)
+        # a reducing collective receives every rank's chunk into staging (calls.staging_elements): an all-reduce's
+        # copy-engine plans take up to (world + 1) x its tensor there, so the large sums 'auto' gives the copy
+        # engines (options.DMA_AUTO_MIN_BYTES) fit rather than falling back to NCCL; all buffers are symmetric
+        world = dist.get_world_size(group)
+        staging = (world + 1) * staging_elements(elements) * size + (4 << 20)
         self.comm = Communicator(group, backend=backend, heap_bytes=heap, staging_bytes=staging,
                                  timeout_s=timeout_s or DEFAULT_TIMEOUT_S,
                                  options=Options(variant="auto", sync="reset"))
