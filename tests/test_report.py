@@ -281,3 +281,42 @@ def test_default_call_as_nccl_tests_takes_the_median_of_the_runs_and_nccl_tests_
     assert gather["copy engines us"] == "not run" and gather["copy engines busbw"] == "-"
     # the probe counts reduce_scatter by its chunk: the input nccl-tests counts is two chunks at two ranks
     assert scatter["Communicator() algbw"] == round(2 * (1 << 20) / 5e-6 / 1e9, 1) and scatter["path"] == "nccl"
+
+
+def test_dma_auto_sizes_take_the_copy_engines_only_from_a_size_they_win_at_and_above():
+    from dmacoll_lab.analysis import tables
+
+    def point(size, dma_graph, dma_eager, default_path="nccl", source="a", dma_correct="True"):
+        rows = []
+        for mode, dma in (("graph", dma_graph), ("eager", dma_eager)):
+            rows += [{"source": source, "world": 4, "op": "all_gather", "mode": mode, "bytes": size, **r}
+                     for r in ({"impl": "nccl", "per_call_us": 100.0, "path": "", "correct": "True"},
+                               {"impl": "dma", "per_call_us": dma, "path": "dma", "correct": dma_correct},
+                               {"impl": "default", "per_call_us": 99.0, "path": default_path, "correct": "True"})]
+        return rows
+    rows = pd.DataFrame(point(1 << 20, 50.0, 50.0, "sm")  # on the sm path: not the rule's
+                        + point(2 << 20, 90.0, 90.0) + point(4 << 20, 99.5, 80.0)  # a tie in one mode is no win
+                        + point(8 << 20, 90.0, 90.0) + point(16 << 20, 90.0, 90.0, source="a")
+                        + point(16 << 20, 95.0, 95.0, source="b") + point(16 << 20, 200.0, 1.0, source="c",
+                                                                          dma_correct="False"))
+    t = tables.dma_auto_sizes(rows).set_index("size")
+    assert list(t.index) == [2 << 20, 4 << 20, 8 << 20, 16 << 20]
+    assert list(t["faster"]) == [True, False, True, True]  # 16 MB: median of 0.90, 0.95 and a failed run (inf)
+    assert list(t["from here"]) == [False, False, True, True]
+    assert t.loc[16 << 20, "graph"] == 0.95
+
+
+def test_auto_takes_the_copy_engines_exactly_where_the_committed_runs_say_they_win():
+    """options.DMA_AUTO_MIN_BYTES against the runs that set it (machines.DMA_AUTO_RUNS): at every size measured above
+    the sm path, 'auto' leaves NCCL for the copy engines where, and only where, they were faster there and at every
+    larger size."""
+    from dmacoll.options import nccl_auto
+    from dmacoll_lab.analysis import load, machines, tables
+
+    for machine in machines.DMA_AUTO_RUNS:
+        runs = machines.dma_auto_runs(ROOT / "results" / machine)
+        assert len(runs) >= 6, machine
+        table = tables.dma_auto_sizes(load.read("probe", runs))
+        assert not table.empty
+        for r in table.to_dict("records"):
+            assert nccl_auto(r["world"], r["op"], r["input bytes"]) == (not r["from here"]), (machine, r)

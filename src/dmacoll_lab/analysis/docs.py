@@ -16,6 +16,8 @@ from typing import Callable, Optional
 
 import pandas as pd
 
+from dmacoll.lab_api import human
+
 from . import c3_rules, claims, load, machines, report, tables
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout whose results/ the blocks read (a source install)
@@ -275,6 +277,28 @@ def default_call_headline(machine: str) -> str:
     return source + "\n\n" + report.markdown(tables.default_call(rows[rows["bytes"].isin(HEADLINE_SIZES)], "graph"))
 
 
+def dma_auto(machine: str) -> str:
+    """Where 'auto' takes the copy engines above the sm path (``tables.dma_auto_sizes`` of ``machines.DMA_AUTO_RUNS``),
+    beside what ``options.DMA_AUTO_MIN_BYTES`` gives at each size (tests/test_report.py holds the two equal)."""
+    from dmacoll.options import nccl_auto
+
+    paths = [str(p.relative_to(ROOT)) for p in machines.dma_auto_runs(ROOT / "results" / machine)]
+    if not paths:
+        return f"No runs on {machine} (`machines.DMA_AUTO_RUNS`)."
+    table = tables.dma_auto_sizes(load.read("probe", _abs(paths)))
+    ratio = "{:.2f}".format
+    shown = pd.DataFrame({
+        "op": table["op"], "size": table["size"].map(human), "input": table["input bytes"].map(human),
+        "copy engines / NCCL, graph": table["graph"].map(ratio), "eager": table["eager"].map(ratio),
+        "faster (< %.2f both)" % tables.DMA_AUTO_MARGIN: table["faster"],
+        "auto takes": ["dma" if not nccl_auto(w, op, n) else "nccl"
+                       for w, op, n in zip(table["world"], table["op"], table["input bytes"])]})
+    return (_table(shown, paths) + "\n\nMedian over the runs of the copy engines' per-call time (`path='dma'`, "
+            "the sums staged) over NCCL's, at the sizes above the sm path; size: the probe's bytes per rank, input: "
+            "the call's input (`DMA_AUTO_MIN_BYTES`' sizes). 'auto' takes the copy engines from the smallest size "
+            "at which they are faster and stay faster at every larger size measured.")
+
+
 def sources(machine: str) -> str:
     """Every committed run of a machine: its code, when it ran, and its GPUs."""
     rows = []
@@ -294,7 +318,7 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
     "ficco": ficco, "e2e": e2e, "native": native, "probes": probes, "call_cost": call_cost, "check_cost": check_cost,
     "nccl_tests": nccl_tests, "default_call": default_call, "default_call_headline": default_call_headline,
-    "default_call_nccl_tests": default_call_nccl_tests,
+    "default_call_nccl_tests": default_call_nccl_tests, "dma_auto": dma_auto,
     "sources": sources,
 }
 

@@ -21,10 +21,25 @@ DEFAULT_CALL_RUNS = {"h200x2": ("sm_path/default_call_nccl_band_run*", "sm_path/
                      "h200x4": ("sm_path/default_call_ll16k_run*", "sm_path/large_calls_dma_sums_run*")}
 
 
+# per machine folder, the runs whose copy-engine rows (path='dma', sums staged) against NCCL set where 'auto' takes
+# the copy engines above the sm path (options.DMA_AUTO_MIN_BYTES; tables.dma_auto_sizes): 8-256 MB per rank, six runs
+DMA_AUTO_RUNS = {machine: ("sm_path/large_calls_staged_run*", "sm_path/large_calls_dma_sums_run*")
+                 for machine in ("h200x2", "h200x4")}
+
+
+def _globbed(folder: Path, registry: dict) -> list[Path]:
+    folder = Path(folder)
+    return [p for runs in registry.get(folder.name, ()) for p in sorted(folder.glob(f"{runs}/data.csv"))]
+
+
 def default_call_runs(folder: Path) -> list[Path]:
     """The data.csv of each run of the current defaults in a machine folder (``DEFAULT_CALL_RUNS``), in order."""
-    folder = Path(folder)
-    return [p for runs in DEFAULT_CALL_RUNS.get(folder.name, ()) for p in sorted(folder.glob(f"{runs}/data.csv"))]
+    return _globbed(folder, DEFAULT_CALL_RUNS)
+
+
+def dma_auto_runs(folder: Path) -> list[Path]:
+    """The data.csv of each run that sets where 'auto' takes the copy engines (``DMA_AUTO_RUNS``), in order."""
+    return _globbed(folder, DMA_AUTO_RUNS)
 
 
 def runs(folder: Path) -> list[Path]:

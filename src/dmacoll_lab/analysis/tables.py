@@ -260,6 +260,43 @@ def default_call(rows: pd.DataFrame, mode: str = "graph") -> pd.DataFrame:
     return pd.DataFrame(out).astype(object)
 
 
+# The copy engines count as faster than NCCL at a size where the median over runs of their time over NCCL's is below
+# this in graph-replayed and eager calls alike: 1% below parity, so a tie (the nccl path's own rows spread 0.95-1.03)
+# does not move a call off NCCL
+DMA_AUTO_MARGIN = 0.99
+
+
+def dma_auto_sizes(rows: pd.DataFrame, margin: float = DMA_AUTO_MARGIN) -> pd.DataFrame:
+    """Runs of ``dmacoll probe sm_path`` with copy-engine rows (``machines.dma_auto_runs``): per world, op and size
+    above the sm path (where the ``default`` rows did not take it), the median over runs of the copy engines' time
+    over NCCL's per mode, whether they are faster (below ``margin`` in both modes), and ``from here``: faster here and
+    at every larger size measured, which is where 'auto' should take them (``options.DMA_AUTO_MIN_BYTES``, whose
+    sizes are the call's input: ``input bytes``)."""
+    from ..bench.probes import sm_path
+
+    out = []
+    for (world, op, size), point in rows.groupby(["world", "op", "bytes"], sort=True):
+        if (point.loc[point["impl"] == "default", "path"].astype(str) == "sm").any():
+            continue
+        row = {"world": int(world), "op": op, "size": int(size),
+               "input bytes": sm_path.shapes(op, int(world), int(size))[0]}
+        for mode in ("graph", "eager"):
+            ratios = []
+            for _, run in point[point["mode"] == mode].groupby("source"):
+                dma, nccl = run[run["impl"] == "dma"], run[run["impl"] == "nccl"]
+                ok = not dma.empty and str(dma["correct"].iloc[0]) == "True" and not nccl.empty
+                ratios.append(float(dma["per_call_us"].iloc[0]) / float(nccl["per_call_us"].iloc[0]) if ok
+                              else float("inf"))
+            row[mode] = float(np.median(ratios)) if ratios else float("inf")
+        row["faster"] = row["graph"] < margin and row["eager"] < margin
+        out.append(row)
+    table = pd.DataFrame(out, columns=["world", "op", "size", "input bytes", "graph", "eager", "faster"])
+    # faster here and at every larger size: a reversed running "all"
+    table["from here"] = table.groupby(["world", "op"])["faster"].transform(
+        lambda f: f[::-1].astype(bool).cummin()[::-1].astype(bool))
+    return table
+
+
 NCCL_TESTS_IMPLS = ("NCCL", "Communicator()", "oracle")
 
 
