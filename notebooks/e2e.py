@@ -46,7 +46,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from dmacoll_lab.analysis import e2e_tables, load, page, readings, report, tables  # noqa: E402
+from dmacoll_lab.analysis import e2e_tables, figures, load, page, readings, report, tables  # noqa: E402
 
 page.setup()
 out = Path(outdir)
@@ -76,6 +76,8 @@ def ratio_bars(long: pd.DataFrame, hue: str, name: str, title: str) -> None:
     page.figure(g, out, name)
 
 
+repeat_runs = [c for c in csvs if "/e2e/default_call_serial_" in str(c)]  # repeats of the default call, last section
+csvs = [c for c in csvs if c not in repeat_runs]
 frames = {"e2e": [], "vllm": [], "vllm_check": []}
 for p in csvs:
     df = load.read("e2e", [p])  # vLLM's tables read the same way: a bench's rows have a metric, a check's a comparison
@@ -113,6 +115,23 @@ for y, yscale, ylabel, title, name in (
     page.figure(g, out, name)
 shown = [c for c in summary.columns if not c.endswith(("_speedup", "_gain"))]
 page.table(summary[shown])
+
+# %% [markdown]
+# ## The default call over repeated runs
+#
+# `Communicator()` with no options in the serial schedule, the same points run again on other days and leases
+# (`machines.e2e_default_call_runs`: one model per run, NCCL in the same run; the code of each run in its provenance):
+# dmacoll over NCCL per batch, the median over the runs with bars from the lowest to the highest run. A single run's
+# ratio moves by this much; TTFT at batch 1 is an eager prefill of a few milliseconds and moves most.
+
+# %%
+if repeat_runs:
+    report.print_provenance(repeat_runs)
+    repeats = table(tables.e2e_repeats(load.read("e2e", repeat_runs)).round(3), "default_call_repeats")
+    page.figure(figures.e2e_repeats(repeats, platform_label), out, "default_call_repeats")
+    page.table(repeats)
+else:
+    print("No repeated runs of the default call on this machine.")
 
 # %% [markdown]
 # ## Against the paper's claim

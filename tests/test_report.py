@@ -320,3 +320,20 @@ def test_auto_takes_the_copy_engines_exactly_where_the_committed_runs_say_they_w
         assert not table.empty
         for r in table.to_dict("records"):
             assert nccl_auto(r["world"], r["op"], r["input bytes"]) == (not r["from here"]), (machine, r)
+
+
+def test_e2e_repeats_give_each_run_its_ratio_and_the_range_over_runs():
+    from dmacoll_lab.analysis import tables
+
+    def run(source, dma_decode, dma_ttft):
+        return [{"source": source, "model": "m", "parallel": "tp2", "layers": 4, "batch": 8, "prompt_len": 512,
+                 "world": 2, "schedule": "serial", "status": "ok", "impl": impl, "decode_ms": d, "ttft_ms": t,
+                 "decode_tok_s": 1.0, "e2e_tok_s": 1.0}
+                for impl, d, t in (("nccl", 1.0, 10.0), ("dma", dma_decode, dma_ttft))]
+    rows = pd.DataFrame(run("b", 0.9, 12.0) + run("a", 0.8, 9.0) + run("c", 1.1, 10.0))
+    t = tables.e2e_repeats(rows).set_index("metric")
+    decode, ttft = t.loc["decode step"], t.loc["TTFT"]
+    assert decode["runs"] == 3 and decode["median"] == pytest.approx(0.9)
+    assert (decode["low"], decode["high"]) == (pytest.approx(0.8), pytest.approx(1.1))
+    assert decode["per_run"] == "0.90 0.80 1.10"  # in the order the runs were given
+    assert ttft["median"] == pytest.approx(1.0) and ttft["high"] == pytest.approx(1.2)

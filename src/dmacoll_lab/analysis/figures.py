@@ -99,6 +99,31 @@ def default_call(rows: pd.DataFrame, label: str):
     return fig
 
 
+def e2e_repeats(repeats: pd.DataFrame, label: str):
+    """dma / NCCL of the serial schedule per batch (``tables.e2e_repeats``): a panel per metric (decode step, TTFT) and
+    world, a line per model at the median over the runs, error bars from the lowest to the highest run."""
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(m, w) for m, w in zip(repeats["metric"], repeats["world"])}, key=lambda k: (k[0] != "decode step",
+                                                                                                  -k[1]))
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4.4 * max(len(panels), 1), 3.8), squeeze=False)
+    for ax, (metric, world) in zip(axes[0], panels):
+        for model, c in repeats[(repeats["metric"] == metric) & (repeats["world"] == world)].groupby("model"):
+            ax.errorbar(c["batch"], c["median"], yerr=[c["median"] - c["low"], c["high"] - c["median"]], marker="o",
+                        ms=4, capsize=2, label=model)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(xscale="log", title=f"{metric}, {world} GPUs", xlabel="batch size", ylabel="dmacoll / NCCL (time)")
+        ax.set_xticks(sorted(repeats["batch"].unique()), [str(b) for b in sorted(repeats["batch"].unique())])
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=max(len(labels), 1), fontsize=8, bbox_to_anchor=(0.5, -0.08))
+    fig.suptitle(f"Communicator()'s default call in the serial schedule, {label}; median of the runs, bars: lowest to "
+                 "highest run", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def machines(ratios: dict[str, pd.DataFrame]):
     """The machines side by side (the report's front page): per op that two or more machines swept, graph-replayed,
     NCCL's time per call and the best copy-engine configuration's time over NCCL's, a line per machine.

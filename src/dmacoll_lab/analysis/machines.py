@@ -42,6 +42,12 @@ def dma_auto_runs(folder: Path) -> list[Path]:
     return _globbed(folder, DMA_AUTO_RUNS)
 
 
+def e2e_default_call_runs(folder: Path) -> list[Path]:
+    """The data.csv of each repeated ``dmacoll e2e --schedules serial`` run of ``Communicator()``'s default call in a
+    machine folder (``e2e/default_call_serial_<model>_<label>/``: one model each), in name order."""
+    return sorted(Path(folder).glob("e2e/default_call_serial_*/data.csv"))
+
+
 def runs(folder: Path) -> list[Path]:
     """Every committed run of a machine folder (its ``data.csv``), sorted."""
     return sorted(p for p in Path(folder).rglob("data.csv") if p.with_suffix(".json").is_file())

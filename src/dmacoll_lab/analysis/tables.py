@@ -103,6 +103,22 @@ def e2e_overview(e2e: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def e2e_repeats(e2e: pd.DataFrame) -> pd.DataFrame:
+    """Repeated serial runs (``source``: one file per run, ``machines.e2e_default_call_runs``): per world, model, batch
+    and metric (decode step, TTFT), dma / NCCL in each run, in run order, and their median, lowest and highest."""
+    out = []
+    for source, run in e2e.groupby("source", sort=False):
+        for _, r in e2e_ratios(run).iterrows():
+            for metric, column in (("decode step", "decode_dma_over_nccl"), ("TTFT", "ttft_dma_over_nccl")):
+                out.append({"world": int(run["world"].iloc[0]), "model": r["model"], "batch": int(r["batch"]),
+                            "metric": metric, "source": source, "ratio": float(r[column])})
+    per_run = pd.DataFrame(out, columns=["world", "model", "batch", "metric", "source", "ratio"])
+    return (per_run.groupby(["world", "model", "metric", "batch"], sort=True)
+            .agg(runs=("ratio", "size"), median=("ratio", "median"), low=("ratio", "min"), high=("ratio", "max"),
+                 per_run=("ratio", lambda r: " ".join(f"{x:.2f}" for x in r)))
+            .reset_index())
+
+
 def native_speedup(native: pd.DataFrame) -> pd.DataFrame:
     """Eager dma calls: Python submission's time over the native library's, per (op, variant, signal): median,
     min and max over sizes; and the best native dma time over NCCL's (min-max over sizes)."""
