@@ -31,3 +31,4 @@ rule all:
         f"{OUT}/check/host_w{config['host_check']['world']}.txt",
         f"{REPORT}/index.html",
         [f"{OUT}/probes/{name}/data.csv" for name in PROBE_RUNS],
+        DEFAULT_CALL_RUNS,

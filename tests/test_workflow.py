@@ -101,7 +101,7 @@ def test_gpu_platform_configs_plan_every_experiment(platform_file, tmp_path):
     r = dry_run("--configfile", "config/config.yaml", f"config/{platform_file}.yaml",
                 config=(f"outdir={tmp_path}",))
     assert r.returncode == 0, r.stderr[-2000:]
-    for rule in ("operator_sweep", "operator_sweep_nccl_ce", "breakdown", "power", "c3", "index"):
+    for rule in ("operator_sweep", "operator_sweep_nccl_ce", "breakdown", "power", "c3", "default_call", "index"):
         assert f"rule {rule}:" in r.stdout
     assert f"{tmp_path}/report/measured/notebooks/c3.html" in r.stdout
     assert f"{tmp_path}/report/measured/notebooks/ficco.html" in r.stdout
@@ -136,6 +136,25 @@ def test_probes_run_when_the_config_lists_them(tmp_path):
     cpu = dry_run(config=("platform=none", f"outdir={tmp_path}", "probes=[flag_latency]"))
     assert cpu.returncode == 0 and "rule probe:" not in cpu.stdout, cpu.stderr[-2000:]
     assert "probes ['flag_latency'] not run" in cpu.stderr
+
+
+def test_default_call_runs_each_part_of_its_sizes_repeatedly_and_names_its_rule(tmp_path):
+    """config default_call: each part (small, large sizes) run `runs` times at the machine's world, the rule's name in
+    the run's environment (its provenance), the operator page rendered from them; not on a CPU render."""
+    small = tmp_path / "small.yaml"
+    small.write_text("default_call: {runs: 2, parts: {small: {sizes: [1K, 4K], calls: 7}}}\n")
+    r = dry_run("-p", "--configfile", "config/config.yaml", "config/h200x4.yaml", str(small),
+                config=(f"outdir={tmp_path}",))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("rule default_call:") == 4  # the shipped large part too: configs merge
+    for n in (1, 2):
+        run = f"{tmp_path}/sm_path/default_call_small_run{n}"
+        assert f"DMACOLL_WORKFLOW_RULE=default_call {sys.executable} -m dmacoll_lab probe sm_path" in r.stdout
+        assert (f" -m dmacoll_lab probe sm_path --worlds 4 --sizes 1K 4K --calls 7 --repeats 10 --out {run}/data.csv "
+                f"2>&1 | tee {run}/run.log") in r.stdout
+    assert "gpu=4" in r.stdout.split("rule default_call:")[1].split("Shell command")[0]
+    cpu = dry_run(config=("platform=none", f"outdir={tmp_path}"))
+    assert cpu.returncode == 0 and "rule default_call:" not in cpu.stdout, cpu.stderr[-2000:]
 
 
 def test_mi300x_config_dry_runs_the_full_dag(tmp_path):

@@ -110,9 +110,23 @@ def operator_csvs(platform):
     return [result(platform, f"operator/sweep_{op}/data.csv") for op in config["operator"]["ops"]] + ce + amd
 
 
+# Communicator()'s default call against NCCL, each part of its sizes run `runs` times by the default_call rule: on
+# NVIDIA GPUs only, where the sm path runs
+DEFAULT_CALL = config["default_call"]
+DEFAULT_CALL_RUNS = [f"{OUT}/sm_path/default_call_{part}_run{n}/data.csv" for n in range(1, DEFAULT_CALL["runs"] + 1)
+                     for part in DEFAULT_CALL["parts"]] if PLATFORM == "cuda" else []
+
+
+def default_call_args(wildcards):
+    """dmacoll probe sm_path's options for one part of the default call's sizes (config default_call.parts)."""
+    part = DEFAULT_CALL["parts"][wildcards.part]
+    return " ".join(["--sizes", *part["sizes"]] + [f"--{k} {part[k]}" for k in ("calls", "repeats") if k in part])
+
+
 def default_call_csvs(platform):
-    """A shipped set's runs of Communicator()'s current defaults (machines.default_call_runs); a fresh run has none."""
-    return [] if MEASURED else [str(p) for p in machines.default_call_runs(Path(PLATFORMS[platform][0]))]
+    """The runs of Communicator()'s current defaults: measured here (the default_call rule, NVIDIA only), or a shipped
+    set's (machines.default_call_runs)."""
+    return DEFAULT_CALL_RUNS if MEASURED else [str(p) for p in machines.default_call_runs(Path(PLATFORMS[platform][0]))]
 
 
 def shipped_extra(platform, path):

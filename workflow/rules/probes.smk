@@ -25,3 +25,34 @@ rule probe:
         "../../envs/cuda.yaml"
     shell:
         "{params.py} -m dmacoll_lab probe {wildcards.name} --out {output.csv} 2>&1 | tee {log}"
+
+
+# Communicator()'s default call against NCCL, repeated (config default_call; DEFAULT_CALL_RUNS in common.smk).
+# DMACOLL_WORKFLOW_RULE names the rule in each run's provenance (data.json's env).
+
+
+rule default_call:
+    """One run of one part of the default call's sizes, at every GPU of the machine."""
+    output:
+        csv=f"{OUT}/sm_path/default_call_{{part}}_run{{n}}/data.csv",
+        json=f"{OUT}/sm_path/default_call_{{part}}_run{{n}}/data.json",
+    wildcard_constraints:
+        part="[a-z0-9_]+",
+        n="[0-9]+",
+    log:
+        f"{OUT}/sm_path/default_call_{{part}}_run{{n}}/run.log",
+    benchmark:
+        "benchmarks/default_call_{part}_run{n}.tsv"
+    threads: GPU_RANKS
+    resources:
+        **GPU_JOB,
+    params:
+        py=PY,
+        world=GPU_RANKS,
+        args=default_call_args,
+        rule="default_call",
+    conda:
+        "../../envs/cuda.yaml"
+    shell:
+        "DMACOLL_WORKFLOW_RULE={params.rule} {params.py} -m dmacoll_lab probe sm_path --worlds {params.world} "
+        "{params.args} --out {output.csv} 2>&1 | tee {log}"
