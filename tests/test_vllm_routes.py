@@ -61,8 +61,9 @@ def test_decisions_on_the_shipped_table():
     assert r.decide("all_gather", 4 << 10, "graph", 2, H200).route  # KB sizes: the sm path beats NCCL
     d = r.decide("all_reduce", 64 << 20, "graph", 2, H200)
     assert not d.route and d.reason == r.deferred["all_reduce"]
-    d = r.decide("reduce_scatter", 128 << 20, "graph", 2, H200)  # there Communicator() hands it to NCCL itself
+    d = r.decide("reduce_scatter", 128 << 20, "graph", 4, H200)  # there Communicator() hands it to NCCL itself
     assert not d.route and d.reason.startswith("dmacoll not faster")
+    assert r.decide("reduce_scatter", 128 << 20, "graph", 2, H200).route  # the copy engines' sums, 0.80-0.85
     assert r.decide("reduce_scatter", 64 << 10, "graph", 4, H200).route
     assert "no measurement at world 8" in r.decide("all_gather", 64 << 20, "graph", 8, H200).reason
     assert not r.decide("all_gather", 64 << 20, "graph", 2, "NVIDIA H100 80GB HBM3").route

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from dmacoll.lab_api import human
+from dmacoll.lab_api import human, options
 
 from . import c3_rules, claims, load, machines, report, tables
 
@@ -280,8 +280,6 @@ def default_call_headline(machine: str) -> str:
 def dma_auto(machine: str) -> str:
     """Where 'auto' takes the copy engines above the sm path (``tables.dma_auto_sizes`` of ``machines.DMA_AUTO_RUNS``),
     beside what ``options.DMA_AUTO_MIN_BYTES`` gives at each size (tests/test_report.py holds the two equal)."""
-    from dmacoll.options import nccl_auto
-
     paths = [str(p.relative_to(ROOT)) for p in machines.dma_auto_runs(ROOT / "results" / machine)]
     if not paths:
         return f"No runs on {machine} (`machines.DMA_AUTO_RUNS`)."
@@ -291,7 +289,7 @@ def dma_auto(machine: str) -> str:
         "op": table["op"], "size": table["size"].map(human), "input": table["input bytes"].map(human),
         "copy engines / NCCL, graph": table["graph"].map(ratio), "eager": table["eager"].map(ratio),
         "faster (< %.2f both)" % tables.DMA_AUTO_MARGIN: table["faster"],
-        "auto takes": ["dma" if not nccl_auto(w, op, n) else "nccl"
+        "auto takes": ["dma" if not options.nccl_auto(w, op, n) else "nccl"
                        for w, op, n in zip(table["world"], table["op"], table["input bytes"])]})
     return (_table(shown, paths) + "\n\nMedian over the runs of the copy engines' per-call time (`path='dma'`, "
             "the sums staged) over NCCL's, at the sizes above the sm path; size: the probe's bytes per rank, input: "
