@@ -103,7 +103,8 @@ def test_every_job_passes_the_plugin_and_asks_for_what_its_rule_needs(profile, p
             world = 8 if platform == "rocm" else 4  # host_check: the config's host_check.world ranks
             cpus, mem = (world, 500 * (world + 1)) if job.name == "host_check" else (1, 1000)
             assert f"--cpus-per-task={cpus}" in call and f"--mem {mem}" in call, (job.name, call)
-    assert {j.name for j in jobs if j.resources.get("gpu")} >= ({"vllm_bench", "probe", "operator_sweep_nccl_ce"}
+    assert {j.name for j in jobs if j.resources.get("gpu")} >= ({"vllm_bench", "probe", "default_call",
+                                                                 "operator_sweep_nccl_ce"}
                                                                if platform == "cuda" else {"amd_dmalatte_sweep"})
 
 
