@@ -116,6 +116,11 @@ def test_above_the_sm_path_auto_takes_nccl_unless_the_copy_engines_were_measured
             assert path(op, world, DMA_AUTO_MIN_BYTES[world, op] - 1) == "nccl"
             assert path(op, world, DMA_AUTO_MIN_BYTES[world, op]) == "dma"
         assert path(op, 4, 64 << 20) == "nccl"
+    # a copy-engine sum whose chunks would not fit the staging area: NCCL, but only where 'auto' chose by size
+    assert choose_path(Options(), CUDA, "all_reduce", None, 2, False, 64 << 20, True, staged=False) == "nccl"
+    assert choose_path(Options(variant="b2b"), CUDA, "all_reduce", None, 2, False, 64 << 20, True, False) == "dma"
+    assert choose_path(Options(), CUDA, "all_reduce", None, 2, True, 64 << 20, True, staged=False) == "dma"
+    assert choose_path(Options(), CUDA, "all_reduce", None, 2, False, 64 << 20, False, staged=False) == "dma"
     assert path("all_gather", 2, 16 << 20) == "dma"  # world 2: the copy engines win at every size
     assert path("all_gather", 4, 8 << 20) == "nccl"
     assert path("all_gather", 4, DMA_AUTO_MIN_BYTES[4, "all_gather"]) == "dma"

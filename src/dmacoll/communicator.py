@@ -488,11 +488,10 @@ class Communicator:
             resolved = resolve(wanted, self.capabilities, call, self.tuning)
             shared = self.capabilities.sm_path and self.engine.sm_shares_device()
             sm_bytes = self._sm_bytes(spec, request)
+            # a copy-engine sum that would not fit the staging area goes to NCCL rather than to an error
+            staged = not (spec.reduces and self._nccl) or self._stages(request, resolved)
             path = choose_path(wanted, self.capabilities, spec.name, sm_bytes, self.world,
-                               self._gate is not None or shared, request.nbytes, self._nccl)
-            if path == "dma" and wanted.path == "auto" and self._nccl and spec.reduces \
-                    and not self._stages(request, resolved):
-                path = "nccl"  # the copy engines' sum would not fit the staging area: the baseline, not an error
+                               self._gate is not None or shared, request.nbytes, self._nccl, staged)
             if path == "sm":
                 if sm_bytes is None:
                     raise InvalidArgument(f"{spec.name} with path='sm': the sm path runs all_gather, all_to_all(_v), "

@@ -112,10 +112,10 @@ class Options:
     three are the communicator's own, set once.
 
     ``path``: ``dma`` (the copy engines: the papers' collectives, every option below), ``sm`` (one one-shot kernel
-    per call: stores into every peer's heap over NVLink, a flag per block (up to 64 KB per peer at world 2, 16 KB at world
-    4, the flag rides in the data: LL lines), a local copy or sum; all_gather, all_to_all(_v), all_reduce (two kernels from
-    ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more, above a slot at 2), reduce_scatter up to ``cuda_sm.slot_bytes``
-    per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of ``cuda_sm.THREADS`` threads;
+    per call: stores into every peer's heap over NVLink, a flag per block (up to 64 KB per peer at world 2, 16 KB
+    at world 4, the flag rides in the data: LL lines), a local copy or sum; all_gather, all_to_all(_v), all_reduce
+    (two kernels from ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more, above a slot at 2), reduce_scatter up to
+    ``cuda_sm.slot_bytes`` per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of ``cuda_sm.THREADS`` threads;
     cuda only), ``nccl`` (the call handed to ``torch.distributed`` on the communicator's process group: the baseline
     itself, where the group runs NCCL (RCCL on ROCm)) or ``auto`` (the default): ``sm`` up to ``sm_auto_max_bytes``
     per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for all_to_all at world 4) where the call fits it and
@@ -299,20 +299,20 @@ def _check_combination(options: Options, capabilities: EngineCapabilities) -> No
 
 
 def choose_path(options: Options, capabilities: EngineCapabilities, op: str, sm_bytes: Optional[int], world: int,
-                gated: bool = False, nbytes: int = 0, nccl: bool = False) -> str:
+                gated: bool = False, nbytes: int = 0, nccl: bool = False, staged: bool = True) -> str:
     """Which data path a call takes: the caller's, or for 'auto' the copy engines where the caller chose a copy-engine
     option (a variant, direction, signal, wait, prerecord or submit) or the call is behind a prelaunch gate
     (``gated``), else the sm path where the engine has it and the call fits it (``sm_bytes``: its bytes per peer
     there, None where the sm path cannot run it) up to ``sm_auto_max_bytes``, else NCCL where the communicator's group
-    runs it (``nccl``) and ``nccl_auto`` says the copy engines were not measured faster at ``nbytes``, else the copy
-    engines. Pure, the same on every rank."""
+    runs it (``nccl``) and ``nccl_auto`` says the copy engines were not measured faster at ``nbytes`` or their plans
+    would not fit the staging area (``staged``), else the copy engines. Pure, the same on every rank."""
     if options.path != "auto":
         return options.path
     if gated or any(getattr(options, name) != "auto" for name in COPY_ENGINE_OPTIONS):
         return "dma"
     if capabilities.sm_path and sm_bytes is not None and sm_bytes <= sm_auto_max_bytes(world, op):
         return "sm"
-    return "nccl" if nccl and nccl_auto(world, op, nbytes) else "dma"
+    return "nccl" if nccl and (nccl_auto(world, op, nbytes) or not staged) else "dma"
 
 
 def candidates(capabilities: EngineCapabilities, eager: bool, epoch: bool = False) -> dict[str, set]:
