@@ -112,15 +112,15 @@ class Options:
     three are the communicator's own, set once.
 
     ``path``: ``dma`` (the copy engines: the papers' collectives, every option below), ``sm`` (one one-shot kernel
-    per call: stores into every peer's heap over NVLink, a flag per block (up to 64 KB per peer at world 2, 16 KB
-    at world 4, the flag rides in the data: LL lines), a local copy or sum; all_gather, all_to_all(_v), all_reduce
-    (two kernels from ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more, above a slot at 2), reduce_scatter up to
+    per call: stores into every peer's heap over NVLink, a flag per block (up to 64 KB per peer at world 2, 16 KB at
+    world 4, the flag rides in the data: LL lines), a local copy or sum; all_gather, all_to_all(_v), all_reduce (two
+    kernels from ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more, above a slot at 2), reduce_scatter up to
     ``cuda_sm.slot_bytes`` per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of
-    ``cuda_sm.THREADS`` threads; cuda only), ``nccl`` (the call handed to ``torch.distributed`` on the
-    communicator's process group: the baseline itself, where the group runs NCCL (RCCL on ROCm)) or ``auto`` (the default): ``sm`` up to ``sm_auto_max_bytes``
-    per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for all_to_all at world 4) where the call fits it and
-    names no copy-engine option; above it ``dma`` where the copy engines were measured faster than NCCL
-    (``DMA_AUTO_MIN_BYTES``), else ``nccl`` where the group runs it, else ``dma`` (``choose_path``).
+    ``cuda_sm.THREADS`` threads; cuda only), ``nccl`` (the call handed to ``torch.distributed`` on the communicator's
+    process group: the baseline itself, where the group runs NCCL (RCCL on ROCm)) or ``auto`` (the default): ``sm``
+    up to ``sm_auto_max_bytes`` per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for all_to_all at world 4)
+    where the call fits it and names no copy-engine option; above it ``dma`` where the copy engines were measured
+    faster than NCCL (``DMA_AUTO_MIN_BYTES``), else ``nccl`` where the group runs it, else ``dma`` (``choose_path``).
     ``last_options.path`` says which ran. Explicit ``dma`` is the papers' reproduction: pure copy engines.
 
     ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue), ``multi`` (one handshake, copies
