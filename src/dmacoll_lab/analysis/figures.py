@@ -56,9 +56,9 @@ def headline(df: pd.DataFrame, label: str, mode: str = "graph"):
 
 def default_call_ratios(rows: pd.DataFrame) -> pd.DataFrame:
     """Per op, mode and size of runs of ``dmacoll probe sm_path`` (``machines.default_call_runs``): Communicator() / NCCL
-    in each run (``tables.default_call_per_run``), then the median over the runs, its range, and the paths the default
+    in each run (``tables.per_run_ratios``), then the median over the runs, its range, and the paths the default
     call took."""
-    runs = tables.default_call_per_run(rows).dropna(subset=["ratio"])
+    runs = tables.per_run_ratios(rows).dropna(subset=["ratio"])
     return (runs.groupby(["op", "mode", "bytes"])
             .agg(median=("ratio", "median"), low=("ratio", "min"), high=("ratio", "max"), runs=("ratio", "size"),
                  path=("path", lambda p: "/".join(sorted(set(p)))))

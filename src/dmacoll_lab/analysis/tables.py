@@ -239,15 +239,15 @@ def call_cost_shared(rows: pd.DataFrame) -> pd.DataFrame:
     return out.round(2).astype(object).fillna("").reset_index(drop=True)
 
 
-def default_call_per_run(rows: pd.DataFrame) -> pd.DataFrame:
-    """Runs of ``dmacoll probe sm_path`` (its ``default`` rows: ``Communicator()`` with no options, NCCL in the same
-    run), one row per run, mode, op and size (bytes per rank) that measured both, in run order (``source``):
-    ``Communicator()`` / NCCL (NaN where its row failed its check or did not run), NCCL's time and the path the
-    default call took."""
+def per_run_ratios(rows: pd.DataFrame, impl: str = "default") -> pd.DataFrame:
+    """Runs of ``dmacoll probe sm_path`` (NCCL in the same run), one row per run, mode, op and size (bytes per rank)
+    that measured both ``impl`` (``default``: ``Communicator()`` with no options; ``dma``: the copy engines) and NCCL,
+    in run order (``source``): ``impl`` / NCCL (NaN where its row failed its check or did not run), NCCL's time and
+    the path ``impl`` took."""
     out = []
     for source in dict.fromkeys(rows["source"]):
         for (mode, op, size), point in rows[rows["source"] == source].groupby(["mode", "op", "bytes"], sort=True):
-            mine, theirs = point[point["impl"] == "default"], point[point["impl"] == "nccl"]
+            mine, theirs = point[point["impl"] == impl], point[point["impl"] == "nccl"]
             if mine.empty or theirs.empty:
                 continue
             ok = str(mine["correct"].iloc[0]) == "True" and pd.notna(mine["per_call_us"].iloc[0])
@@ -259,11 +259,11 @@ def default_call_per_run(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def default_call(rows: pd.DataFrame, mode: str = "graph") -> pd.DataFrame:
-    """Repeated runs of ``dmacoll probe sm_path`` (``default_call_per_run``): per op and size (bytes per rank),
+    """Repeated runs of ``dmacoll probe sm_path`` (``per_run_ratios``): per op and size (bytes per rank),
     NCCL's median time over the runs, ``Communicator()`` / NCCL in each run (run order: ``source``), the data paths
     the default call took and ``#wrong``, its rows that failed their check or did not run."""
     rows = rows[rows["mode"] == mode]
-    per_run = default_call_per_run(rows)
+    per_run = per_run_ratios(rows)
     out = []
     for (op, size), point in per_run.groupby(["op", "bytes"], sort=True):
         at = rows[(rows["op"] == op) & (rows["bytes"] == size) & (rows["impl"] == "default")]
@@ -291,21 +291,19 @@ def dma_auto_sizes(rows: pd.DataFrame, margin: float = DMA_AUTO_MARGIN) -> pd.Da
     from ..bench.probes import sm_path
 
     out = []
-    for (world, op, size), point in rows.groupby(["world", "op", "bytes"], sort=True):
-        if (point.loc[point["impl"] == "default", "path"].astype(str) == "sm").any():
-            continue
-        row = {"world": int(world), "op": op, "size": int(size),
-               "input bytes": sm_path.shapes(op, int(world), int(size))[0]}
-        for mode in ("graph", "eager"):
-            ratios = []
-            for _, run in point[point["mode"] == mode].groupby("source"):
-                dma, nccl = run[run["impl"] == "dma"], run[run["impl"] == "nccl"]
-                ok = not dma.empty and str(dma["correct"].iloc[0]) == "True" and not nccl.empty
-                ratios.append(float(dma["per_call_us"].iloc[0]) / float(nccl["per_call_us"].iloc[0]) if ok
-                              else float("inf"))
-            row[mode] = float(np.median(ratios)) if ratios else float("inf")
-        row["faster"] = row["graph"] < margin and row["eager"] < margin
-        out.append(row)
+    for world, at in rows.groupby("world"):
+        on_sm = set(at.loc[(at["impl"] == "default") & (at["path"].astype(str) == "sm"), ["op", "bytes"]]
+                    .itertuples(index=False, name=None))
+        # a failed copy-engine row, or a mode not measured, counts as slower than any margin
+        medians = (per_run_ratios(at, "dma").fillna({"ratio": float("inf")})
+                   .groupby(["op", "bytes", "mode"])["ratio"].median().unstack("mode")
+                   .reindex(columns=["graph", "eager"]).fillna(float("inf")))
+        for (op, size), (graph, eager) in medians.iterrows():
+            if (op, size) in on_sm:
+                continue
+            out.append({"world": int(world), "op": op, "size": int(size),
+                        "input bytes": sm_path.shapes(op, int(world), int(size))[0], "graph": float(graph),
+                        "eager": float(eager), "faster": graph < margin and eager < margin})
     table = pd.DataFrame(out, columns=["world", "op", "size", "input bytes", "graph", "eager", "faster"])
     # faster here and at every larger size: a reversed running "all"
     table["from here"] = table.groupby(["world", "op"])["faster"].transform(
