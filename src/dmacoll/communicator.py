@@ -30,7 +30,7 @@ from . import backends, consistency, nccl_path, ops, validate
 from .calibration import lookup
 from .errors import BackendUnavailable, DmaCollDeviceError, DmaCollError, DmaCollTimeoutError, InvalidArgument
 from .executor import GATES, Program, flag_words, lower, run, wait_words
-from .options import Call, CallOptions, Options, choose_path, resolve
+from .options import Call, CallOptions, Options, choose_path, nccl_auto, resolve
 from .plan import DONE, DONE_ALT, FULL, Handshake, Layout, Wait
 
 if TYPE_CHECKING:
@@ -488,8 +488,10 @@ class Communicator:
             resolved = resolve(wanted, self.capabilities, call, self.tuning)
             shared = self.capabilities.sm_path and self.engine.sm_shares_device()
             sm_bytes = self._sm_bytes(spec, request)
-            # a copy-engine sum that would not fit the staging area goes to NCCL rather than to an error
-            staged = not (spec.reduces and self._nccl) or self._stages(request, resolved)
+            # a copy-engine sum that would not fit the staging area goes to NCCL rather than to an error; its plans
+            # are built only where that can decide (a sum 'auto' would give the copy engines by size)
+            staged = not (spec.reduces and self._nccl) or nccl_auto(self.world, spec.name, request.nbytes) \
+                or self._stages(request, resolved)
             path = choose_path(wanted, self.capabilities, spec.name, sm_bytes, self.world,
                                self._gate is not None or shared, request.nbytes, self._nccl, staged)
             if path == "sm":

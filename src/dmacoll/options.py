@@ -43,15 +43,12 @@ WORLD4_ALL_TO_ALL_SM_AUTO_MAX_BYTES = 2 << 20
 # below them, and for a world or op not listed, NCCL itself (path 'nccl', the communicator's own process group) where
 # the group runs it, so the default call is never slower than the baseline it is measured against. A sum whose
 # received chunks do not fit the communicator's staging area goes to NCCL too (``Communicator(staging_bytes=...)``).
-# Graph-replayed, six runs per size on 2x and 4x H200, sizes 8-256 MB per rank (results/h200x{2,4}/sm_path/
-# large_calls_w*_run*): the copy engines / NCCL was 0.83-0.90 for all_gather at world 2 at every size and 0.94-0.98
-# at world 4 from 64 MB (1.01-1.03 at 32 MB); all_to_all at world 2 0.90-0.96 from 128 MB (1.01-1.12 at 64 MB) and
-# at world 4 0.88-1.05 at 128 MB, 0.90-0.98 above; reduce_scatter 0.82-0.86 at world 2 from 64 MB (eager 0.84-0.92)
-# and 0.95-0.98 at world 4 from 256 MB (0.98-1.00 at 128 MB); all_reduce 0.82-0.97 at world 2 from 32 MB and
-# 0.91-0.95 at world 4 from 128 MB (1.00 at 64 MB, 1.12-1.63 below). The rule: from the smallest size at which the
-# median over the runs is below 0.99 in graph-replayed and eager calls and stays so at every larger size (the lab's
-# tables.dma_auto_sizes; docs/results.md shows it per size, and a test fails when these constants and the runs
-# disagree). all_to_all_v (the MoE dispatch, uneven) stays on the copy engines.
+# The sizes come from six runs per world on 2x and 4x H200, 8-256 MB per rank (results/h200x{2,4}/sm_path/
+# large_calls_staged_run*, large_calls_dma_sums_run*): from the smallest size at which the median over the runs of the
+# copy engines' time over NCCL's is below 0.99 in graph-replayed and eager calls and stays so at every larger size
+# (the lab's tables.dma_auto_sizes). docs/results.md ("Where auto leaves NCCL for the copy engines") shows those
+# medians per size, and a test fails when these constants and the runs disagree. all_to_all_v (the MoE dispatch,
+# uneven) stays on the copy engines.
 DMA_AUTO_MIN_BYTES = {(2, "all_gather"): 0, (2, "all_to_all"): 128 << 20, (2, "reduce_scatter"): 64 << 20,
                       (2, "all_reduce"): 32 << 20, (4, "all_gather"): 64 << 20, (4, "all_to_all"): 128 << 20,
                       (4, "reduce_scatter"): 256 << 20, (4, "all_reduce"): 128 << 20}

@@ -36,11 +36,11 @@ THREADS = 512
 VECTORS_PER_THREAD = 2  # 16-byte vectors each thread sends per peer before another block is worth its launch
 
 
-def per_world(variable: str, world: int, at_world2: int, elsewhere: int) -> int:
-    """A setting measured apart at world 2: ``$variable`` where set (at every world, for measuring), else
-    ``at_world2`` or ``elsewhere``."""
+def per_world(variable: str, world: int, measured: dict[int, int], elsewhere: int) -> int:
+    """A setting measured apart at some worlds: ``$variable`` where set (at every world, for measuring), else
+    ``measured[world]`` or ``elsewhere``."""
     forced = os.environ.get(variable)
-    return int(forced) if forced else at_world2 if world == 2 else elsewhere
+    return int(forced) if forced else measured.get(world, elsewhere)
 
 
 # bytes a block sends before the grid grows by a block (``block_bytes``): 16 KB; 2 KB at world 2, where 16-64 KB calls
@@ -51,7 +51,7 @@ WORLD2_BLOCK_BYTES = 2048
 
 
 def block_bytes(world: int) -> int:
-    return per_world("DMACOLL_SM_BLOCK_BYTES", world, WORLD2_BLOCK_BYTES, BLOCK_BYTES)
+    return per_world("DMACOLL_SM_BLOCK_BYTES", world, {2: WORLD2_BLOCK_BYTES}, BLOCK_BYTES)
 
 
 OPS = {"all_gather": "gather", "all_to_all": "gather", "all_to_all_v": "gather", "all_reduce": "sum",
@@ -66,7 +66,7 @@ WORLD2_SLOT_BYTES = 8 << 20
 
 def slot_bytes(world: int) -> int:
     """A communicator's slot size at ``world`` ranks."""
-    return per_world("DMACOLL_SM_SLOT_BYTES", world, WORLD2_SLOT_BYTES, SLOT_BYTES)
+    return per_world("DMACOLL_SM_SLOT_BYTES", world, {2: WORLD2_SLOT_BYTES}, SLOT_BYTES)
 
 
 # the most blocks a launch takes ($DMACOLL_SM_BLOCKS, for measuring; never more than the GPU's SMs: a block waits for
@@ -95,17 +95,16 @@ def default_two_shot_bytes(world: int, slot_bytes: int) -> int:
 # where the slots' raw data could hold any value. At world 2 up to 64 KB per peer: 1-64 KB calls took 0.7-1.7 us less
 # than the regular kernels, graph-replayed, in two runs each on 2x H200 (all_reduce 0.41-0.52 of NCCL;
 # results/h200x2/sm_path/small_calls_ll_*). At world 4 up to 16 KB: on / off in three alternating runs on 4x H200
-# (results/h200x4/sm_path/small_calls_w4_ll_*), LL was faster or level for every op up to 16 KB (all_reduce 1-4 KB
-# 0.47-0.52 of NCCL against 0.55-0.61, all_to_all 2-16 KB 0.68-0.76 against 0.84-1.05) and slower for every op at
-# 64 KB (three peers' LL words). Not measured at other worlds, so off there.
+# (results/h200x4/sm_path/small_calls_ll_{on,off}_run*), LL was faster or level for every op up to 16 KB (medians of
+# the runs: all_reduce 1-4 KB 0.46-0.52 of NCCL against 0.55-0.61, all_to_all 2-16 KB 0.68-0.78 against 0.84-1.05)
+# and slower for every op at 64 KB (three peers' LL words). Not measured at other worlds, so off there.
 # $DMACOLL_SM_LL_BYTES sets the largest part sent that way at every world (0: none)
 LL_MAX_BYTES = 64 << 10
 LL_BYTES = {2: 64 << 10, 4: 16 << 10}
 
 
 def ll_bytes(world: int) -> int:
-    forced = os.environ.get("DMACOLL_SM_LL_BYTES")
-    return min(LL_MAX_BYTES, int(forced) if forced else LL_BYTES.get(world, 0))
+    return min(LL_MAX_BYTES, per_world("DMACOLL_SM_LL_BYTES", world, LL_BYTES, 0))
 
 
 def slots_offset(world: int) -> int:

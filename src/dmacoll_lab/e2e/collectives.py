@@ -94,7 +94,7 @@ class DmaCollectives(Collectives):
                                  timeout_s=timeout_s or DEFAULT_TIMEOUT_S,
                                  options=Options(variant="auto", sync="reset"))
         self.comm.calibrate(force=False)  # where the platform has no table: now, not inside a timed or captured call
-        super().__init__(self.comm.device, dist.get_rank(group), dist.get_world_size(group))
+        super().__init__(self.comm.device, dist.get_rank(group), world)
         self.paths: Counter = Counter()
         if torch.device(device).type != self.device.type:
             raise ValueError(f"dmacoll's {self.comm.backend} backend runs on {self.device}, the model on {device}")
