@@ -1,4 +1,4 @@
-"""The one timing loop (``dmacoll.timing.bench_time``) on the host clock: what it calls, in which order, what it
+"""The one timing loop (``dmacoll.timing.bench_time``, and ``interleave`` of several prepared calls) on the host clock: what it calls, in which order, what it
 returns, what it refuses; and its check after timing. The CUDA half (graphs, events, streams, the one-call graph of
 an in-place sum) is in tests/gpu/test_harness_one_gpu.py."""
 import random
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dmacoll.errors import InvalidArgument
-from dmacoll.timing import Timed, bench_time, check_after
+from dmacoll.timing import Timed, bench_time, check_after, interleave, prepare
 
 CPU = torch.device("cpu")
 
@@ -73,3 +73,37 @@ def test_check_after_reruns_the_eager_call_once():
     r = Recorder(sums_in_place=True)
     assert check_after(r, r.call, calls=4) is True
     assert r.log == ["check", "call", "compared"]
+
+
+def test_interleave_takes_samples_in_rotating_turns(seed):
+    rng = random.Random(seed)
+    names, calls, repeats = ["a", "b", "c"][:rng.randint(1, 3)], rng.randint(1, 3), rng.randint(1, 7)
+    log = []
+    runs = {}
+    for name in names:
+        call = lambda name=name: log.append(name)  # noqa: E731
+        run, graph = prepare(call, calls, warmup=0, device=CPU)
+        assert graph is None and log == []
+        runs[name] = run
+    samples = interleave(runs, calls, repeats, device=CPU, each=lambda: log.append("each"),
+                         before={names[0]: lambda: log.append("before")})
+    want = []
+    for i in range(repeats):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            want += (["before"] if name == names[0] else []) + ["each"] + [name] * calls
+    assert log == want, f"seed {seed}: {names} calls {calls} repeats {repeats}"
+    assert list(samples) == names and all(len(v) == repeats for v in samples.values()), f"seed {seed}"
+    assert all(t >= 0 for v in samples.values() for t in v), f"seed {seed}"
+
+
+def test_prepare_warms_up_and_interleave_refuses_no_samples():
+    r = Recorder()
+    run, _ = prepare(r.call, 2, warmup=3, device=CPU)
+    assert r.log == ["call"] * 3
+    run()
+    assert r.log == ["call"] * 5
+    with pytest.raises(InvalidArgument, match="repeats 0"):
+        interleave({"a": run}, 2, 0, device=CPU)
+    with pytest.raises(InvalidArgument, match="warmup -1"):
+        prepare(r.call, warmup=-1, device=CPU)

@@ -29,7 +29,8 @@ _add("dmacoll.communicator", "Communicator", "ALIGN", "DEFAULT_TIMEOUT_S")
 _add("dmacoll.options", "Options", "EngineCapabilities")
 _add("dmacoll.errors", "DmaCollError", "DmaCollTimeoutError", "InvalidArgument", "BackendUnavailable")
 # measuring: timers, graph capture, sizes
-_add("dmacoll.timing", "bench_time", "capture", "check_after", "elapsed_us", "synchronize", "Timed")
+_add("dmacoll.timing", "bench_time", "capture", "check_after", "elapsed_us", "interleave", "prepare",
+     "synchronize", "Timed")
 _add("dmacoll.graphs", "graph_capture")
 _add("dmacoll.sizes", "count", "human", "parse_size", "seconds")
 # the registries the CLI's choices come from, and the validation a benchmark shares with the library

@@ -3,7 +3,8 @@ and its primitives: CUDA events on a GPU, the host clock on the CPU emulator, ca
 
 ``bench_time`` is nccl-tests' ``BenchTime``: warm up, time ``repeats`` batches of ``calls`` back-to-back calls
 (a captured graph's replays, or calls issued from Python), then, given a check, run the call once more the timed
-way and check its output."""
+way and check its output. ``interleave`` times several prepared calls in turns, for ratios between them that a
+drift of the machine does not bias."""
 from __future__ import annotations
 
 import contextlib
@@ -92,23 +93,9 @@ def bench_time(call: Callable[[], object], calls: int = 1, repeats: int = 1, *, 
     (default: the current one; graph capture: a side stream). ``start`` runs once before the samples, ``each``
     before every sample (e.g. the ranks' barrier). Given ``check``, ``check.check(rerun)`` after timing, where
     ``rerun`` makes the call once more the timed way (``check_after``)."""
-    if mode not in MODES:
-        raise InvalidArgument(f"mode {mode!r}: one of {MODES}")
-    if min(calls, repeats) < 1 or warmup < 0:
-        raise InvalidArgument(f"calls {calls} and repeats {repeats} must be >= 1, warmup {warmup} >= 0")
-    if mode == "graph" and not on_gpu(device):
-        raise InvalidArgument("mode 'graph' needs a GPU (CUDA graphs); the host emulator runs eager calls only")
-    graph = None
-    if mode == "graph":
-        graph = capture(call, calls, stream, warmup)
-        run = graph.replay
-        with on_stream(stream):
-            run()  # the first replay uploads the graph
-    else:
-        run = lambda: [call() for _ in range(calls)]  # noqa: E731
-        with on_stream(stream):
-            for _ in range(warmup):
-                call()
+    if repeats < 1:
+        raise InvalidArgument(f"repeats {repeats} must be >= 1")
+    run, graph = prepare(call, calls, mode=mode, warmup=warmup, stream=stream, device=device)
     synchronize(device)
     if start is not None:
         start()
@@ -118,6 +105,49 @@ def bench_time(call: Callable[[], object], calls: int = 1, repeats: int = 1, *, 
             each()
         samples.append(elapsed_us(run, calls, device, stream))
     return Timed(samples, None if check is None else check_after(check, call, calls, graph, stream))
+
+
+def prepare(call: Callable[[], object], calls: int = 1, *, mode: str = "eager", warmup: int = 1, stream=None,
+            device: Optional[torch.device] = None) -> tuple[Callable[[], None], Optional[torch.cuda.CUDAGraph]]:
+    """What one sample of ``bench_time`` runs, ready: (a function making ``calls`` calls, the graph it replays or
+    None), after ``warmup`` calls (graph: captured after them and replayed once, which uploads it)."""
+    if mode not in MODES:
+        raise InvalidArgument(f"mode {mode!r}: one of {MODES}")
+    if calls < 1 or warmup < 0:
+        raise InvalidArgument(f"calls {calls} must be >= 1, warmup {warmup} >= 0")
+    if mode == "graph" and not on_gpu(device):
+        raise InvalidArgument("mode 'graph' needs a GPU (CUDA graphs); the host emulator runs eager calls only")
+    if mode == "graph":
+        graph = capture(call, calls, stream, warmup)
+        with on_stream(stream):
+            graph.replay()  # the first replay uploads the graph
+        return graph.replay, graph
+    with on_stream(stream):
+        for _ in range(warmup):
+            call()
+    return (lambda: [call() for _ in range(calls)]), None
+
+
+def interleave(runs: dict[str, Callable[[], None]], calls: int = 1, repeats: int = 1, *,
+               device: Optional[torch.device] = None, stream=None, each: Optional[Callable[[], None]] = None,
+               before: Optional[dict[str, Callable[[], None]]] = None) -> dict[str, list[float]]:
+    """Per-call microseconds of each of ``runs`` (``prepare``'s functions, ``calls`` calls each), ``repeats``
+    samples each, taken in turns: sample i times every run once, starting at the i-th (rotating), so a drift of
+    the machine (clocks, heat, a neighbour) falls on every run alike and none always follows the same one.
+    ``each`` runs before every sample (the ranks' barrier), ``before[name]`` before each of that run's samples."""
+    if repeats < 1:
+        raise InvalidArgument(f"repeats {repeats} must be >= 1")
+    names = list(runs)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    synchronize(device)
+    for i in range(repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            if before is not None and name in before:
+                before[name]()
+            if each is not None:
+                each()
+            samples[name].append(elapsed_us(runs[name], calls, device, stream))
+    return samples
 
 
 def check_after(check: Check, call: Callable[[], object], calls: int = 1,

@@ -4,7 +4,10 @@ Per world, op and size (bytes per rank: all_gather's input, all_to_all's and red
 tensor), bfloat16, through ``Communicator``: ``path='sm'``, ``path='dma'`` (the copy engines, the table's choice),
 the default call (``path='auto'``: the ``path`` column says which ran), beside NCCL and, for all_reduce, PyTorch
 symmetric memory's ``one_shot_all_reduce`` on a view of the communicator's heap, each graph-replayed (``--calls``
-calls per graph, the slowest rank per replay) and eager (``--calls`` calls issued back to back). After timing, each
+calls per graph, the slowest rank per replay) and eager (``--calls`` calls issued back to back). Per (op, size, mode)
+every implementation is made ready first (captured, warmed up), then their samples are taken in turns
+(``dmacoll.timing.interleave``), so a drift of the machine during the point weighs on each alike; runs before
+2026-11-28 (tenth session) timed one implementation's samples after another's. After timing, each
 implementation runs once more on fresh random data into a poisoned output, checked: gathers exactly against NCCL's all_gather of the inputs; the sm path's sums
 exactly against the inputs added in float32 in rank order and rounded once (its arithmetic), in place for all_reduce
 too; other sums (NCCL's adds in bfloat16 along its ring) within two bfloat16 steps at the inputs' scale.
@@ -78,7 +81,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch.distributed._symmetric_memory  # noqa: F401 - registers torch.ops.symm_mem
 
     from dmacoll import Communicator
-    from dmacoll.lab_api import bench_time, cuda_sm
+    from dmacoll.lab_api import cuda_sm, interleave, prepare
 
     torch.manual_seed(cfg["seed"] + rank)
     top = max(cfg["sizes"])
@@ -112,28 +115,61 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
             yield "symm_mem_one_shot", lambda: y.copy_(torch.ops.symm_mem.one_shot_all_reduce(
                 x, "sum", comm.group.group_name)), None
 
+    def configure(settings) -> None:
+        sm.configure(*(settings or defaults))
+
+    def path_of(impl: str) -> str:
+        return comm.last_options.path if impl not in ("nccl", "symm_mem_one_shot") and comm.last_options else ""
+
     for op in cfg["ops"]:
         for nbytes in cfg["sizes"]:
             n_in, n_out = (b // 2 for b in shapes(op, world, nbytes))
             x, y = inp_all[:n_in], out_all[:n_out]
             x.normal_()
-            for impl, fn, settings in callers(op, x, y):
-                sm.configure(*(settings or defaults))
-                for mode in MODES:
+            impls = list(callers(op, x, y))
+            labels = [f"{impl}/{i}" for i, (impl, _, _) in enumerate(impls)]  # one impl may time several blocks
+            for mode in MODES:
+                # every implementation ready (captured, warmed up), then sampled in turns (``interleave``)
+                runs, made = {}, {}
+                for label, (impl, fn, settings) in zip(labels, impls):
+                    configure(settings)
+                    error = ""
                     try:
-                        samples = bench_time(fn, cfg["calls"], cfg["repeats"], mode=mode, warmup=2, stream=stream,
-                                             each=dist.barrier).samples
-                        error = ""
+                        runs[label] = prepare(fn, cfg["calls"], mode=mode, warmup=2, stream=stream)[0]
                     except Exception as e:  # noqa: BLE001 - recorded; the ranks go on
-                        samples, error = [], f"{type(e).__name__}: {e}"[:300]
-                    path = comm.last_options.path if impl not in ("nccl", "symm_mem_one_shot") and comm.last_options \
-                        else ""
-                    out.append({"op": op, "impl": impl, "mode": mode, "bytes": nbytes, "samples": samples,
-                                "error": error, "path": path,
-                                "sm_blocks": sm.blocks if path == "sm" else ""})
+                        error = f"{type(e).__name__}: {e}"[:300]
+                    path = "" if error else path_of(impl)
+                    made[label] = {"op": op, "impl": impl, "mode": mode, "bytes": nbytes, "samples": [],
+                                   "error": error, "path": path, "sm_blocks": sm.blocks if path == "sm" else ""}
                     torch.cuda.synchronize()
                     dist.barrier()
+                ready = [None] * world  # the runs every rank made: the turns must be the same everywhere
+                dist.all_gather_object(ready, sorted(runs))
+                common = [label for label in labels if all(label in r for r in ready)]
+                try:
+                    times = interleave({label: runs[label] for label in common}, cfg["calls"], cfg["repeats"],
+                                       stream=stream, each=dist.barrier,
+                                       before={label: (lambda s=impls[labels.index(label)][2]: configure(s))
+                                               for label in common})
+                except Exception as e:  # noqa: BLE001 - recorded for every run of this point
+                    times = {}
+                    for label in common:
+                        made[label]["error"] = f"{type(e).__name__}: {e}"[:300]
+                for label in labels:
+                    if label in times:
+                        made[label]["samples"] = times[label]
+                    elif not made[label]["error"]:
+                        made[label]["error"] = "not ready on every rank"
+                    out.append(made[label])
+                del runs
+                configure(None)
+                torch.cuda.synchronize()
+                dist.barrier()
+            point = out[-len(labels) * len(MODES):]  # this (op, size): the graph rows, then the eager rows
+            for i, (impl, fn, settings) in enumerate(impls):
+                mine = point[i::len(labels)]
                 # correctness: fresh data, poisoned output, one eager call (all_reduce also in place for sm)
+                configure(settings)
                 x.normal_()
                 y.fill_(float("nan"))
                 inputs = [torch.empty_like(x) for _ in range(world)]
@@ -144,7 +180,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                         fn()
                     torch.cuda.synchronize()
                     want = expected(op, world, rank, inputs)
-                    exact = op in ("all_gather", "all_to_all") or out[-1]["path"] == "sm"
+                    exact = op in ("all_gather", "all_to_all") or mine[-1]["path"] == "sm"
                     ok = torch.equal(y.view(torch.int16), want.view(torch.int16)) if exact else \
                         torch.allclose(y.float(), want.float(), rtol=2e-2, atol=0.125)  # NCCL adds in bf16: ulps
                     if impl.startswith("sm") and op == "all_reduce":
@@ -154,10 +190,10 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                         ok = ok and torch.equal(x.view(torch.int16), want.view(torch.int16))
                         x.copy_(z)
                 except Exception as e:  # noqa: BLE001
-                    out[-1]["error"] = out[-1]["error"] or f"check: {type(e).__name__}: {e}"[:300]
-                for r in out[-len(MODES):]:
+                    mine[-1]["error"] = mine[-1]["error"] or f"check: {type(e).__name__}: {e}"[:300]
+                for r in mine:
                     r["correct"] = bool(ok)
-                sm.configure(*defaults)
+                configure(None)
                 dist.barrier()
     torch.cuda.synchronize()
     dist.barrier()
@@ -196,4 +232,5 @@ def run(args: argparse.Namespace) -> dict[str, Table]:
                   f"{r['error']}", flush=True)
     config = {k: getattr(args, k) for k in ("worlds", "sizes", "ops", "calls", "repeats", "blocks")}
     config["seed"] = seed
+    config["timing"] = "interleaved"  # the samples of one point's implementations taken in turns (``interleave``)
     return {NAME: Table(rows, config)}
