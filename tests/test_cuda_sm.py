@@ -33,11 +33,24 @@ def test_grid_grows_with_the_bytes_and_stays_within_the_flags():
     assert cuda_sm.grid(2, 65536) == 65536 // cuda_sm.WORLD2_BLOCK_BYTES  # world 2: smaller blocks
 
 
-def test_ll_kernels_take_only_parts_of_whole_vectors():
-    shape = cuda_sm.call_shape("all_to_all", 2, 0, 64, 64)
-    assert cuda_sm.whole_vectors(shape, 4096, 8192)
-    assert not cuda_sm.whole_vectors(shape, 4096 + 2, 8192)  # an input one bfloat16 past a vector
-    assert not cuda_sm.whole_vectors(cuda_sm.call_shape("all_reduce", 2, 0, 34, 34), 4096, 8192)
+def test_ll_kernels_take_only_parts_of_whole_vectors_on_every_rank():
+    ll = 64 << 10
+    assert cuda_sm.ll_kernels("all_to_all", 2, 64, 64, None, None, ll) == (True,)
+    assert cuda_sm.ll_kernels("all_reduce", 2, 34, 34, None, None, ll) == (False,)  # not whole vectors
+    assert cuda_sm.ll_kernels("all_gather", 4, 2 * ll, 8 * ll, None, None, ll) == (False,)  # too large
+    # two-shot: the sum's chunks are whole vectors, the gather's last part is not
+    assert cuda_sm.ll_kernels("all_reduce", 4, 4096 + 32, 4096 + 32, None, 0, ll) == (True, True)
+    assert cuda_sm.ll_kernels("all_reduce", 4, 4096 + 34, 4096 + 34, None, 0, ll) == (False, False)
+    # all_to_all_v: rank 0 sends and receives nothing (all its parts whole), rank 1 keeps 17 bytes: no rank takes LL
+    # lines, or rank 0 would finish at once and rank 1 wait for rank 0's flag (the 2026-11-28 hang)
+    assert cuda_sm.ll_kernels("all_to_all_v", 2, 17, 17, ((0, 0), (0, 17)), None, ll) == (False,)
+    assert cuda_sm.ll_kernels("all_to_all_v", 2, 32, 48, ((0, 32), (16, 0)), None, ll) == (True,)
+
+
+def test_ll_kernels_take_any_buffer_address():
+    # what decides the kernel has no addresses in it: the kernels read and write bytewise off a vector
+    source = cuda_sm.source()
+    assert "load16(src + 16 * v)" in source and "store16(out + 16 * v" in source
 
 
 @pytest.mark.parametrize("setting, variable, world2, elsewhere", [

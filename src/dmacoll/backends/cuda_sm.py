@@ -246,9 +246,21 @@ extern "C" __global__ void dmacoll_sm_gather(SM_ARGS) {
     sm_finish(s, world);
 }
 
-// LL (small calls, whole 16-byte vectors): a vector travels as two 16-byte lines {a, e, b, e} {c, e, d, e}, the epoch
-// beside every 4 data bytes in one 8-byte word, which NVLink delivers whole. A receiver polls its own slot's lines
-// until every word carries this call's epoch: no fence, no flag word, no wait for a whole block's stores.
+// LL (small calls, parts of whole 16-byte vectors): a vector travels as two 16-byte lines {a, e, b, e} {c, e, d, e},
+// the epoch beside every 4 data bytes in one 8-byte word, which NVLink delivers whole. A receiver polls its own slot's
+// lines until every word carries this call's epoch: no fence, no flag word, no wait for a whole block's stores.
+// Which kernel runs may not hang on this rank's buffer addresses (every rank must take the same one, or each waits
+// for what the other never sends): the input and output may sit anywhere, read and written bytewise off a vector.
+__device__ __forceinline__ V16 load16(const char* p) {
+    if (((u64)p & 15) == 0) return *(const V16*)p;
+    V16 v;
+    for (int k = 0; k < 16; ++k) ((char*)&v)[k] = p[k];
+    return v;
+}
+__device__ __forceinline__ void store16(char* p, const V16& v) {
+    if (((u64)p & 15) == 0) { *(V16*)p = v; return; }
+    for (int k = 0; k < 16; ++k) p[k] = ((const char*)&v)[k];
+}
 __device__ __forceinline__ void ll_store(char* dst, const V16& v, unsigned e) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(dst), "r"(v.a), "r"(e), "r"(v.b), "r"(e)
                  : "memory");
@@ -287,8 +299,8 @@ __device__ __forceinline__ void ll_send(const Sm& s, const u64* bases, long long
     for (int i = 1; i < world; ++i) {
         int p = (me + i) % world;
         char* dst = (char*)bases[p] + area + slots_off + ((long long)s.parity * world + me) * slot_bytes;
-        const V16* src = (const V16*)(in + P.send_off[p]);
-        for (long long v = s.gt; v < P.send_len[p] / 16; v += s.gs) ll_store(dst + 32 * v, src[v], s.e);
+        const char* src = in + P.send_off[p];
+        for (long long v = s.gt; v < P.send_len[p] / 16; v += s.gs) ll_store(dst + 32 * v, load16(src + 16 * v), s.e);
     }
 }
 
@@ -297,16 +309,16 @@ extern "C" __global__ void dmacoll_sm_ll_gather(SM_ARGS) {
     ll_send(s, bases, area, slots_off, me, world, slot_bytes, in, P);
     unsigned dead = 0;
     for (int q = 0; q < world; ++q) {
-        V16* dst = (V16*)(out + P.recv_off[q]);
+        char* dst = out + P.recv_off[q];
         if (q == me) {
-            const V16* own = (const V16*)(in + P.send_off[me]);
-            if ((const void*)own != (const void*)dst)
-                for (long long v = s.gt; v < P.recv_len[q] / 16; v += s.gs) dst[v] = own[v];
+            const char* own = in + P.send_off[me];
+            if (own != dst)
+                for (long long v = s.gt; v < P.recv_len[q] / 16; v += s.gs) store16(dst + 16 * v, load16(own + 16 * v));
             continue;
         }
         const char* slot = slot_of(s, slots_off, world, slot_bytes, q);
         for (long long v = s.gt; v < P.recv_len[q] / 16; v += s.gs)
-            dst[v] = ll_wait(slot + 32 * v, s.e, q, dead, timeout_ns, silent);
+            store16(dst + 16 * v, ll_wait(slot + 32 * v, s.e, q, dead, timeout_ns, silent));
     }
     sm_finish(s, world);
 }
@@ -366,14 +378,14 @@ extern "C" __global__ void dmacoll_sm_ll_sum_$NAME(SM_ARGS) {
     Sm s = sm_begin(bases, area, me, world);
     ll_send(s, bases, area, slots_off, me, world, slot_bytes, in, P);
     const long long nvec = P.recv_len[me] / 16;
-    const V16* own = (const V16*)(in + P.send_off[me]);
+    const char* own = in + P.send_off[me];
     unsigned dead = 0;
     for (long long v = s.gt; v < nvec; v += s.gs) {
         $ACC acc[16 / sizeof($T)];
         for (int q = 0; q < world; ++q)  // rank order: every rank adds alike
-            fold_in_$NAME(acc, q == me ? own[v] : ll_wait(slot_of(s, slots_off, world, slot_bytes, q) + 32 * v, s.e, q,
-                                                          dead, timeout_ns, silent), q);
-        ((V16*)out)[v] = fold_out_$NAME(acc);
+            fold_in_$NAME(acc, q == me ? load16(own + 16 * v) : ll_wait(slot_of(s, slots_off, world, slot_bytes, q)
+                                                                        + 32 * v, s.e, q, dead, timeout_ns, silent), q);
+        store16(out + 16 * v, fold_out_$NAME(acc));
     }
     sm_finish(s, world);
 }
@@ -468,11 +480,16 @@ def sm_bytes(op: str, world: int, rank: int, in_bytes: int, out_bytes: int, dtyp
     return n if n <= slot_bytes else None
 
 
-def whole_vectors(shape: Shape, source: int, output: int) -> bool:
-    """Whether every part of a kernel (its offsets, lengths, the buffers' addresses) is whole 16-byte vectors: what
-    the LL kernels move."""
-    numbers = [source, output, *(x for pair in shape.send + shape.recv for x in pair)]
-    return all(x % 16 == 0 for x in numbers)
+def ll_kernels(op: str, world: int, in_bytes: int, out_bytes: int, matrix: Optional[Sequence[Sequence[int]]],
+               two_shot_bytes: Optional[int], ll_bytes: int) -> tuple[bool, ...]:
+    """Per kernel of a call (``call_shapes``), whether it runs as LL lines: its largest part within ``ll_bytes`` and
+    every part of every rank (offsets, lengths) whole 16-byte vectors. Nothing of one rank decides it (not its rank,
+    not its buffers' addresses, which the LL kernels take anywhere): a rank that took the LL kernel while a peer took
+    the regular one would wait for lines the peer never sends, and the peer for flags."""
+    every = [call_shapes(op, world, r, in_bytes, out_bytes, matrix, two_shot_bytes) for r in range(world)]
+    return tuple(kernel[0].largest <= ll_bytes and all(
+        shape.out_offset % 16 == 0 and all(x % 16 == 0 for pair in shape.send + shape.recv for x in pair)
+        for shape in kernel) for kernel in zip(*every))
 
 
 class SmKernels:
@@ -598,8 +615,8 @@ class SmPath:
 
     def _prepare(self, op: str, output, input, matrix: Optional[tuple]) -> tuple[Launch, ...]:
         """The checks of a call shape and its launches (InvalidArgument before any device work)."""
-        shapes = call_shapes(op, self.world, self.rank, input.numel() * input.element_size(),
-                             output.numel() * output.element_size(), matrix, self.two_shot_bytes)
+        in_bytes, out_bytes = input.numel() * input.element_size(), output.numel() * output.element_size()
+        shapes = call_shapes(op, self.world, self.rank, in_bytes, out_bytes, matrix, self.two_shot_bytes)
         largest = max(shape.largest for shape in shapes)
         if largest > self.slot_bytes:
             raise InvalidArgument(f"sm {op}: {largest} bytes per peer exceed the sm path's slots of "
@@ -611,14 +628,15 @@ class SmPath:
         if len(self._launches) >= 4096:
             self._launches.clear()
         launches = []
-        for shape in shapes:
+        lines = ll_kernels(op, self.world, in_bytes, out_bytes, matrix, self.two_shot_bytes, self.ll_bytes)
+        for shape, ll in zip(shapes, lines):
             parts = Parts()
             for p, ((send_off, send_len), (recv_off, recv_len)) in enumerate(zip(shape.send, shape.recv)):
                 parts.send_off[p], parts.send_len[p], parts.recv_off[p], parts.recv_len[p] = \
                     send_off, send_len, recv_off, recv_len
             source = output if shape.reads_output else input
             dst = output.data_ptr() + shape.out_offset
-            if shape.largest <= self.ll_bytes and whole_vectors(shape, source.data_ptr(), dst):
+            if ll:
                 fn = kernels.ll_gather if shape.combine == "gather" else kernels.ll_sums[dtype]
                 region = (ll_offset(self.world, self.slot_bytes), 2 * LL_MAX_BYTES)
             else:

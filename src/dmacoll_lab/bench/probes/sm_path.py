@@ -8,9 +8,10 @@ calls per graph, the slowest rank per replay) and eager (``--calls`` calls issue
 every implementation is made ready first (captured, warmed up), then their samples are taken in turns
 (``dmacoll.timing.interleave``), so a drift of the machine during the point weighs on each alike; runs before
 2026-11-28 (tenth session) timed one implementation's samples after another's. After timing, each
-implementation runs once more on fresh random data into a poisoned output, checked: gathers exactly against NCCL's all_gather of the inputs; the sm path's sums
-exactly against the inputs added in float32 in rank order and rounded once (its arithmetic), in place for all_reduce
-too; other sums (NCCL's adds in bfloat16 along its ring) within two bfloat16 steps at the inputs' scale.
+implementation runs once more on fresh random data into a poisoned output, checked: gathers exactly against NCCL's
+all_gather of the inputs; the sm path's sums exactly against the inputs added in float32 in rank order and rounded
+once (its arithmetic), in place for all_reduce too; other sums (NCCL's adds in bfloat16 along its ring) within two
+bfloat16 steps at the inputs' scale.
 
 Usage: dmacoll probe sm_path [--worlds 2 4] [--sizes 1K 4K 16K 64K 256K] [--calls 10] [--repeats 30]
 """
@@ -175,6 +176,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                 inputs = [torch.empty_like(x) for _ in range(world)]
                 dist.all_gather(inputs, x)
                 ok = False
+                stream.wait_stream(torch.cuda.current_stream())  # the fresh input and the poison first
                 try:
                     with torch.cuda.stream(stream):
                         fn()
