@@ -333,7 +333,6 @@ class Communicator:
         """One call on the sm path (a kernel on the current stream, the engine's ``sm``; a wait that gave up since the
         last call is raised first, naming the silent ranks) or on the nccl path (``nccl_path``)."""
         self._calls += 1
-        label = f"{spec.name} call #{self._calls} ({opts.path})"
         if opts.path == "sm":
             silent = self.engine.sm.silent_ranks()
             if silent:
@@ -341,7 +340,7 @@ class Communicator:
                                                  f"rank(s) {', '.join(map(str, silent))} to deliver; the "
                                                  "communicator is unusable")
                 raise self.error
-            self.engine.begin_call(label)  # raises a timeout the watchdog saw since the last call
+            self.engine.begin_call(f"{spec.name} call #{self._calls} (sm)")  # raises a timeout the watchdog saw
         else:
             self.engine.raise_timeout()  # NCCL runs on its own stream: only a copy-engine call's timeout to raise
         try:
@@ -352,8 +351,8 @@ class Communicator:
         except InvalidArgument:
             raise
         except Exception as e:
-            self._raise_failed(label, e)
-        self._lean = LeanState()  # no DONE was exchanged: the next copy-engine call vouches for nothing
+            self._raise_failed(f"{spec.name} call #{self._calls} ({opts.path})", e)
+        self._lean.previous = None  # no DONE was exchanged: the next copy-engine call vouches for nothing
         self.last_handshake = FULL
         self.last_options = opts
 

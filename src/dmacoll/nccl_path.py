@@ -24,7 +24,8 @@ def run(op: str, output: torch.Tensor, input: torch.Tensor, matrix: Optional[Seq
         group: dist.ProcessGroup, rank: int) -> None:
     """``op`` from ``input`` into ``output`` (the bound, checked request's tensors) on ``group``; ``matrix``:
     all_to_all_v's bytes from rank i to rank j."""
-    output, input = output.view(-1), input.view(-1)  # contiguous (checked): splits count elements
+    if output.dim() != 1 or input.dim() != 1:  # contiguous (checked): splits count elements
+        output, input = output.view(-1), input.view(-1)  # (only where needed: a view costs microseconds per call)
     if op == "all_reduce":
         if input.data_ptr() != output.data_ptr():
             output.copy_(input)
