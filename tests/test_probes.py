@@ -356,6 +356,12 @@ EARLIER_CONFIG.update({f"h200x4/sm_path/small_calls_ll_{setting}_run{n}": {
     "worlds": [4], "calls": 20, "repeats": 10, "sizes": [1 << k for k in range(10, 17)]}
     for setting in ("on", "off") for n in (1, 2, 3)})
 
+# tenth session, one 4x H200 lease (results/h200x4/sm_path/README.md): the implementations' samples interleaved, the
+# default call 1 KB-4 MB at world 4 and 8-256 MB at worlds 4 and 2, three runs each (and one after the nccl path's trim)
+EARLIER_CONFIG.update({f"h200x4/sm_path/default_call_interleaved_run{n}": _SMALL_W4 for n in (1, 2, 3)})
+EARLIER_CONFIG.update({f"h200x{w}/sm_path/large_calls_interleaved_{run}": {**_LARGE, "worlds": [w]}
+                       for w in (2, 4) for run in ("run1", "run2", "run3", "trimmed") if (w, run) != (2, "trimmed")})
+
 
 def probe_of(command: list[str]):
     """The probe a sidecar's command ran: tools/probe_<name>.py (before the CLI) or `dmacoll probe <name>`."""

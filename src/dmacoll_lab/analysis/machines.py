@@ -16,9 +16,10 @@ GPU_MODELS = ("MI300X", "H200", "H100", "B200", "A100")
 
 # per machine folder, the runs of dmacoll probe sm_path that measured Communicator()'s current defaults (globs), three
 # runs each at 1 KB-4 MB and 8-256 MB per rank: on 2x H200 the eighth session's small calls (the defaults up to the sm
-# path's top have not changed since) and the ninth's large ones; on 4x H200 the ninth session's (one lease, 8686473)
-DEFAULT_CALL_RUNS = {"h200x2": ("sm_path/default_call_nccl_band_run*", "sm_path/large_calls_dma_sums_run*"),
-                     "h200x4": ("sm_path/default_call_ll16k_run*", "sm_path/large_calls_dma_sums_run*")}
+# path's top have not changed since) and the tenth's large ones; on 4x H200 the tenth session's (one lease, the
+# implementations' samples interleaved); the decisions are those of 8686473
+DEFAULT_CALL_RUNS = {"h200x2": ("sm_path/default_call_nccl_band_run*", "sm_path/large_calls_interleaved_run*"),
+                     "h200x4": ("sm_path/default_call_interleaved_run*", "sm_path/large_calls_interleaved_run*")}
 
 
 # per machine folder, the runs whose copy-engine rows (path='dma', sums staged) against NCCL set where 'auto' takes
