@@ -41,6 +41,22 @@ def test_machine_probe_says_what_ran_and_the_commit(tmp_path):
     assert "DMACOLL_GIT_SHA=abc123" in r.stdout
 
 
+def test_lent_snakemake_plans_the_workflows_targets_with_every_gpu(tmp_path):
+    stub(tmp_path, "nvidia-smi", 'for i in 0 1 2 3; do echo "GPU $i: stub (UUID: GPU-$i)"; done\n')
+    stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')  # this checkout's interpreter, with Snakemake
+    out = tmp_path / "out"
+    target = f"{out}/sm_path/default_call_small_run1/data.csv"
+    r = run("lent_snakemake.sh", str(out), "config/h200x4.yaml", "-n", target,
+            env={"PATH": f"{tmp_path}:{os.environ['PATH']}"}, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "4 GPUs" in r.stderr and "rule default_call" in r.stdout
+    assert "DMACOLL_WORKFLOW_RULE=default_call" in r.stdout and "--worlds 4" in r.stdout
+    stub(tmp_path, "nvidia-smi", "exit 9\n")  # no GPU: refused, nothing planned
+    r = run("lent_snakemake.sh", str(out), "config/h200x4.yaml", "-n", target,
+            env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert r.returncode == 2 and "no GPU" in r.stderr
+
+
 def lanes(tmp_path: Path, queue: str, **env) -> tuple[str, str]:
     state, log = tmp_path / "state", tmp_path / "lanes.log"
     (tmp_path / "queue").write_text(queue)

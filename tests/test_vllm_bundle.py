@@ -156,13 +156,26 @@ def test_pieces_and_install_script_round_trip(tmp_path):
     done = subprocess.run(["bash", str(out / "meta/install.sh"), str(out), str(site)], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(tmp_path)})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "installed 2 wheels (vllm 0.26.0)" in done.stdout
+    assert "installed 2 wheels (vllm 0.26.0)" in done.stdout  # the default root: vLLM
     assert (site / "alpha/__init__.py").exists() and (site / "vllm_fake/__init__.py").exists()
     assert (site / ".dmacoll_bundle").read_text().strip() == m["tar_sha256"]
     (out / m["pieces"][1]["file"]).write_bytes(b"x")  # a damaged piece stops the install before pip
     done = subprocess.run(["bash", str(out / "meta/install.sh"), str(out), str(tmp_path / "site2")],
                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
     assert done.returncode != 0 and not (tmp_path / "site2").exists()
+
+
+def test_any_root_requirement_bundles_what_the_target_lacks(tmp_path):
+    index = Index(tmp_path / "idx", {"snakemake": {"9.27.1": (["yte", "numpy>=2"], None)},
+                                     "yte": {"1.5": ([], None)}})
+    (tmp_path / "idx").mkdir()
+    snapshot = tmp_path / "t.json"
+    snapshot.write_text(target().to_json())
+    m = vb.build(tmp_path / "bundle", target_path=snapshot, fetch=index, root="snakemake==9.27.1")
+    assert m["root"] == "snakemake==9.27.1" and [w["name"] for w in m["wheels"]] == ["snakemake", "yte"]
+    assert "numpy" in m["on_target"] and "(snakemake==9.27.1)" in (tmp_path / "bundle/meta/install.sh").read_text()
+    with pytest.raises(SystemExit):
+        vb.main([str(tmp_path / "b2"), "--root", "snakemake", "--vllm", "0.26.0"])
 
 
 def test_cli_probe_writes_a_snapshot(tmp_path, capsys):

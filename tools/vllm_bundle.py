@@ -2,6 +2,7 @@
 that fit one transfer, with a script that checks, joins and installs them there.
 
     python3 tools/vllm_bundle.py build/vllm_bundle             # on a machine with network (pip download)
+    python3 tools/vllm_bundle.py build/snakemake_bundle --root snakemake==9.27.1   # any other requirement
     python3 tools/vllm_bundle.py lent-gpu.json --probe          # on the GPU machine: what it has installed
 
 A script of its own (machine-setup logistics, not part of the library or the artifact): it needs `packaging` and
@@ -192,7 +193,8 @@ def sha256_of(path: Path) -> str:
 
 
 class PipFetcher:
-    """The newest wheel of a requirement for the target: ``pip download --no-deps`` into a cache folder."""
+    """The newest wheel of a requirement for the target: ``pip download --no-deps`` into a cache folder; where only
+    a source distribution is published, a wheel built here, if it is pure Python (``-none-any``)."""
 
     def __init__(self, target: Target, cache: Path, pip: Optional[list[str]] = None):
         self.target, self.cache = target, Path(cache)
@@ -205,8 +207,13 @@ class PipFetcher:
                               *self.target.pip_args(), f"{name}{specifier}"]
             done = subprocess.run(cmd, capture_output=True, text=True)
             got = list(Path(tmp).glob("*.whl"))
-            if done.returncode or len(got) != 1:
-                raise RuntimeError(f"pip download {name}{specifier} for the target failed:\n{done.stderr[-2000:]}")
+            if done.returncode or len(got) != 1:  # no wheel published: one built here, if pure Python (any target)
+                built = subprocess.run(self.pip + ["wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w",
+                                                   tmp, f"{name}{specifier}"], capture_output=True, text=True)
+                got = [w for w in Path(tmp).glob("*.whl") if w.name.endswith("-none-any.whl")]
+                if built.returncode or len(got) != 1:
+                    raise RuntimeError(f"pip download {name}{specifier} for the target failed, and no pure-Python "
+                                       f"wheel could be built:\n{done.stderr[-1500:]}\n{built.stderr[-500:]}")
             final = self.cache / got[0].name
             os.replace(got[0], final)
             return final
@@ -468,12 +475,14 @@ tar -xf "$work/bundle.tar" -C "$work"
 mkdir -p "$target"
 "$py" -m pip install --no-deps --no-index --disable-pip-version-check -q --target "$target" "$work"/wheels/*.whl
 echo "__TAR_SHA__" > "$target/.dmacoll_bundle"
-echo "installed __NWHEELS__ wheels (vllm __VLLM__) into $target"
+echo "installed __NWHEELS__ wheels (__ROOT__) into $target"
 '''
 
 
-def write_bundle(out: Path, plan: Plan, target: Target, piece_bytes: int, problems: list[str]) -> dict:
-    """The pieces, MANIFEST.json and install.sh; returns the manifest."""
+def write_bundle(out: Path, plan: Plan, target: Target, piece_bytes: int, problems: list[str],
+                 root: Optional[str] = None) -> dict:
+    """The pieces, MANIFEST.json and install.sh; returns the manifest (``root``: the requirement bundled, for
+    its messages; default: vLLM's)."""
     out = Path(out)
     (out / "meta").mkdir(parents=True, exist_ok=True)
     for old in out.glob("part*"):
@@ -494,8 +503,9 @@ def write_bundle(out: Path, plan: Plan, target: Target, piece_bytes: int, proble
                        "sha256": hashlib.sha256(data[i:i + piece_bytes]).hexdigest()})
     tar_sha = hashlib.sha256(data).hexdigest()
     vllm = plan.wheels["vllm"].version if "vllm" in plan.wheels else "?"
+    root = root or f"vllm {vllm}"
     manifest = {
-        "created_by": "tools/vllm_bundle.py", "vllm": vllm, "target": {"python": target.python, "glibc": target.glibc,
+        "created_by": "tools/vllm_bundle.py", "root": root, "vllm": vllm, "target": {"python": target.python, "glibc": target.glibc,
                                                                        "machine": target.machine,
                                                                        "snapshot": target.source},
         "tar_sha256": tar_sha, "tar_bytes": len(data), "pieces": pieces,
@@ -510,7 +520,7 @@ def write_bundle(out: Path, plan: Plan, target: Target, piece_bytes: int, proble
     script = (INSTALL_SH.replace("__PIECE_SUMS__", "\n".join(f"{p['sha256']}  {p['file']}" for p in pieces))
               .replace("__PIECES__", " ".join(p["file"] for p in pieces)).replace("__TAR_SHA__", tar_sha)
               .replace("__NPIECES__", str(len(pieces))).replace("__NWHEELS__", str(len(wheels)))
-              .replace("__VLLM__", vllm))
+              .replace("__ROOT__", root))
     (out / "meta/install.sh").write_text(script)
     return manifest
 
@@ -523,11 +533,17 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 def build(out: str | Path, version: Optional[str] = None, target_path: Optional[str | Path] = None,
           piece_mib: Optional[int] = None, cache: Optional[str | Path] = None,
-          fetch: Optional[Callable[[str, str], Path]] = None) -> dict:
-    """Resolve, check and write the bundle (module docstring); None: the defaults."""
+          fetch: Optional[Callable[[str, str], Path]] = None, root: Optional[str] = None) -> dict:
+    """Resolve, check and write the bundle (module docstring); None: the defaults. ``root``: a requirement other
+    than vLLM (e.g. ``snakemake==9.27.1``, for the workflow on the lent machines): everything it needs that the
+    target lacks, nothing left out, no import check (that one reads vLLM's entry points)."""
     target = Target.load(target_path or TARGET_SNAPSHOT)
     out = Path(out)
     fetch = fetch or PipFetcher(target, Path(cache or out.parent / f"{out.name}_cache"))  # not carried
+    if root is not None:
+        plan = resolve(root, target, fetch, {})
+        return write_bundle(out, plan, target, (piece_mib or PIECE_MIB) << 20, ["not run: the bundle is not vLLM"],
+                            root)
     plan = resolve(f"vllm=={version or VLLM_VERSION}", target, fetch, LEFT_OUT)
     problems = import_problems(plan, target, plan.wheels["vllm"].path)
     if problems:
@@ -551,6 +567,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--probe", action="store_true", help="write this machine's snapshot (python, glibc, installed "
                                                         "packages) to OUT instead; run it on the GPU machine")
     p.add_argument("--vllm", default=None, help="vLLM version (default: the newest that pins torch 2.11.0)")
+    p.add_argument("--root", default=None, help="bundle this requirement instead of vLLM (e.g. snakemake==9.27.1)")
     p.add_argument("--target", default=None, help="the target's snapshot (default: envs/lent-gpu.json)")
     p.add_argument("--piece-mib", type=int, default=None)
     p.add_argument("--cache", default=None, help="where downloaded wheels are kept (default: OUT_cache beside OUT)")
@@ -561,9 +578,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         Path(a.out).write_text(probe().to_json())
         print(f"wrote {a.out}")
         return 0
-    m = build(a.out, a.vllm, a.target, a.piece_mib, a.cache)
+    if a.root is not None and a.vllm is not None:
+        p.error("--root and --vllm: one or the other")
+    m = build(a.out, a.vllm, a.target, a.piece_mib, a.cache, root=a.root)
     pieces = ", ".join(f"{x['file']} {x['bytes'] / 2**20:.1f} MiB" for x in m["pieces"])
-    print(f"{a.out}: vLLM {m['vllm']} and {len(m['wheels']) - 1} wheels the target lacks, {m['tar_bytes'] >> 20} MiB "
+    print(f"{a.out}: {m['root']} and {len(m['wheels']) - 1} wheels the target lacks, {m['tar_bytes'] >> 20} MiB "
           f"in {len(m['pieces'])} pieces: {pieces}")
     print(f"left out: {', '.join(m['left_out'])}; import check: {m['import_check']}")
     print(f"each call carries one piece + the working tree ({tree_mib():.1f} MiB): keep both under 64 MiB")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Snakemake targets on a lent GPU machine (no network, one command of at most 10 minutes): Snakemake from the
+# carried bundle, every GPU the machine has, the multicast-off settings, results under OUTDIR. The rules and their
+# parameters are the workflow's (config/config.yaml and the machine's config), so a run names the rule that made it.
+#
+#   on a machine with network:  python3 tools/vllm_bundle.py build/snakemake_bundle --root snakemake==9.27.1
+#   on the lent machine (carry build/snakemake_bundle with the tree):
+#     bash tools/lent_snakemake.sh OUTDIR config/h200x4.yaml [snakemake arguments: targets, -n, ...]
+#   e.g. targets OUTDIR/sm_path/default_call_small_run1/data.csv (rule default_call), one call's worth at a time
+set -euo pipefail
+out=${1:?usage: lent_snakemake.sh OUTDIR config/MACHINE.yaml [snakemake arguments]}
+machine=${2:?usage: lent_snakemake.sh OUTDIR config/MACHINE.yaml [snakemake arguments]}
+shift 2
+root=$(cd "$(dirname "$0")/.." && pwd)
+bundle=${DMACOLL_SNAKEMAKE_BUNDLE:-$root/build/snakemake_bundle}
+site=${DMACOLL_SNAKEMAKE_SITE:-/tmp/dmacoll_snakemake}
+if ! python3 -c "import snakemake" 2>/dev/null && ! PYTHONPATH=$site python3 -c "import snakemake" 2>/dev/null; then
+  [ -f "$bundle/meta/install.sh" ] || { echo "no snakemake here and no bundle at $bundle (see the top of $0)" >&2; exit 2; }
+  bash "$bundle/meta/install.sh" "$bundle" "$site"
+fi
+export PYTHONPATH=$root/src:$site${PYTHONPATH:+:$PYTHONPATH}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "$gpus" -gt 0 ] || { echo "nvidia-smi lists no GPU: this script measures; make artifact renders without GPUs" >&2; exit 2; }
+cd "$root"
+echo "lent_snakemake: $gpus GPUs, $machine, results under $out" >&2
+exec python3 -m snakemake --profile profiles/local --configfile config/config.yaml "$machine" \
+  --config outdir="$out" gpus="$gpus" --resources gpu="$gpus" "$@"
