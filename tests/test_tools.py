@@ -46,7 +46,7 @@ def test_lent_snakemake_plans_the_workflows_targets_with_every_gpu(tmp_path):
     stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')  # this checkout's interpreter, with Snakemake
     out = tmp_path / "out"
     target = f"{out}/sm_path/default_call_small_run1/data.csv"
-    r = run("lent_snakemake.sh", str(out), "config/h200x4.yaml", "-n", target,
+    r = run("lent_snakemake.sh", str(out), "config/h200x4.yaml", target, "-n",  # targets first, as on a machine
             env={"PATH": f"{tmp_path}:{os.environ['PATH']}"}, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "4 GPUs" in r.stderr and "rule default_call" in r.stdout

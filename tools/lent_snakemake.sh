@@ -24,5 +24,6 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$gpus" -gt 0 ] || { echo "nvidia-smi lists no GPU: this script measures; make artifact renders without GPUs" >&2; exit 2; }
 cd "$root"
 echo "lent_snakemake: $gpus GPUs, $machine, results under $out" >&2
-exec python3 -m snakemake --profile profiles/local --configfile config/config.yaml "$machine" \
-  --config outdir="$out" gpus="$gpus" --resources gpu="$gpus" "$@"
+# the caller's arguments first: --configfile, --config and --resources each take every word up to the next option
+exec python3 -m snakemake "$@" --profile profiles/local --configfile config/config.yaml "$machine" \
+  --config outdir="$out" gpus="$gpus" --resources gpu="$gpus"
