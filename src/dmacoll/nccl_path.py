@@ -10,6 +10,11 @@ import torch
 import torch.distributed as dist
 
 
+# torch 2.13 renames the tensor forms (the old names warn on every call, then forward); 2.11 has the old ones only
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def available(group: Optional[dist.ProcessGroup], backend: str) -> bool:
     """Whether ``group`` runs NCCL collectives on this communicator's device tensors."""
     if backend not in ("cuda", "hip") or group is None:
@@ -31,9 +36,9 @@ def run(op: str, output: torch.Tensor, input: torch.Tensor, matrix: Optional[Seq
             output.copy_(input)
         dist.all_reduce(output, group=group)
     elif op == "all_gather":
-        dist.all_gather_into_tensor(output, input, group=group)
+        _ALL_GATHER(output, input, group=group)
     elif op == "reduce_scatter":
-        dist.reduce_scatter_tensor(output, input, group=group)
+        _REDUCE_SCATTER(output, input, group=group)
     elif op == "all_to_all":
         dist.all_to_all_single(output, input, group=group)
     elif op == "all_to_all_v":
