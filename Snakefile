@@ -32,3 +32,20 @@ rule all:
         f"{REPORT}/index.html",
         [f"{OUT}/probes/{name}/data.csv" for name in PROBE_RUNS],
         DEFAULT_CALL_RUNS,
+        CHECK_COST_RUNS,
+
+
+# Each page's measurements as a target of its own, `snakemake measure_<page>` (operator, speedup, breakdown, resources,
+# c3, ficco, e2e; measure_probes, measure_check_cost): on a lent machine, whose commands run at most 10 minutes,
+# one at a time (tools/lent_snakemake.sh); `all` measures everything and renders
+if GPU:
+    for _page, _inputs in NOTEBOOK_INPUTS.items():
+        rule:
+            name: f"measure_{_page}"
+            input: _inputs("measured")
+
+    rule measure_probes:
+        input: [f"{OUT}/probes/{name}/data.csv" for name in PROBE_RUNS]
+
+    rule measure_check_cost:
+        input: CHECK_COST_RUNS

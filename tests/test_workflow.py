@@ -17,8 +17,8 @@ SNAKEMAKE = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or 
 pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake not installed (pip install -e './lab[workflow]')")
 
 
-def dry_run(*args, config=("platform=none",)):
-    return subprocess.run([SNAKEMAKE, "--cores", "1", "--dry-run", *args, "--config", *config], cwd=ROOT,
+def dry_run(*args, config=("platform=none",), targets=()):
+    return subprocess.run([SNAKEMAKE, *targets, "--cores", "1", "--dry-run", *args, "--config", *config], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -136,6 +136,24 @@ def test_probes_run_when_the_config_lists_them(tmp_path):
     cpu = dry_run(config=("platform=none", f"outdir={tmp_path}", "probes=[flag_latency]"))
     assert cpu.returncode == 0 and "rule probe:" not in cpu.stdout, cpu.stderr[-2000:]
     assert "probes ['flag_latency'] not run" in cpu.stderr
+    # a probe's own options from config probe_args; a name no probe has is refused before anything runs
+    r = dry_run("-p", "--configfile", "config/config.yaml", "config/h200x2.yaml",
+                config=(f"outdir={tmp_path}", "probes=[flag_latency]", "probe_args={flag_latency: '--rounds 7'}"))
+    assert r.returncode == 0 and f"--out {run}/data.csv --rounds 7 2>&1" in r.stdout, r.stderr[-2000:]
+    bad = dry_run(config=(f"outdir={tmp_path}", "probe_args={flag_latensy: '--rounds 7'}"))
+    assert bad.returncode != 0 and "flag_latensy" in bad.stdout + bad.stderr
+
+
+def test_each_page_has_a_measure_target_on_a_gpu_machine(tmp_path):
+    """`snakemake measure_<page>`: one experiment's runs (a lent machine's 10-minute command), nothing rendered."""
+    r = dry_run("-p", "--configfile", "config/config.yaml", "config/h200x4.yaml",
+                config=(f"outdir={tmp_path}",), targets=("measure_speedup", "measure_check_cost"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "rule native_submit:" in r.stdout and "rule check_cost:" in r.stdout and "rule notebook:" not in r.stdout
+    assert f"--modes eager --max-bytes 4M --repeats 15 --out {tmp_path}/native/native/data.csv" in r.stdout
+    assert f"check-cost --world 4 --out {tmp_path}/check_calls/check_cost/data.csv" in r.stdout
+    cpu = dry_run(config=("platform=none", f"outdir={tmp_path}"), targets=("measure_speedup",))
+    assert cpu.returncode != 0  # no such target where nothing is measured
 
 
 def test_default_call_runs_each_part_of_its_sizes_repeatedly_and_names_its_rule(tmp_path):

@@ -1,4 +1,5 @@
-"""What `Communicator()` gives against the oracle and NCCL, from a `gpu_reference_run.sh ... defaults` run.
+"""What `Communicator()` gives against the oracle and NCCL, from the 2x H100 defaults study (results/h100x2/defaults;
+its runs came from the reference-run script removed after 4071565).
 
 Usage: python tools/defaults_summary.py RUN_DIR [--out summary.md]
   RUN_DIR holds sweep_all_gather/, sweep_all_to_all/ (dma_default beside every dma configuration, NCCL, one peer

@@ -23,6 +23,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$gpus" -gt 0 ] || { echo "nvidia-smi lists no GPU: this script measures; make artifact renders without GPUs" >&2; exit 2; }
 cd "$root"
+mkdir -p "$out"
+bash tools/machine_probe.sh > "$out/probe.txt" 2>&1 || true  # the call's machine, beside its runs
 echo "lent_snakemake: $gpus GPUs, $machine, results under $out" >&2
 # the caller's arguments first: --configfile, --config and --resources each take every word up to the next option
 exec python3 -m snakemake "$@" --profile profiles/local --configfile config/config.yaml "$machine" \

@@ -11,7 +11,7 @@ from typing import Iterator
 from dmacoll.lab_api import InvalidArgument
 
 # config section -> the `dmacoll` command whose options its keys are (the rule passes them as its flags)
-SECTIONS = {"operator": ("sweep",), "c3": ("c3",), "e2e": ("e2e",)}
+SECTIONS = {"operator": ("sweep",), "native": ("sweep",), "c3": ("c3",), "e2e": ("e2e",)}
 # config lists whose values are a command's choices of another name: (path in the config, command, option dest);
 # "*" in a path: every item of a list or every value of a mapping
 NAMED = ((("probes",), ("probe",), "probe"), (("vllm", "models", "*", "spec"), ("e2e",), "models"),
@@ -67,6 +67,7 @@ def problems(config: dict) -> list[str]:
             check(f"{section}.{key}", list(_values(value, ())), _choices(parser, command, key))
     for path, command, dest in NAMED:
         check(".".join(path).replace(".*", "[*]"), list(_values(config, path)), _choices(parser, command, dest))
+    check("probe_args", list(config.get("probe_args") or {}), _choices(parser, ("probe",), "probe"))  # its keys
     return out
 
 

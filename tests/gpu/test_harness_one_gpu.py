@@ -1,6 +1,6 @@
 """The measurement harness's CUDA paths on one GPU (a world of one rank): events, graph capture and replay, released
 parts on two streams, the post-timing check through NCCL for every collective, and the e2e runner. Two-GPU runs of
-the benchmarks themselves are the run issues' (tools/gpu_reference_run.sh)."""
+the benchmarks themselves are the workflow's rules (tools/lent_snakemake.sh on the lent machines)."""
 from __future__ import annotations
 
 import pytest

@@ -129,6 +129,12 @@ def default_call_csvs(platform):
     return DEFAULT_CALL_RUNS if MEASURED else [str(p) for p in machines.default_call_runs(Path(PLATFORMS[platform][0]))]
 
 
+# measured here beside the main sweep, on NVIDIA (the native library submits CUDA copies): rules native_submit and
+# check_cost (operator.smk)
+NATIVE_RUNS = [f"{OUT}/native/native/data.csv"] if PLATFORM == "cuda" else []
+CHECK_COST_RUNS = [f"{OUT}/check_calls/check_cost/data.csv"] if PLATFORM == "cuda" else []
+
+
 def shipped_extra(platform, path):
     """A side experiment some shipped sets hold (a fresh run measures it inside the main sweep)."""
     f = result(platform, path)
@@ -138,7 +144,7 @@ def shipped_extra(platform, path):
 # what each notebook (notebooks/<name>.py) renders, passed as its `csvs` parameter
 NOTEBOOK_INPUTS = {
     "operator": lambda p: operator_csvs(p) + default_call_csvs(p),
-    "speedup": lambda p: operator_csvs(p) + shipped_extra(p, "native/native/data.csv"),
+    "speedup": lambda p: operator_csvs(p) + (NATIVE_RUNS if MEASURED else shipped_extra(p, "native/native/data.csv")),
     "breakdown": lambda p: [result(p, "breakdown/breakdown/data.csv")],
     "resources": lambda p: [result(p, f"power/{name}/data.csv") for name in ("power", "sm_usage", "interference")],
     "c3": lambda p: [result(p, "c3/c3/data.csv")],

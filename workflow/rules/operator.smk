@@ -110,3 +110,48 @@ rule power:
         "{params.py} -m dmacoll_lab sm-usage --out {output.sm_usage} 2>&1 | tee {log.sm_usage} && "
         "{params.py} -m dmacoll_lab interference --sizes {params.sizes} --out {output.interference} 2>&1 "
         "| tee {log.interference}"
+
+
+rule native_submit:
+    """Eager copy-engine calls submitted from Python and from the native library, beside NCCL (NVIDIA; config
+    native: dmacoll sweep flags)."""
+    input:
+        lib="build/native/libdmacoll_submit.so",
+    output:
+        csv=f"{OUT}/native/native/data.csv",
+        json=f"{OUT}/native/native/data.json",
+    log:
+        f"{OUT}/native/native/run.log",
+    benchmark:
+        "benchmarks/native_submit.tsv"
+    threads: GPU_RANKS
+    resources:
+        **GPU_JOB,
+    params:
+        py=PY,
+        args=cli_flags("native"),
+    conda:
+        "../../envs/cuda.yaml"
+    shell:
+        "{params.py} -m dmacoll_lab sweep {params.args} --out {output.csv} 2>&1 | tee {log}"
+
+
+rule check_cost:
+    """What checking every call across the ranks costs (check_calls on / off), at the machine's GPUs."""
+    output:
+        csv=f"{OUT}/check_calls/check_cost/data.csv",
+        json=f"{OUT}/check_calls/check_cost/data.json",
+    log:
+        f"{OUT}/check_calls/check_cost/run.log",
+    benchmark:
+        "benchmarks/check_cost.tsv"
+    threads: GPU_RANKS
+    resources:
+        **GPU_JOB,
+    params:
+        py=PY,
+        world=GPU_RANKS,
+    conda:
+        "../../envs/cuda.yaml"
+    shell:
+        "{params.py} -m dmacoll_lab check-cost --world {params.world} --out {output.csv} 2>&1 | tee {log}"

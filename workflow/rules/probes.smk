@@ -21,10 +21,11 @@ rule probe:
         **GPU_JOB,
     params:
         py=PY,
+        args=lambda wc: f" {config['probe_args'][wc.name]}" if config["probe_args"].get(wc.name) else "",
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll_lab probe {wildcards.name} --out {output.csv} 2>&1 | tee {log}"
+        "{params.py} -m dmacoll_lab probe {wildcards.name} --out {output.csv}{params.args} 2>&1 | tee {log}"
 
 
 # Communicator()'s default call against NCCL, repeated (config default_call; DEFAULT_CALL_RUNS in common.smk).
