@@ -337,3 +337,20 @@ def test_e2e_repeats_give_each_run_its_ratio_and_the_range_over_runs():
     assert (decode["low"], decode["high"]) == (pytest.approx(0.8), pytest.approx(1.1))
     assert decode["per_run"] == "0.90 0.80 1.10"  # in the order the runs were given
     assert ttft["median"] == pytest.approx(1.0) and ttft["high"] == pytest.approx(1.2)
+
+
+def test_a_source_line_names_the_snakemake_rule_that_made_its_runs(tmp_path):
+    import json
+
+    from dmacoll_lab.analysis.report import source_line
+
+    def run(name, env):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "data.csv").write_text("x\n1\n")
+        (tmp_path / name / "data.json").write_text(json.dumps({"git_sha": "abc1234", "env": env}))
+        return f"{name}/data.csv"
+
+    ruled = [run("a", {"DMACOLL_WORKFLOW_RULE": "default_call"}), run("b", {"DMACOLL_WORKFLOW_RULE": "default_call"})]
+    assert source_line(ruled, tmp_path).endswith("Snakemake rule: `default_call`.")
+    mixed = ruled + [run("c", {})]  # a run made by a script: no rule named for the set
+    assert "Snakemake rule" not in source_line(mixed, tmp_path)

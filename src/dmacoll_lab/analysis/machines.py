@@ -15,10 +15,10 @@ GPU_MODELS = ("MI300X", "H200", "H100", "B200", "A100")
 
 
 # per machine folder, the runs of dmacoll probe sm_path that measured Communicator()'s current defaults (globs), three
-# runs each at 1 KB-4 MB and 8-256 MB per rank: on 2x H200 the eighth session's small calls (the defaults up to the sm
-# path's top have not changed since) and the tenth's large ones; on 4x H200 the tenth session's (one lease, the
-# implementations' samples interleaved); the decisions are those of 8686473
-DEFAULT_CALL_RUNS = {"h200x2": ("sm_path/default_call_nccl_band_run*", "sm_path/large_calls_interleaved_run*"),
+# runs each at 1 KB-4 MB and 8-256 MB per rank, the implementations' samples interleaved: on 2x H200 made by the
+# workflow's rule default_call (tools/lent_snakemake.sh, d8bd0b9); on 4x H200 the tenth session's probe runs (one
+# lease); the decisions are those of 8686473
+DEFAULT_CALL_RUNS = {"h200x2": ("sm_path/default_call_small_run*", "sm_path/default_call_large_run*"),
                      "h200x4": ("sm_path/default_call_interleaved_run*", "sm_path/large_calls_interleaved_run*")}
 
 
