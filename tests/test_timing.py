@@ -105,5 +105,6 @@ def test_prepare_warms_up_and_interleave_refuses_no_samples():
     assert r.log == ["call"] * 5
     with pytest.raises(InvalidArgument, match="repeats 0"):
         interleave({"a": run}, 2, 0, device=CPU)
+    assert interleave({}, 2, 3, device=CPU) == {}  # nothing ready: no samples, no error
     with pytest.raises(InvalidArgument, match="warmup -1"):
         prepare(r.call, warmup=-1, device=CPU)

@@ -139,6 +139,8 @@ def interleave(runs: dict[str, Callable[[], None]], calls: int = 1, repeats: int
         raise InvalidArgument(f"repeats {repeats} must be >= 1")
     names = list(runs)
     samples: dict[str, list[float]] = {name: [] for name in names}
+    if not names:
+        return samples  # nothing ready (every implementation refused): no turns to take
     synchronize(device)
     for i in range(repeats):
         for name in names[i % len(names):] + names[:i % len(names)]:
