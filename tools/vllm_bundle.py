@@ -505,9 +505,9 @@ def write_bundle(out: Path, plan: Plan, target: Target, piece_bytes: int, proble
     vllm = plan.wheels["vllm"].version if "vllm" in plan.wheels else "?"
     root = root or f"vllm {vllm}"
     manifest = {
-        "created_by": "tools/vllm_bundle.py", "root": root, "vllm": vllm, "target": {"python": target.python, "glibc": target.glibc,
-                                                                       "machine": target.machine,
-                                                                       "snapshot": target.source},
+        "created_by": "tools/vllm_bundle.py", "root": root, "vllm": vllm,
+        "target": {"python": target.python, "glibc": target.glibc, "machine": target.machine,
+                   "snapshot": target.source},
         "tar_sha256": tar_sha, "tar_bytes": len(data), "pieces": pieces,
         "wheels": [{"file": w.path.name, "name": w.name, "version": w.version, "bytes": w.size, "sha256": w.sha256,
                     "needed_by": plan.needed_by.get(w.name, []),
@@ -541,14 +541,13 @@ def build(out: str | Path, version: Optional[str] = None, target_path: Optional[
     out = Path(out)
     fetch = fetch or PipFetcher(target, Path(cache or out.parent / f"{out.name}_cache"))  # not carried
     if root is not None:
-        plan = resolve(root, target, fetch, {})
-        return write_bundle(out, plan, target, (piece_mib or PIECE_MIB) << 20, ["not run: the bundle is not vLLM"],
-                            root)
-    plan = resolve(f"vllm=={version or VLLM_VERSION}", target, fetch, LEFT_OUT)
-    problems = import_problems(plan, target, plan.wheels["vllm"].path)
-    if problems:
-        raise RuntimeError("vLLM would not import on the target:\n  " + "\n  ".join(problems))
-    return write_bundle(out, plan, target, (piece_mib or PIECE_MIB) << 20, problems)
+        plan, problems = resolve(root, target, fetch, {}), ["not run: the bundle is not vLLM"]
+    else:
+        plan = resolve(f"vllm=={version or VLLM_VERSION}", target, fetch, LEFT_OUT)
+        problems = import_problems(plan, target, plan.wheels["vllm"].path)
+        if problems:
+            raise RuntimeError("vLLM would not import on the target:\n  " + "\n  ".join(problems))
+    return write_bundle(out, plan, target, (piece_mib or PIECE_MIB) << 20, problems, root)
 
 
 def tree_mib(root: Path = ROOT) -> float:

@@ -99,11 +99,7 @@ def bench_time(call: Callable[[], object], calls: int = 1, repeats: int = 1, *, 
     synchronize(device)
     if start is not None:
         start()
-    samples = []
-    for _ in range(repeats):
-        if each is not None:
-            each()
-        samples.append(elapsed_us(run, calls, device, stream))
+    samples = interleave({"call": run}, calls, repeats, device=device, stream=stream, each=each)["call"]
     return Timed(samples, None if check is None else check_after(check, call, calls, graph, stream))
 
 

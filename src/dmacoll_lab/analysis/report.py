@@ -265,13 +265,14 @@ def save_table(df: pd.DataFrame, outdir: Path, name: str) -> pd.DataFrame:
 
 def source_line(paths: list[str], root: Path = Path(".")) -> str:
     """Where a table's numbers come from: the files, and the code and machine their provenance names."""
-    prov = results.provenance(root / paths[0])
+    provs = [results.provenance(root / p) for p in paths]
+    prov = provs[0]
     hw, sw = prov.get("hardware", {}), prov.get("software", {})
     gpus = hw.get("gpus", [])
     machine = f"{len(gpus)}x {', '.join(sorted(set(gpus)))}" if gpus else "no GPU recorded"
     where = ("Measured on NVIDIA Hopper, not the papers' MI300X." if gpus else
              f"Measured on the host emulator ({hw.get('cpu_count')} CPUs), no GPU.")
-    rules = sorted({str(results.provenance(root / p).get("env", {}).get("DMACOLL_WORKFLOW_RULE")) for p in paths})
+    rules = sorted({str(p.get("env", {}).get("DMACOLL_WORKFLOW_RULE")) for p in provs})
     made = f" Snakemake rule: `{rules[0]}`." if len(rules) == 1 and rules[0] != "None" else ""  # runs the DAG made
     return (f"Source: {', '.join(f'`{p}`' for p in paths)} (code {str(prov.get('git_sha'))[:10]}, {machine}, "
             f"torch {sw.get('torch')}, NCCL {sw.get('nccl')}). {where}{made}")

@@ -129,6 +129,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
             x.normal_()
             impls = list(callers(op, x, y))
             labels = [f"{impl}/{i}" for i, (impl, _, _) in enumerate(impls)]  # one impl may time several blocks
+            settings_of = {label: settings for label, (_, _, settings) in zip(labels, impls)}
             for mode in MODES:
                 # every implementation ready (captured, warmed up), then sampled in turns (``interleave``)
                 runs, made = {}, {}
@@ -150,7 +151,7 @@ def _rank(rank: int, world: int, cfg: dict) -> list[dict]:
                 try:
                     times = interleave({label: runs[label] for label in common}, cfg["calls"], cfg["repeats"],
                                        stream=stream, each=dist.barrier,
-                                       before={label: (lambda s=impls[labels.index(label)][2]: configure(s))
+                                       before={label: (lambda s=settings_of[label]: configure(s))
                                                for label in common})
                 except Exception as e:  # noqa: BLE001 - recorded for every run of this point
                     times = {}
