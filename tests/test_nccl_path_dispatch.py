@@ -1,5 +1,6 @@
-"""The nccl path's dispatch (``dmacoll.nccl_path.run``) on gloo, CPU ranks at worlds 2-4: each op's call into
-``torch.distributed`` (the tensor forms torch has, flat views only where a tensor is not flat, all_reduce's copy
+"""The nccl path's dispatch (``dmacoll.nccl_path.run``) on gloo, CPU ranks at worlds 2-4: each op's call into the
+process group's own methods (never through torch.distributed's functions), or into those functions where a torch
+lacks a method (the tensor forms torch has, flat views only where a tensor is not flat, all_reduce's copy
 out of place, all_to_all_v's splits from the matrix, its input cloned in place) against references built from
 every rank's input. The same code runs on NCCL groups on GPUs (tests/gpu/test_nccl_path.py); what differs there is
 NCCL, not this dispatch."""
@@ -18,11 +19,19 @@ def _inputs(seed: int, world: int, numel: int, dtype: torch.dtype) -> list[torch
     return [torch.randint(-1000, 1000, (numel,), generator=g).to(dtype) for _ in range(world)]
 
 
-def _cases(rank: int, world: int, seed: int) -> list[str]:
+def _cases(rank: int, world: int, seed: int, direct: bool) -> list[str]:
     import torch.distributed as dist
 
     from dmacoll import nccl_path
 
+    nccl_path._DIRECT = direct
+    if direct:  # the functions' per-call Python is what the direct calls skip: reaching one is a failure
+        def refuse(*args, **kwargs):
+            raise AssertionError("a direct call went through a torch.distributed function")
+        for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather_single",
+                     "reduce_scatter_single", "all_to_all_single"):
+            if hasattr(dist, name):
+                setattr(dist, name, refuse)
     rng = random.Random(seed)
     group, failures = dist.group.WORLD, []
     for dtype in (torch.float32, torch.int64):
@@ -68,7 +77,12 @@ def _cases(rank: int, world: int, seed: int) -> list[str]:
     return failures
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["process_group", "functions"])
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_each_op_reaches_torch_distributed_as_its_reference_says(world, seed):
-    for failures in run_ranks(_cases, world, seed, timeout_s=240):
+def test_each_op_reaches_torch_distributed_as_its_reference_says(world, direct, seed):
+    from dmacoll import nccl_path
+
+    if direct and not nccl_path._DIRECT:
+        pytest.skip("this torch's process groups lack a method the direct calls use")
+    for failures in run_ranks(_cases, world, seed, direct, timeout_s=240):
         assert failures == [], failures
