@@ -526,3 +526,21 @@ def test_the_dma_collectives_count_the_data_path_of_each_op():
     """The run log says which data path (sm or the copy engines) each op's calls took: the host emulator has no sm
     path, so every call is 'dma'; a take clears the counts."""
     assert run_ranks(_paths_rank, 2, timeout_s=120) == ["all_reduce dma x2|"] * 2
+
+
+def test_issue_50_targets_read_the_phased_rows():
+    from dmacoll_lab.analysis.e2e_tables import targets
+    from dmacoll_lab.e2e.phases import phased
+
+    rows = synthetic_rows()
+    points = {}
+    for r in rows:
+        points.setdefault((r["model"], r["batch"], r["prompt_len"]), []).append(r)
+    rows += [p for point in points.values() for p in phased(point, derived)]
+    got = targets(pd.DataFrame(rows)).set_index("target")
+    ours = got[got.index.str.contains("phased")]
+    assert len(ours) == 3 * 2 and (ours["points"] > 0).all()  # per parallelism: tp2, tp2+ep2 (Mixtral)
+    # dma 1.2x NCCL in serial, its microbatch prefill 1.15x more (its breakdown predicts it); decode stays serial
+    assert ours["value"].tolist() == pytest.approx([1 / 1.2, 1 / 1.2 / 1.15, 1 / 1.2 / 1.15] * 2, rel=0.02)
+    assert ours["met"].tolist() == [True] * 6
+    assert targets(pd.DataFrame(synthetic_rows())).query("target.str.contains('phased')").empty  # none without

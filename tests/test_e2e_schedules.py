@@ -165,7 +165,13 @@ def _run(world: int, impls):
 @pytest.mark.parametrize("world,impls", [(1, ["nccl"]), (2, ["nccl", "dma"])])
 def test_the_runner_measures_every_schedule_and_where_the_time_goes(world, impls):
     df = _run(world, impls)
-    assert list(df.columns) == c.E2E_COLUMNS and len(df) == 2 * len(impls) * 3
+    assert list(df.columns) == c.E2E_COLUMNS and len(df) == 2 * len(impls) * 4
+    phased, df = df[df["schedule"] == "phased"], df[df["schedule"] != "phased"]  # one per (point, impl)
+    for _, row in phased.iterrows():
+        same = df[(df["impl"] == row["impl"]) & (df["batch"] == row["batch"])].set_index("schedule")
+        assert row["decode_ms"] == same.loc["serial", "decode_ms"] and row["decode_schedule"] == "serial"
+        assert row["ttft_ms"] == same.loc[row["prefill_schedule"], "ttft_ms"] <= same.loc["serial", "ttft_ms"]
+        assert row["phase_reason"].startswith(f"prefill {row['prefill_schedule']}: ")
     assert (df["status"] == "ok").all() and df["calls_ok"].all(), df[["schedule", "calls_ok", "status"]]
     checked = df[df["logits_ok"] != ""]
     assert len(checked) == len(df) - 2 and checked["logits_ok"].all()  # all but the reference (nccl serial)
@@ -195,3 +201,30 @@ def test_old_tables_read_as_the_serial_schedule(tmp_path):
     assert set(df["schedule"]) == {"serial", "microbatch"} and df["pieces"].notna().all()
     from dmacoll_lab.analysis import tables
     assert len(tables.e2e_ratios(df)) == 24  # the serial points, both files' rows pivoted together
+
+
+def _timed(schedule: str, ttft: float, compute: float, comm: float) -> dict:
+    return {"schedule": schedule, "ttft_ms": ttft, "ttft_compute_ms": compute, "ttft_comm_ms": comm}
+
+
+def test_a_prefill_overlaps_only_where_its_breakdown_predicts_a_gain_and_its_ttft_shows_it():
+    from dmacoll_lab.e2e.phases import MARGIN, choose_prefill
+
+    serial = _timed("serial", 100.0, 80.0, 20.0)
+    wins, loses = _timed("microbatch", 90.0, 84.0, 21.0), _timed("seqpar", 101.0, 85.0, 20.0)
+    row, why = choose_prefill(serial, [loses, wins])
+    assert row is wins and why.startswith("microbatch: ") and "measured 101.00 >= 100.00" in why
+    # the split costs what the overlap could hide: not taken although its one measured TTFT came out lower
+    costly = _timed("microbatch", 99.0, 100.0 - MARGIN * 100 + 0.5, 20.0)
+    row, why = choose_prefill(serial, [costly])
+    assert row is serial and "would hide at most" in why
+    # predicted, but the measured TTFT does not show it (interference of the overlapped collectives)
+    row, why = choose_prefill(serial, [_timed("microbatch", 100.5, 81.0, 20.0)])
+    assert row is serial and "predicted to hide" in why
+    # the faster of two that both win
+    fast, faster = _timed("microbatch", 92.0, 81.0, 20.0), _timed("seqpar", 88.0, 82.0, 20.0)
+    assert choose_prefill(serial, [fast, faster])[0] is faster
+    # no breakdown (--no-breakdown), or a candidate that did not run
+    assert choose_prefill(_timed("serial", 100.0, float("nan"), float("nan")), [wins])[0]["schedule"] == "serial"
+    assert choose_prefill(serial, [_timed("microbatch", float("nan"), 1.0, 1.0)]) == (serial,
+                                                                                     "serial: microbatch not measured")

@@ -20,6 +20,9 @@ Per (model, batch, prompt length), per implementation and per schedule, on the s
   FLOPs (config.prefill_gemm_flops) at the GEMM rate;
 * collectives: each row's prefill and decode step record the calls they issued, checked against what the
   schedule must issue (calls.py: ``calls_ok``), and counted (``prefill_calls``, ``decode_calls``);
+* a schedule per phase (phases.py): per implementation, a ``phased`` row made of the serial decode step and the
+  prefill of the overlapped schedule that its breakdown predicts and its TTFT shows to win, else serial's, with
+  the reason (``phase_reason``); derived from the measured rows, nothing run again;
 * outputs: the first implementation in ``impls`` (NCCL by default) under the first schedule is the reference.
   Per model, before the timed points, every (implementation, schedule) runs one untimed prefill + decode step
   (smallest batch and prompt; seqpar's decode step is serial, after its own prefill) on the same weights in
@@ -44,6 +47,7 @@ from dmacoll.lab_api import bench_time, graph_capture
 from ..bench.c3_grid import c3_metrics
 from ..bench.harness import Rank
 from .calls import PREFILL_ONLY, check_calls, expected_calls, merged_schedule_buffers, split
+from .phases import phased
 from .config import (E2E_COLUMNS, MEASURED_COLUMNS, ModelSpec, decode_bytes, max_tokens, prefill_chunks,
                      prefill_gemm_flops, spec)
 
@@ -329,7 +333,9 @@ def point_fields(s: ModelSpec, rn: Runner, impl: str, batch: int, prompt: int, s
             "microbatches": len(split(batch, 1)) if schedule == "microbatch" else 1,
             "dtype": cfg["dtype"], "batch": batch, "prompt_len": prompt, "chunk_tokens": cfg["chunk_tokens"],
             "decode_steps": cfg["decode_steps"], "output_len": cfg["output_len"],
-            "collectives_per_step": sum(s.collectives_per_forward().values())}
+            "collectives_per_step": sum(s.collectives_per_forward().values()),
+            "prefill_schedule": schedule, "decode_schedule": "" if schedule in PREFILL_ONLY else schedule,
+            "phase_reason": ""}
 
 
 def progress(r: dict) -> str:
@@ -376,7 +382,11 @@ def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int, checked:
         paths = getattr(rn.colls[impl], "take_paths", lambda: "")()
         if rn.rank == 0:
             print(progress(rows[-1]) + (f"\n  data paths of its calls: {paths}" if paths else ""), flush=True)
-    return rows
+    chosen = phased(rows, derived)
+    if rn.rank == 0:
+        for r in chosen:
+            print(progress(r) + f"\n  {r['phase_reason']}", flush=True)
+    return rows + chosen
 
 
 def run_e2e(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
