@@ -167,6 +167,8 @@ def test_the_runner_measures_every_schedule_and_where_the_time_goes(world, impls
     df = _run(world, impls)
     assert list(df.columns) == c.E2E_COLUMNS and len(df) == 2 * len(impls) * 4
     phased, df = df[df["schedule"] == "phased"], df[df["schedule"] != "phased"]  # one per (point, impl)
+    n = len(impls) * 3  # every other point measures its variants in reverse order
+    assert df.groupby("batch")["measured_order"].apply(list).tolist() == [list(range(n)), list(range(n))[::-1]]
     for _, row in phased.iterrows():
         same = df[(df["impl"] == row["impl"]) & (df["batch"] == row["batch"])].set_index("schedule")
         assert row["decode_ms"] == same.loc["serial", "decode_ms"] and row["decode_schedule"] == "serial"

@@ -334,8 +334,8 @@ def point_fields(s: ModelSpec, rn: Runner, impl: str, batch: int, prompt: int, s
             "dtype": cfg["dtype"], "batch": batch, "prompt_len": prompt, "chunk_tokens": cfg["chunk_tokens"],
             "decode_steps": cfg["decode_steps"], "output_len": cfg["output_len"],
             "collectives_per_step": sum(s.collectives_per_forward().values()),
-            "prefill_schedule": schedule, "decode_schedule": "" if schedule in PREFILL_ONLY else schedule,
-            "phase_reason": ""}
+            "measured_order": "", "prefill_schedule": schedule,
+            "decode_schedule": "" if schedule in PREFILL_ONLY else schedule, "phase_reason": ""}
 
 
 def progress(r: dict) -> str:
@@ -349,26 +349,35 @@ def progress(r: dict) -> str:
             f"{where}{check}")
 
 
-def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int, checked: dict) -> list[dict]:
-    """Every (implementation, schedule) on one (model, batch, prompt); the first is the logits reference.
-    ``checked``: ``check_model``'s verdicts."""
+def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int, checked: dict, turn: int = 0) -> list[dict]:
+    """Every (implementation, schedule) on one (model, batch, prompt); the first (``variants``) is the logits
+    reference. ``checked``: ``check_model``'s verdicts. ``turn``: the point's place in the run; every other point
+    measures the variants in reverse order (``measured_order``), so no implementation is always measured after the
+    other: a GPU's clocks drift over a run (at batch 128 on 2x H200 the compute alone of the second of two identical
+    prefills came out 1-5% slower, 11e4cc8)."""
     import torch
 
     cfg, nan = rn.cfg, float("nan")
     inputs = point_inputs(rn, s, batch, prompt)
-    rows, ref = [], None
-    for impl, schedule in variants(cfg):
-        row = point_fields(s, rn, impl, batch, prompt, schedule)
+    order = variants(cfg) if turn % 2 == 0 else variants(cfg)[::-1]
+    measured = {}
+    for place, (impl, schedule) in enumerate(order):
         try:
             got, logits, err = *measure(rn, model, impl, schedule, batch, prompt, inputs), ""
         except Exception as e:  # noqa: BLE001 - recorded; a rank stuck in a collective hits the launcher's timeout
             got, logits, err = {}, None, f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
         errors = [e for e in rn.gather(err) if e]
-        if errors:
-            rows.append({**row, **dict.fromkeys(MEASURED_COLUMNS, nan), "logits_ok": "", "calls_ok": "",
-                         "status": errors[0]})
-            if rn.device.type == "cuda":
-                torch.cuda.empty_cache()
+        measured[impl, schedule] = (got, logits, errors[0] if errors else "", place,
+                                    getattr(rn.colls[impl], "take_paths", lambda: "")())
+        if errors and rn.device.type == "cuda":
+            torch.cuda.empty_cache()
+    rows, ref = [], None
+    for impl, schedule in variants(cfg):
+        got, logits, error, place, paths = measured[impl, schedule]
+        row = {**point_fields(s, rn, impl, batch, prompt, schedule), **dict.fromkeys(MEASURED_COLUMNS, nan)}
+        row["measured_order"] = place
+        if error:
+            rows.append({**row, "logits_ok": "", "calls_ok": "", "status": error})
             continue
         check = {"logits_max_abs_diff": nan, "logits_ref_max_abs": nan, "argmax_agree": nan,
                  "check_dtype": cfg["check_dtype"], "check_max_abs_diff": nan, "logits_ok": ""}
@@ -378,8 +387,7 @@ def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int, checked:
             timed = agreement(ref, logits, cfg["rtol"], cfg["atol"])
             check.update({k: timed[k] for k in ("logits_max_abs_diff", "logits_ref_max_abs", "argmax_agree")})
             check.update(checked.get((impl, schedule), {}))
-        rows.append({**row, **dict.fromkeys(MEASURED_COLUMNS, nan), **got, **check, "status": "ok"})
-        paths = getattr(rn.colls[impl], "take_paths", lambda: "")()
+        rows.append({**row, **got, **check, "status": "ok"})
         if rn.rank == 0:
             print(progress(rows[-1]) + (f"\n  data paths of its calls: {paths}" if paths else ""), flush=True)
     chosen = phased(rows, derived)
@@ -399,12 +407,14 @@ def run_e2e(rank: int, world: int, cfg: dict) -> Optional[list[dict]]:
         print(f"rates: device-local copy {rn.rates['copy_GBps']:.0f} GB/s (read + write), {cfg['dtype']} GEMM "
               f"{rn.rates['gemm_TFLOPs']:.0f} TFLOP/s", flush=True)
     rows: list[dict] = []
+    turn = 0
     for s in rn.specs:
         checked = check_model(rn, s)
         model = Model(s, rank, world, rn.device, rn.dtype, cfg["seed"])
         for batch in cfg["batches"]:
             for prompt in cfg["prompts"]:
-                rows += run_point(rn, s, model, batch, prompt, checked)
+                rows += run_point(rn, s, model, batch, prompt, checked, turn)
+                turn += 1
                 if rn.device.type == "cuda":
                     torch.cuda.empty_cache()
         del model

@@ -61,8 +61,9 @@ MEASURED_COLUMNS = ["ttft_ms", "ttft_ms_p10", "ttft_ms_p90", "decode_ms", "decod
                     "prefill_tok_s", "decode_tok_s", "e2e_tok_s", *BREAKDOWN_COLUMNS, *FLOOR_COLUMNS,
                     "prefill_calls", "decode_calls", "calls_ok", "logits_max_abs_diff", "logits_ref_max_abs",
                     "argmax_agree", "check_dtype", "check_max_abs_diff", "logits_ok"]
-# what each phase ran (a ``phased`` row: the schedule per phase chosen from the others, phases.py, and why)
-PHASE_COLUMNS = ["prefill_schedule", "decode_schedule", "phase_reason"]
+# a row's place among its point's measurements (alternating per point: bench.run_point); what each phase ran (a
+# ``phased`` row: the schedule per phase chosen from the others, phases.py, and why)
+PHASE_COLUMNS = ["measured_order", "prefill_schedule", "decode_schedule", "phase_reason"]
 E2E_COLUMNS = POINT_COLUMNS + PHASE_COLUMNS + MEASURED_COLUMNS + ["status"]
 
 
