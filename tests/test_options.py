@@ -141,6 +141,19 @@ def test_all_to_all_leaves_the_sm_path_at_2_mb_per_peer_at_world_4():
     assert sm_auto_max_bytes(2, "all_to_all") == SM_AUTO_MAX_BYTES < sm_auto_max_bytes(2, "all_reduce")
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_an_eager_all_reduce_leaves_the_sm_path_at_half_the_bytes_per_peer(world):
+    most = sm_auto_max_bytes(world, "all_reduce")
+    assert sm_auto_max_bytes(world, "all_reduce", eager=True) == most // 2
+    for op in ("all_gather", "reduce_scatter", "all_to_all"):  # only the sum's two-shot kernel lost in eager calls
+        assert sm_auto_max_bytes(world, op, eager=True) == sm_auto_max_bytes(world, op)
+    nbytes = 2 * most  # its two-shot chunk: ``most`` per peer at world 2, half of it at world 4
+    for sm_bytes in (most // 2, most):
+        graph = choose_path(Options(), CUDA, "all_reduce", sm_bytes, world, nbytes=nbytes, nccl=True)
+        eager = choose_path(Options(), CUDA, "all_reduce", sm_bytes, world, nbytes=nbytes, nccl=True, eager=True)
+        assert graph == "sm" and eager == ("sm" if sm_bytes <= most // 2 else "nccl")
+
+
 def test_a_named_path_is_taken_as_it_is():
     assert choose_path(Options(path="nccl"), CUDA, "all_reduce", 1024, 4) == "nccl"
     assert choose_path(Options(path="dma"), CUDA, "all_reduce", 1024, 4) == "dma"

@@ -492,7 +492,7 @@ class Communicator:
             staged = not (spec.reduces and self._nccl) or nccl_auto(self.world, spec.name, request.nbytes) \
                 or self._stages(request, resolved)
             path = choose_path(wanted, self.capabilities, spec.name, sm_bytes, self.world,
-                               self._gate is not None or shared, request.nbytes, self._nccl, staged)
+                               self._gate is not None or shared, request.nbytes, self._nccl, staged, not capturing)
             if path == "sm":
                 if sm_bytes is None:
                     raise InvalidArgument(f"{spec.name} with path='sm': the sm path runs all_gather, all_to_all(_v), "

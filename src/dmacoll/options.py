@@ -35,6 +35,9 @@ PATHS = ("dma", "sm", "nccl")
 # At world 2 up to 8 MB per peer (``sm_auto_max_bytes``) but for all_to_all: there the sm rows at 8 MB per peer took
 # 0.74-0.87 of NCCL for all_reduce, all_gather and reduce_scatter, as fast as the copy engines or faster (0.84-1.30),
 # and all_to_all 1.13-1.26 where the copy engines took 1.07-1.13 (results/h200x2/sm_path/, four runs)
+# An eager all_reduce takes half of it: its two-shot kernel at the largest per-peer size lost to NCCL in eager calls
+# (16 MB: 1.00-1.09 of NCCL at world 2 over six runs, 1.02-1.07 at world 4 over four; graph-replayed 0.92-0.99;
+# results/h200x2/sm_path/default_call_large_run*, d8bd0b9 and 8855b00; results/h200x4/sm_path/large_calls_interleaved_*)
 SM_AUTO_MAX_BYTES = 4 << 20
 WORLD2_SM_AUTO_MAX_BYTES = 8 << 20
 WORLD4_ALL_TO_ALL_SM_AUTO_MAX_BYTES = 2 << 20
@@ -55,11 +58,12 @@ DMA_AUTO_MIN_BYTES = {(2, "all_gather"): 0, (2, "all_to_all"): 128 << 20, (2, "r
 NCCL_AUTO_OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
 
 
-def sm_auto_max_bytes(world: int, op: str) -> int:
-    """The most bytes per peer 'auto' sends on the sm path for ``op`` at ``world`` ranks."""
+def sm_auto_max_bytes(world: int, op: str, eager: bool = False) -> int:
+    """The most bytes per peer 'auto' sends on the sm path for ``op`` at ``world`` ranks, in a graph or ``eager``."""
     if op.startswith("all_to_all"):
         return WORLD4_ALL_TO_ALL_SM_AUTO_MAX_BYTES if world == 4 else SM_AUTO_MAX_BYTES
-    return WORLD2_SM_AUTO_MAX_BYTES if world == 2 else SM_AUTO_MAX_BYTES
+    most = WORLD2_SM_AUTO_MAX_BYTES if world == 2 else SM_AUTO_MAX_BYTES
+    return most // 2 if eager and op == "all_reduce" else most
 
 
 def nccl_auto(world: int, op: str, nbytes: int) -> bool:
@@ -113,10 +117,10 @@ class Options:
     world 4, the flag rides in the data: LL lines), a local copy or sum; all_gather, all_to_all(_v), all_reduce (two
     kernels from ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more, above a slot at 2), reduce_scatter up to
     ``cuda_sm.slot_bytes`` per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of
-    ``cuda_sm.THREADS`` threads; cuda only), ``nccl`` (the call handed to ``torch.distributed`` on the communicator's
-    process group: the baseline itself, where the group runs NCCL (RCCL on ROCm)) or ``auto`` (the default): ``sm``
-    up to ``sm_auto_max_bytes`` per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for all_to_all at world 4)
-    where the call fits it and names no copy-engine option; above it ``dma`` where the copy engines were measured
+    ``cuda_sm.THREADS`` threads; cuda only), ``nccl`` (the call handed to the communicator's process group, as
+    ``torch.distributed`` hands it: the baseline itself, where the group runs NCCL (RCCL on ROCm)) or ``auto`` (the default): ``sm``
+    up to ``sm_auto_max_bytes`` per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for all_to_all at world 4;
+    an eager all_reduce half of it) where the call fits it and names no copy-engine option; above it ``dma`` where the copy engines were measured
     faster than NCCL (``DMA_AUTO_MIN_BYTES``), else ``nccl`` where the group runs it, else ``dma`` (``choose_path``).
     ``last_options.path`` says which ran. Explicit ``dma`` is the papers' reproduction: pure copy engines.
 
@@ -296,18 +300,19 @@ def _check_combination(options: Options, capabilities: EngineCapabilities) -> No
 
 
 def choose_path(options: Options, capabilities: EngineCapabilities, op: str, sm_bytes: Optional[int], world: int,
-                gated: bool = False, nbytes: int = 0, nccl: bool = False, staged: bool = True) -> str:
+                gated: bool = False, nbytes: int = 0, nccl: bool = False, staged: bool = True,
+                eager: bool = False) -> str:
     """Which data path a call takes: the caller's, or for 'auto' the copy engines where the caller chose a copy-engine
     option (a variant, direction, signal, wait, prerecord or submit) or the call is behind a prelaunch gate
     (``gated``), else the sm path where the engine has it and the call fits it (``sm_bytes``: its bytes per peer
-    there, None where the sm path cannot run it) up to ``sm_auto_max_bytes``, else NCCL where the communicator's group
+    there, None where the sm path cannot run it) up to ``sm_auto_max_bytes`` (``eager``: outside a graph), else NCCL where the communicator's group
     runs it (``nccl``) and ``nccl_auto`` says the copy engines were not measured faster at ``nbytes`` or their plans
     would not fit the staging area (``staged``), else the copy engines. Pure, the same on every rank."""
     if options.path != "auto":
         return options.path
     if gated or any(getattr(options, name) != "auto" for name in COPY_ENGINE_OPTIONS):
         return "dma"
-    if capabilities.sm_path and sm_bytes is not None and sm_bytes <= sm_auto_max_bytes(world, op):
+    if capabilities.sm_path and sm_bytes is not None and sm_bytes <= sm_auto_max_bytes(world, op, eager):
         return "sm"
     return "nccl" if nccl and (nccl_auto(world, op, nbytes) or not staged) else "dma"
 
