@@ -11,9 +11,9 @@ import pytest
 
 from dmacoll import ops, tuning
 from dmacoll.errors import InvalidArgument
-from dmacoll.options import (CALL_OPTIONS, COPY_ENGINE_OPTIONS, DMA_AUTO_MIN_BYTES, FALLBACK, SM_AUTO_MAX_BYTES, Call,
-                             CallOptions, EngineCapabilities, Options, allowed, candidates, choices, choose_path,
-                             fallback, nccl_auto, resolve, sm_auto_max_bytes)
+from dmacoll.options import (CALL_OPTIONS, COPY_ENGINE_OPTIONS, DMA_AUTO_MIN_BYTES, EAGER_ALL_REDUCE_SM_MAX_BYTES,
+                             FALLBACK, SM_AUTO_MAX_BYTES, Call, CallOptions, EngineCapabilities, Options, allowed,
+                             candidates, choices, choose_path, fallback, nccl_auto, resolve, sm_auto_max_bytes)
 from dmacoll_lab.verify.launch import run_ranks
 
 CUDA = EngineCapabilities("cuda")
@@ -142,16 +142,16 @@ def test_all_to_all_leaves_the_sm_path_at_2_mb_per_peer_at_world_4():
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_an_eager_all_reduce_leaves_the_sm_path_at_half_the_bytes_per_peer(world):
-    most = sm_auto_max_bytes(world, "all_reduce")
-    assert sm_auto_max_bytes(world, "all_reduce", eager=True) == most // 2
-    for op in ("all_gather", "reduce_scatter", "all_to_all"):  # only the sum's two-shot kernel lost in eager calls
-        assert sm_auto_max_bytes(world, op, eager=True) == sm_auto_max_bytes(world, op)
-    nbytes = 2 * most  # its two-shot chunk: ``most`` per peer at world 2, half of it at world 4
-    for sm_bytes in (most // 2, most):
-        graph = choose_path(Options(), CUDA, "all_reduce", sm_bytes, world, nbytes=nbytes, nccl=True)
-        eager = choose_path(Options(), CUDA, "all_reduce", sm_bytes, world, nbytes=nbytes, nccl=True, eager=True)
-        assert graph == "sm" and eager == ("sm" if sm_bytes <= most // 2 else "nccl")
+def test_an_eager_all_reduce_takes_the_sm_path_up_to_8_mb(world):
+    def path(op: str, nbytes: int, eager: bool) -> str:
+        sm_bytes = nbytes if world == 2 and nbytes <= 8 << 20 else nbytes // world  # one kernel, or a two-shot chunk
+        return choose_path(Options(), CUDA, op, sm_bytes, world, nbytes=nbytes, nccl=True, eager=eager)
+
+    assert EAGER_ALL_REDUCE_SM_MAX_BYTES == 8 << 20
+    for nbytes in (1 << 20, 8 << 20, 16 << 20):
+        assert path("all_reduce", nbytes, eager=False) == "sm"  # graph-replayed, as far as the sm path goes
+        assert path("all_reduce", nbytes, eager=True) == ("sm" if nbytes <= 8 << 20 else "nccl")
+    assert path("reduce_scatter", 16 << 20, eager=True) == "sm"  # only the sum's two kernels lost in eager calls
 
 
 def test_a_named_path_is_taken_as_it_is():

@@ -35,12 +35,14 @@ PATHS = ("dma", "sm", "nccl")
 # At world 2 up to 8 MB per peer (``sm_auto_max_bytes``) but for all_to_all: there the sm rows at 8 MB per peer took
 # 0.74-0.87 of NCCL for all_reduce, all_gather and reduce_scatter, as fast as the copy engines or faster (0.84-1.30),
 # and all_to_all 1.13-1.26 where the copy engines took 1.07-1.13 (results/h200x2/sm_path/, four runs)
-# An eager all_reduce takes half of it: its two-shot kernel at the largest per-peer size lost to NCCL in eager calls
-# (16 MB: 1.00-1.09 of NCCL at world 2 over six runs, 1.02-1.07 at world 4 over four; graph-replayed 0.92-0.99;
-# results/h200x2/sm_path/default_call_large_run*, d8bd0b9 and 8855b00; results/h200x4/sm_path/large_calls_interleaved_*)
 SM_AUTO_MAX_BYTES = 4 << 20
 WORLD2_SM_AUTO_MAX_BYTES = 8 << 20
 WORLD4_ALL_TO_ALL_SM_AUTO_MAX_BYTES = 2 << 20
+# An eager all_reduce takes the sm path up to this tensor size: at 16 MB its two kernels lost to NCCL outside a graph
+# (1.00-1.09 of NCCL at world 2 over six runs, 1.02-1.07 at world 4 over four; graph-replayed 0.92-0.99), where at
+# 8 MB they won at world 2 (0.66-0.83; one kernel there) and came out at 0.84-1.17 at world 4
+# (results/h200x2/sm_path/default_call_large_run*, d8bd0b9 and 8855b00; results/h200x4/sm_path/large_calls_interleaved_*)
+EAGER_ALL_REDUCE_SM_MAX_BYTES = 8 << 20
 # Above the sm path, 'auto' takes the copy engines only where they were measured faster than NCCL: from these sizes
 # (the tuning table's: all_gather's input, all_to_all's, reduce_scatter's input, all_reduce's tensor), per (world, op);
 # below them, and for a world or op not listed, NCCL itself (path 'nccl', the communicator's own process group) where
@@ -58,12 +60,11 @@ DMA_AUTO_MIN_BYTES = {(2, "all_gather"): 0, (2, "all_to_all"): 128 << 20, (2, "r
 NCCL_AUTO_OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
 
 
-def sm_auto_max_bytes(world: int, op: str, eager: bool = False) -> int:
-    """The most bytes per peer 'auto' sends on the sm path for ``op`` at ``world`` ranks, in a graph or ``eager``."""
+def sm_auto_max_bytes(world: int, op: str) -> int:
+    """The most bytes per peer 'auto' sends on the sm path for ``op`` at ``world`` ranks."""
     if op.startswith("all_to_all"):
         return WORLD4_ALL_TO_ALL_SM_AUTO_MAX_BYTES if world == 4 else SM_AUTO_MAX_BYTES
-    most = WORLD2_SM_AUTO_MAX_BYTES if world == 2 else SM_AUTO_MAX_BYTES
-    return most // 2 if eager and op == "all_reduce" else most
+    return WORLD2_SM_AUTO_MAX_BYTES if world == 2 else SM_AUTO_MAX_BYTES
 
 
 def nccl_auto(world: int, op: str, nbytes: int) -> bool:
@@ -118,10 +119,10 @@ class Options:
     kernels from ``cuda_sm.TWO_SHOT_BYTES`` at 3 ranks or more, above a slot at 2), reduce_scatter up to
     ``cuda_sm.slot_bytes`` per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of
     ``cuda_sm.THREADS`` threads; cuda only), ``nccl`` (the call handed to the communicator's process group, as
-    ``torch.distributed`` hands it: the baseline itself, where the group runs NCCL (RCCL on ROCm)) or ``auto`` (the default): ``sm``
-    up to ``sm_auto_max_bytes`` per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for all_to_all at world 4;
-    an eager all_reduce half of it) where the call fits it and names no copy-engine option; above it ``dma`` where the copy engines were measured
-    faster than NCCL (``DMA_AUTO_MIN_BYTES``), else ``nccl`` where the group runs it, else ``dma`` (``choose_path``).
+    ``torch.distributed`` hands it: the baseline itself, where the group runs NCCL (RCCL on ROCm)) or ``auto`` (the
+    default): ``sm`` up to ``sm_auto_max_bytes`` per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for
+    all_to_all at world 4; an eager all_reduce up to 8 MB) where the call fits it and names no copy-engine option;
+    above it ``dma`` where the copy engines were measured faster than NCCL (``DMA_AUTO_MIN_BYTES``), else ``nccl`` where the group runs it, else ``dma`` (``choose_path``).
     ``last_options.path`` says which ran. Explicit ``dma`` is the papers' reproduction: pure copy engines.
 
     ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue), ``multi`` (one handshake, copies
@@ -305,14 +306,16 @@ def choose_path(options: Options, capabilities: EngineCapabilities, op: str, sm_
     """Which data path a call takes: the caller's, or for 'auto' the copy engines where the caller chose a copy-engine
     option (a variant, direction, signal, wait, prerecord or submit) or the call is behind a prelaunch gate
     (``gated``), else the sm path where the engine has it and the call fits it (``sm_bytes``: its bytes per peer
-    there, None where the sm path cannot run it) up to ``sm_auto_max_bytes`` (``eager``: outside a graph), else NCCL where the communicator's group
+    there, None where the sm path cannot run it) up to ``sm_auto_max_bytes`` (an ``eager`` all_reduce: of at most
+    ``EAGER_ALL_REDUCE_SM_MAX_BYTES``), else NCCL where the communicator's group
     runs it (``nccl``) and ``nccl_auto`` says the copy engines were not measured faster at ``nbytes`` or their plans
     would not fit the staging area (``staged``), else the copy engines. Pure, the same on every rank."""
     if options.path != "auto":
         return options.path
     if gated or any(getattr(options, name) != "auto" for name in COPY_ENGINE_OPTIONS):
         return "dma"
-    if capabilities.sm_path and sm_bytes is not None and sm_bytes <= sm_auto_max_bytes(world, op, eager):
+    if capabilities.sm_path and sm_bytes is not None and sm_bytes <= sm_auto_max_bytes(world, op) and not (
+            eager and op == "all_reduce" and nbytes > EAGER_ALL_REDUCE_SM_MAX_BYTES):
         return "sm"
     return "nccl" if nccl and (nccl_auto(world, op, nbytes) or not staged) else "dma"
 
