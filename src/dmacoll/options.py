@@ -41,7 +41,8 @@ WORLD4_ALL_TO_ALL_SM_AUTO_MAX_BYTES = 2 << 20
 # An eager all_reduce takes the sm path up to this tensor size: at 16 MB its two kernels lost to NCCL outside a graph
 # (1.00-1.09 of NCCL at world 2 over six runs, 1.02-1.07 at world 4 over four; graph-replayed 0.92-0.99), where at
 # 8 MB they won at world 2 (0.66-0.83; one kernel there) and came out at 0.84-1.17 at world 4
-# (results/h200x2/sm_path/default_call_large_run*, d8bd0b9 and 8855b00; results/h200x4/sm_path/large_calls_interleaved_*)
+# (results/h200x2/sm_path/default_call_large_run*, d8bd0b9 and 8855b00;
+# results/h200x4/sm_path/large_calls_interleaved_*)
 EAGER_ALL_REDUCE_SM_MAX_BYTES = 8 << 20
 # Above the sm path, 'auto' takes the copy engines only where they were measured faster than NCCL: from these sizes
 # (the tuning table's: all_gather's input, all_to_all's, reduce_scatter's input, all_reduce's tensor), per (world, op);
@@ -122,7 +123,8 @@ class Options:
     ``torch.distributed`` hands it: the baseline itself, where the group runs NCCL (RCCL on ROCm)) or ``auto`` (the
     default): ``sm`` up to ``sm_auto_max_bytes`` per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for
     all_to_all at world 4; an eager all_reduce up to 8 MB) where the call fits it and names no copy-engine option;
-    above it ``dma`` where the copy engines were measured faster than NCCL (``DMA_AUTO_MIN_BYTES``), else ``nccl`` where the group runs it, else ``dma`` (``choose_path``).
+    above it ``dma`` where the copy engines were measured faster than NCCL (``DMA_AUTO_MIN_BYTES``), else ``nccl``
+    where the group runs it, else ``dma`` (``choose_path``).
     ``last_options.path`` says which ran. Explicit ``dma`` is the papers' reproduction: pure copy engines.
 
     ``variant``: ``pcpy`` (one queue per peer), ``b2b`` (all copies on one queue), ``multi`` (one handshake, copies
