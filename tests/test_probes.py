@@ -364,6 +364,9 @@ EARLIER_CONFIG.update({f"h200x{w}/sm_path/large_calls_interleaved_{run}": {**_LA
 # the default call made by the workflow's rule default_call (tools/lent_snakemake.sh) on 2x H200: its config parts
 EARLIER_CONFIG.update({f"h200x2/sm_path/default_call_{part}_run{n}": {**config, "worlds": [2]} for n in (1, 2, 3)
                        for part, config in (("small", _SMALL_W4), ("large", _LARGE))})
+# the same rule's large part at f3d76e1, when an eager all_reduce above 4 MB per peer went to NCCL (8 MB included)
+EARLIER_CONFIG.update({f"h200x2/sm_path/large_calls_eager_sum_on_nccl_run{n}": {**_LARGE, "worlds": [2]}
+                       for n in (1, 2, 3)})
 
 
 def probe_of(command: list[str]):
