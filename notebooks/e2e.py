@@ -77,7 +77,8 @@ def ratio_bars(long: pd.DataFrame, hue: str, name: str, title: str) -> None:
 
 
 repeat_runs = [c for c in csvs if "/e2e/default_call_serial_" in str(c)]  # repeats of the default call, last section
-csvs = [c for c in csvs if c not in repeat_runs]
+phased_runs = [c for c in csvs if "/e2e/phased_" in str(c)]  # runs with a schedule per phase, their own section
+csvs = [c for c in csvs if c not in repeat_runs + phased_runs]
 frames = {"e2e": [], "vllm": [], "vllm_check": []}
 for p in csvs:
     df = load.read("e2e", [p])  # vLLM's tables read the same way: a bench's rows have a metric, a check's a comparison
@@ -132,6 +133,33 @@ if repeat_runs:
     page.table(repeats)
 else:
     print("No repeated runs of the default call on this machine.")
+
+# %% [markdown]
+# ## A schedule per phase
+#
+# Per implementation and point, a `phased` row (`src/dmacoll_lab/e2e/phases.py`): the serial decode step (an overlap
+# of a step splits the batch and reads every weight twice), and the prefill of the overlapped schedule (microbatch,
+# seqpar) that its compute and communication alone predict to hide at least 3% and its TTFT shows to win, else
+# serial. dmacoll over NCCL serial in the same run; `ideal_overlap_over_nccl` is the bound of a perfect overlap of
+# this point's prefill (the best overlapped schedule's compute or communication alone, whichever is longer, over
+# NCCL serial) and `comm_share` the communication's part of dmacoll's serial prefill. Issue 50's targets: decode
+# never slower; TTFT never slower, and <= 0.87 at one point of batch >= 8.
+
+# %%
+phased_source = load.read("e2e", phased_runs) if phased_runs else raw.assign(source="this run")
+phased = table(e2e_tables.phased(phased_source).round(3), "phased")
+if phased.empty:
+    print("No run with a schedule per phase on this machine (its e2e runs predate it, or measured one schedule).")
+else:
+    if phased_runs:
+        report.print_provenance(phased_runs)
+    phased_goals = table(pd.concat([pd.DataFrame(e2e_tables.phased_targets(e2e_tables.side_by_side(run)))
+                                    .assign(source=Path(str(source)).parent.name)
+                                    for source, run in phased_source.groupby("source", sort=False)],
+                                   ignore_index=True), "phased_targets")
+    page.reading(readings.e2e_phased(phased, phased_goals))
+    page.table(phased_goals)
+    page.table(phased)
 
 # %% [markdown]
 # ## Against the paper's claim

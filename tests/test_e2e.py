@@ -22,6 +22,7 @@ from dmacoll_lab.e2e.calls import SCHEDULES
 from dmacoll_lab.e2e.bench import compare, derived, floors, overlap, point_fields
 from dmacoll_lab.e2e.collectives import make
 from dmacoll_lab.e2e.model import Model, WeightGen, expert_mix, route
+from dmacoll_lab.e2e.phases import phased
 from dmacoll_lab.e2e.schedule import Schedule
 from dmacoll_lab.verify.launch import run_ranks
 from test_c3 import run_notebook
@@ -456,14 +457,27 @@ def test_notebook_renders_synthetic_results(tmp_path):
     vllm_csv = tmp_path / "vllm.csv"
     results = [str(p) for p in sorted(DATA.glob("*.json")) if not p.name.endswith(".meta.json")]
     cli.main(["vllm", "results", "csv", "--out", str(vllm_csv), *results])
+    phased_csv = tmp_path / "e2e" / "phased_tp2_all" / "data.csv"  # a run with a schedule per phase: its section
+    phased_csv.parent.mkdir(parents=True)
+    with_phases = synthetic_rows(dma_gain=1.25)
+    points = {}
+    for r in with_phases:
+        points.setdefault((r["model"], r["batch"], r["prompt_len"]), []).append(r)
+    with_phases += [p for point in points.values() for p in phased(point, derived)]
+    provenance.write_table(phased_csv, with_phases, c.E2E_COLUMNS, {})
     outdir = tmp_path / "fig"
-    ns = run_notebook(ROOT / "notebooks/e2e.py", {"csvs": [str(e2e_csv), str(vllm_csv)], "platform_label": "test",
-                                                  "outdir": str(outdir)})
+    ns = run_notebook(ROOT / "notebooks/e2e.py", {"csvs": [str(e2e_csv), str(vllm_csv), str(phased_csv)],
+                                                  "platform_label": "test", "outdir": str(outdir)})
     for name in ("decode_latency.png", "ttft.pdf", "throughput.png", "speedup.png", "latency_throughput.md",
                  "paper_claims.csv", "logits_check.md", "failed.md", "vllm_latency.csv", "vllm_throughput.md",
                  "schedules.png", "dma_over_nccl_same_schedule.pdf", "fraction_of_ideal.png", "schedules.csv",
-                 "compute_speed.md", "targets.md"):
+                 "compute_speed.md", "targets.md", "phased.md", "phased_targets.csv"):
         assert (outdir / name).exists(), name
+    ours = ns["phased"]  # dma 1.25x NCCL serial; its microbatch prefill 1.15x more; decode serial
+    assert len(ours) == 3 * 4 * 2 and set(ours["prefill"]) == {"microbatch"}
+    assert ours["decode_dma_over_nccl"].tolist() == pytest.approx([1 / 1.25] * len(ours), rel=1e-3)
+    assert ours["ttft_dma_over_nccl"].tolist() == pytest.approx([1 / 1.25 / 1.15] * len(ours), rel=0.02)
+    assert (ns["phased_goals"]["met"] == True).all()  # noqa: E712
     claims = ns["claims"].set_index("metric")
     assert claims.loc["latency (decode step)", "measured_best"] == pytest.approx(1 / 1.25)  # serial: dma time / NCCL's
     assert claims.loc["throughput (e2e tokens/s)", "dmalatte_paper_mi300x_vs_vllm"] == "up to 1.9x"
@@ -530,7 +544,6 @@ def test_the_dma_collectives_count_the_data_path_of_each_op():
 
 def test_issue_50_targets_read_the_phased_rows():
     from dmacoll_lab.analysis.e2e_tables import targets
-    from dmacoll_lab.e2e.phases import phased
 
     rows = synthetic_rows()
     points = {}

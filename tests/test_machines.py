@@ -31,6 +31,13 @@ def test_a_run_compares_implementations_only_where_it_measured_both():
     assert not machines.compares(ROOT / "results/h100x1/e2e/e2e/data.csv")  # NCCL alone, world 1
 
 
+def test_the_runs_with_a_schedule_per_phase_are_listed_by_name():
+    names = [p.parent.name for p in machines.e2e_phased_runs(ROOT / "results/h200x2")]
+    assert names == sorted(names) and len(names) == 6
+    assert {n.rsplit("_", 1)[0] for n in names} >= {"phased_tp2_llama-3.1-8b", "phased_tp2_llama-3.1-70b"}
+    assert machines.e2e_phased_runs(ROOT / "results/h100x1") == []
+
+
 def test_e2e_pages_take_the_newest_complete_run_per_world(tmp_path):
     assert machines.e2e_runs(ROOT / "results/h100x1") == []  # NCCL alone
     h200x4 = [Path(p).parent.name for p in machines.e2e_runs(ROOT / "results/h200x4")]

@@ -163,13 +163,15 @@ def e2e_runs(platform):
 
 def e2e_inputs(platform):
     """The e2e runs, vLLM's (fresh where enabled; every shipped one) and a shipped set's repeated runs of the default
-    call (machines.e2e_default_call_runs)."""
+    call and runs with a schedule per phase (machines.e2e_default_call_runs, e2e_phased_runs)."""
     runs = e2e_runs(platform)
     if not runs:
         return []
     vllm = [f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []
     shipped = sorted(str(f) for f in Path(result(platform, "vllm")).glob("*/data.csv")) if not MEASURED else []
-    repeats = [] if MEASURED else [str(p) for p in machines.e2e_default_call_runs(Path(PLATFORMS[platform][0]))]
+    folder = Path(PLATFORMS[platform][0])
+    repeats = [] if MEASURED else [str(p) for p in machines.e2e_default_call_runs(folder) +
+                                   machines.e2e_phased_runs(folder)]
     return runs + vllm + shipped + [p for p in repeats if p not in runs]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..e2e.phases import OVERLAPPED as OVERLAPPED_PREFILLS  # the prefills a phased row chooses from (pure Python)
 from .tables import E2E_KEYS as KEYS
 
 # phase -> (column, True: a time (smaller is better), the column of its fraction of the ideal overlap)
@@ -101,3 +102,29 @@ def _row(what: str, value, target: str, ok, points: int) -> dict:
     measured = points > 0 and (isinstance(value, str) or pd.notna(value))
     return {"target": what, "value": round(value, 3) if isinstance(value, float) else value, "goal": target,
             "met": bool(ok(value)) if measured else "", "points": points}
+
+
+def phased(e2e: pd.DataFrame) -> pd.DataFrame:
+    """dmacoll's schedule per phase (``phased`` rows, e2e/phases.py) against NCCL serial, per run (``source``) and
+    point: decode and TTFT ratios (< 1: faster), the prefill dma took, and the bound no prefill overlap of this point
+    can beat: the best overlapped schedule's compute or communication alone (whichever is longer) over NCCL serial."""
+    cols = ["source", *KEYS, "decode_dma_over_nccl", "ttft_dma_over_nccl", "prefill", "ideal_overlap_over_nccl",
+            "comm_share"]
+    out = []
+    for source, run in e2e[e2e["status"] == "ok"].groupby("source", sort=False):
+        nccl = run[(run["impl"] == "nccl") & (run["schedule"] == "serial")].set_index(KEYS)
+        dma = run[run["impl"] == "dma"]
+        ours = dma[dma["schedule"] == "phased"].set_index(KEYS)
+        if ours.empty:
+            continue
+        over = dma[dma["schedule"].isin(OVERLAPPED_PREFILLS)]
+        bound = over.assign(b=over[["ttft_compute_ms", "ttft_comm_ms"]].max(axis=1)).groupby(KEYS)["b"].min()
+        serial = dma[dma["schedule"] == "serial"].set_index(KEYS)
+        base = nccl["ttft_ms"].reindex(ours.index)
+        out.append(pd.DataFrame({
+            "source": source, "decode_dma_over_nccl": ours["decode_ms"] / nccl["decode_ms"].reindex(ours.index),
+            "ttft_dma_over_nccl": ours["ttft_ms"] / base, "prefill": ours["prefill_schedule"],
+            "ideal_overlap_over_nccl": bound.reindex(ours.index) / base,
+            "comm_share": (serial["ttft_comm_ms"] / (serial["ttft_compute_ms"] + serial["ttft_comm_ms"]))
+            .reindex(ours.index)}).reset_index())
+    return pd.concat(out, ignore_index=True)[cols] if out else pd.DataFrame(columns=cols)

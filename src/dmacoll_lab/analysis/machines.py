@@ -43,6 +43,12 @@ def dma_auto_runs(folder: Path) -> list[Path]:
     return _globbed(folder, DMA_AUTO_RUNS)
 
 
+def e2e_phased_runs(folder: Path) -> list[Path]:
+    """The data.csv of each ``dmacoll e2e`` run with every schedule and its ``phased`` rows in a machine folder
+    (``e2e/phased_<parallel>_<model>_<label>/``: one model each), in name order."""
+    return sorted(Path(folder).glob("e2e/phased_*/data.csv"))
+
+
 def e2e_default_call_runs(folder: Path) -> list[Path]:
     """The data.csv of each repeated ``dmacoll e2e --schedules serial`` run of ``Communicator()``'s default call in a
     machine folder (``e2e/default_call_serial_<model>_<label>/``: one model each), in name order."""

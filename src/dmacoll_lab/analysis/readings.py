@@ -266,3 +266,28 @@ def e2e_breakdown(goals: pd.DataFrame) -> str:
                 "`dmacoll e2e` run measures them.")
     met = int((measured["met"] == True).sum())  # noqa: E712 (a column of True / False / "")
     return f"{met} of {len(measured)} targets this run can evaluate are met ({len(goals) - len(measured)} cannot be)."
+
+
+def e2e_phased(phased: pd.DataFrame, goals: pd.DataFrame, min_batch: int = 8) -> str:
+    """The schedule per phase (``e2e_tables.phased``, ``phased_targets`` per run): its decode and TTFT against NCCL
+    serial, where the prefill overlapped, and, at batch >= ``min_batch`` (the TTFT target's points), what bounds the
+    TTFT."""
+    n, runs = len(phased), phased["source"].nunique()
+    overlapped = phased[phased["prefill"] != "serial"]
+    text = (f"Over {n} points in {runs} runs, dmacoll's decode step took {_range(phased['decode_dma_over_nccl'])} of "
+            f"NCCL serial's and its TTFT {_range(phased['ttft_dma_over_nccl'])}. The prefill overlapped at "
+            f"{len(overlapped)} of them")
+    if len(overlapped):
+        text += f" ({', '.join(sorted(set(overlapped['model'] + ' batch ' + overlapped['batch'].astype(str))))})"
+    big = phased[phased["batch"] >= min_batch]
+    if not big.empty:
+        best = big.loc[big["ttft_dma_over_nccl"].idxmin()]
+        text += (f". At batch >= {min_batch} the best TTFT, {_num(best['ttft_dma_over_nccl'])} of NCCL serial's, was "
+                 f"{best['model']} at batch {best['batch']}")
+        if big["ideal_overlap_over_nccl"].notna().any():
+            bound = big.loc[big["ideal_overlap_over_nccl"].idxmin()]
+            text += (f"; no overlap of those prefills could go below {_num(bound['ideal_overlap_over_nccl'])} "
+                     f"({bound['model']}, batch {bound['batch']}: its compute or communication alone), the "
+                     f"communication being {_range(big['comm_share'].dropna())} of a serial prefill")
+    met = goals[goals["met"] == True]  # noqa: E712 (a column of True / False / "")
+    return text + f". {len(met)} of {len(goals)} target rows are met."
