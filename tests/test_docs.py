@@ -7,7 +7,7 @@ from dmacoll_lab.analysis import docs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", ROOT / "docs/results.md", ROOT / "results/h200x2/c3/README.md",
-             ROOT / "results/h200x4/c3/README.md"]
+             ROOT / "results/h200x4/c3/README.md", ROOT / "results/h100x2/defaults/README.md"]
 
 
 @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))

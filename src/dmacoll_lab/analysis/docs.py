@@ -311,13 +311,20 @@ def sources(machine: str) -> str:
     return report.markdown(pd.DataFrame(rows))
 
 
+def defaults_study(folder: str) -> str:
+    """The 2x H100 defaults study's tables (``defaults_study.summary``) of a results folder."""
+    from . import defaults_study as study
+
+    return study.summary(ROOT / "results" / folder)
+
+
 BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "calibration": calibration,
     "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
     "ficco": ficco, "e2e": e2e, "native": native, "probes": probes, "call_cost": call_cost, "check_cost": check_cost,
     "nccl_tests": nccl_tests, "default_call": default_call, "default_call_headline": default_call_headline,
     "default_call_nccl_tests": default_call_nccl_tests, "dma_auto": dma_auto,
-    "sources": sources,
+    "sources": sources, "defaults_study": defaults_study,
 }
 
 

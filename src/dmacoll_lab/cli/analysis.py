@@ -10,7 +10,8 @@ from .common import existing_dir, existing_file
 
 
 # the files with generated blocks; the results READMEs are lab notes: only their blocks are checked, not their prose
-DOCUMENTS = ("README.md", "docs/results.md", "results/h200x2/c3/README.md", "results/h200x4/c3/README.md")
+DOCUMENTS = ("README.md", "docs/results.md", "results/h200x2/c3/README.md", "results/h200x4/c3/README.md",
+             "results/h100x2/defaults/README.md")
 
 
 def cmd_docs(a: argparse.Namespace) -> int:
