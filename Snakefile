@@ -32,6 +32,7 @@ rule all:
         f"{REPORT}/index.html",
         [f"{OUT}/probes/{name}/data.csv" for name in PROBE_RUNS],
         DEFAULT_CALL_RUNS,
+        E2E_PHASED_RUNS,
         CHECK_COST_RUNS,
 
 

@@ -308,3 +308,25 @@ def test_make_artifact_resumes_after_ctrl_c(tmp_path):
     done = subprocess.run([SNAKEMAKE, "--cores", "1", "--dry-run", *select], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and "rule host_check:" not in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_e2e_phased_runs_each_model_repeatedly_with_every_schedule_and_names_its_rule(tmp_path):
+    """config e2e_phased: one model per run at the machine's world, `runs` times, the e2e section's schedules and
+    this section's flags, the rule's name in the run's environment; not on a CPU render."""
+    mine = tmp_path / "phased.yaml"
+    mine.write_text("e2e_phased: {runs: 2, models: [llama-3.1-8b], prompts: [256], batches: [8, 32]}\n")
+    r = dry_run("-p", "--configfile", "config/config.yaml", "config/h200x4.yaml", str(mine),
+                config=(f"outdir={tmp_path}",))
+    assert r.returncode == 0, r.stderr[-2000:]
+    for n in (1, 2):
+        run = f"{tmp_path}/e2e/phased_tp4_llama-3.1-8b_run{n}"
+        assert (f"DMACOLL_WORKFLOW_RULE=e2e_phased {sys.executable} -m dmacoll_lab e2e --world 4 --schedules serial "
+                f"microbatch seqpar --pieces 4 --models llama-3.1-8b --prompts 256 --batches 8 32 --out "
+                f"{run}/data.csv 2>&1 | tee {run}/run.log") in r.stdout
+    assert r.stdout.count("rule e2e_phased:") == 2  # a config list replaces the shipped one
+    cpu = dry_run(config=("platform=none", f"outdir={tmp_path}"))
+    assert cpu.returncode == 0 and "rule e2e_phased:" not in cpu.stdout, cpu.stderr[-2000:]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("e2e_phased: {models: [llama-9]}\n")
+    wrong = dry_run("--configfile", "config/config.yaml", "config/h200x4.yaml", str(bad), config=(f"outdir={tmp_path}",))
+    assert wrong.returncode != 0 and "e2e_phased.models: unknown value(s) llama-9" in wrong.stdout + wrong.stderr

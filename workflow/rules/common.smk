@@ -117,6 +117,19 @@ DEFAULT_CALL_RUNS = [f"{OUT}/sm_path/default_call_{part}_run{n}/data.csv" for n 
                      for part in DEFAULT_CALL["parts"]] if PLATFORM == "cuda" else []
 
 
+# dmacoll e2e with a schedule per phase, one model per run, `runs` runs each, by the e2e_phased rule, on GPUs
+E2E_PHASED = config.get("e2e_phased", {})
+E2E_PHASED_RUNS = [f"{OUT}/e2e/phased_tp{GPU_RANKS}_{model}_run{n}/data.csv"
+                   for n in range(1, E2E_PHASED.get("runs", 0) + 1) for model in E2E_PHASED.get("models", []) if GPU]
+
+
+def e2e_phased_args(wildcards):
+    """dmacoll e2e's options for one run: the config's e2e flags, then e2e_phased's (runs and models aside)."""
+    own = {k: v for k, v in E2E_PHASED.items() if k not in ("runs", "models")}
+    flags = [f"--{k.replace('_', '-')} {' '.join(map(str, v if isinstance(v, list) else [v]))}" for k, v in own.items()]
+    return " ".join([cli_flags("e2e"), "--models", wildcards.model, *flags])
+
+
 def default_call_args(wildcards):
     """dmacoll probe sm_path's options for one part of the default call's sizes (config default_call.parts)."""
     part = DEFAULT_CALL["parts"][wildcards.part]
@@ -167,6 +180,8 @@ def e2e_inputs(platform):
     runs = e2e_runs(platform)
     if not runs:
         return []
+    if MEASURED:
+        runs = runs + E2E_PHASED_RUNS
     vllm = [f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []
     shipped = sorted(str(f) for f in Path(result(platform, "vllm")).glob("*/data.csv")) if not MEASURED else []
     folder = Path(PLATFORMS[platform][0])

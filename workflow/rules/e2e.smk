@@ -20,6 +20,33 @@ rule e2e:
         "{params.py} -m dmacoll_lab e2e {params.args} --out {output.csv} 2>&1 | tee {log}"
 
 
+rule e2e_phased:
+    """One model's e2e run with every configured schedule (a schedule per phase), at every GPU of the machine."""
+    output:
+        csv=f"{OUT}/e2e/phased_tp{{world}}_{{model}}_run{{n}}/data.csv",
+        json=f"{OUT}/e2e/phased_tp{{world}}_{{model}}_run{{n}}/data.json",
+    wildcard_constraints:
+        world="[0-9]+",
+        model="[a-z0-9.x-]+",
+        n="[0-9]+",
+    log:
+        f"{OUT}/e2e/phased_tp{{world}}_{{model}}_run{{n}}/run.log",
+    benchmark:
+        "benchmarks/e2e_phased_tp{world}_{model}_run{n}.tsv"
+    threads: GPU_RANKS
+    resources:
+        **GPU_JOB,
+    params:
+        py=PY,
+        args=e2e_phased_args,
+        rule="e2e_phased",
+    conda:
+        "../../envs/cuda.yaml"
+    shell:
+        "DMACOLL_WORKFLOW_RULE={params.rule} {params.py} -m dmacoll_lab e2e --world {wildcards.world} {params.args} "
+        "--out {output.csv} 2>&1 | tee {log}"
+
+
 if VLLM_ON:
 
     rule vllm_model:
