@@ -139,8 +139,8 @@ else:
 #
 # Per implementation and point, a `phased` row (`src/dmacoll_lab/e2e/phases.py`): the serial decode step (an overlap
 # of a step splits the batch and reads every weight twice), and the prefill of the overlapped schedule (microbatch,
-# seqpar) that its compute and communication alone predict to hide at least 3% and its TTFT shows to win, else
-# serial. dmacoll over NCCL serial in the same run; `ideal_overlap_over_nccl` is the bound of a perfect overlap of
+# seqpar) that its compute and communication alone predict to hide at least `phases.MARGIN` of it and its TTFT
+# shows to win, else serial. dmacoll over NCCL serial in the same run; `ideal_overlap_over_nccl` is the bound of a perfect overlap of
 # this point's prefill (the best overlapped schedule's compute or communication alone, whichever is longer, over
 # NCCL serial) and `comm_share` the communication's part of dmacoll's serial prefill. Issue 50's targets: decode
 # never slower; TTFT never slower, and <= 0.87 at one point of batch >= 8.
