@@ -47,9 +47,9 @@ from dmacoll.lab_api import bench_time, graph_capture
 from ..bench.c3_grid import c3_metrics
 from ..bench.harness import Rank
 from .calls import PREFILL_ONLY, check_calls, expected_calls, merged_schedule_buffers, split
-from .phases import phased
 from .config import (E2E_COLUMNS, MEASURED_COLUMNS, ModelSpec, decode_bytes, max_tokens, prefill_chunks,
                      prefill_gemm_flops, spec)
+from .phases import phased
 
 __all__ = ["E2E_COLUMNS", "run_e2e"]
 
