@@ -72,9 +72,13 @@ def test_small_e2e_rows_are_complete_and_checked(world):
     cfg = {**DEFAULTS, "models": MODELS, "layers": 1, "batches": [1, 8], "prompts": [128], "decode_steps": 4,
            "repeats": 2, "impls": impls}
     rows = run_ranks(run_e2e, world, cfg, device="cuda", timeout_s=600)[0]
-    assert len(rows) == 2 * len(impls) * 2 * 3 and all(set(r) == set(E2E_COLUMNS) for r in rows)
+    # per model and batch: each (implementation, schedule), and a phased row per implementation (derived)
+    assert len(rows) == 2 * 2 * len(impls) * (3 + 1) and all(set(r) == set(E2E_COLUMNS) for r in rows)
     assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
-    checked = [r for r in rows if (r["impl"], r["schedule"]) != (impls[0], "serial")]
+    phased = [r for r in rows if r["schedule"] == "phased"]
+    assert all(r["decode_schedule"] == "serial" and r["prefill_schedule"] in SCHEDULES and r["phase_reason"]
+               for r in phased)
+    checked = [r for r in rows if (r["impl"], r["schedule"]) != (impls[0], "serial") and r["schedule"] != "phased"]
     assert all(r["logits_ok"] is True for r in checked), \
         [(r["model"], r["impl"], r["schedule"], r["batch"], r["check_max_abs_diff"]) for r in checked]
     assert all(r["calls_ok"] for r in rows)
