@@ -46,7 +46,7 @@ def pytest_runtest_makereport(item, call):
 # to 8, render notebooks or run the workflow (each took 5-37 s a test on 2 cores, 2026-11-27); the full suite, which
 # CI runs, keeps them
 SLOW_MODULES = {
-    "test_a2av_stress_tool", "test_bench_host", "test_calibration", "test_driver_fallback", "test_e2e",
+    "test_a2av_stress", "test_bench_host", "test_calibration", "test_driver_fallback", "test_e2e",
     "test_e2e_schedules", "test_host_emulator", "test_misuse", "test_random_trials", "test_readme_example",
     "test_report_pages", "test_slurm_cluster", "test_toy_collective", "test_uneven_splits", "test_vllm_bench",
     "test_waits", "test_workflow",

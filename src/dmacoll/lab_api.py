@@ -50,6 +50,7 @@ _add_module("native", "dmacoll.backends.native")
 _add_module("cuda_backend", "dmacoll.backends.cuda")
 _add("dmacoll.backends.cuda", "CudaEngine", "check_driver", "memcpy_batch")
 _add("dmacoll.backends.cuda_kernels", "compile_program")
+_add_module("stream_engine", "dmacoll.backends.stream_engine")  # the crash map counts the graphs it replays
 _add_module("cuda_sm", "dmacoll.backends.cuda_sm")
 # calibration, for `dmacoll tune` and the defaults study
 _add_module("calibration_cache", "dmacoll.calibration.cache")

@@ -109,6 +109,13 @@ def register(sub) -> None:
                    help="cuda: issue driver calls from Python or the native library (dmacoll build)")
     c.set_defaults(func=cmd_check)
 
+    from ..verify import a2av_stress
+
+    s = sub.add_parser("a2av-stress", help="all_to_all_v with uneven splits, case after case, as a crash map: a case "
+                                           "that kills or hangs a rank is recorded and the next launch goes on")
+    a2av_stress.add_arguments(s)
+    s.set_defaults(func=a2av_stress.run)
+
     b = sub.add_parser("build", help="compile and self-test the native submission library (submit='native')")
     b.add_argument("--out", default="build/native", help="output folder (the library, toolchain.json)")
     b.add_argument("--cc", default=None, help="C compiler (default: $CC, else cc / gcc / clang)")

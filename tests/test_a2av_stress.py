@@ -1,13 +1,11 @@
-"""tools/a2av_stress.py (issue 47's crash map): its bookkeeping, and a run on the host emulator."""
+"""`dmacoll a2av-stress` (issue 47's crash map, dmacoll_lab/verify/a2av_stress.py): its bookkeeping, and a run on the
+host emulator."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import a2av_stress  # noqa: E402
+from dmacoll_lab.verify import a2av_stress
 
 
 def test_the_case_in_flight_is_the_lowest_one_a_rank_never_ended(tmp_path):
@@ -34,7 +32,7 @@ def test_the_worst_result_over_the_ranks_is_the_cases():
 
 def test_a_run_on_the_host_emulator_writes_its_table(tmp_path):
     out = tmp_path / "w2"
-    done = subprocess.run([sys.executable, str(ROOT / "tools/a2av_stress.py"), "--backend", "host", "--world", "2",
+    done = subprocess.run([sys.executable, "-m", "dmacoll_lab", "a2av-stress", "--backend", "host", "--world", "2",
                            "--out", str(out), "--seeds", "1", "--only", "one_huge", "random:0", "--table"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -2,8 +2,8 @@
 a crash map. Each case is announced in a progress file before it runs, so when a rank dies (SIGSEGV) or hangs, the
 case in flight is known; the launcher records it and goes on from the next case in a new launch.
 
-Usage (device machine, repo root):
-    python3 tools/a2av_stress.py --world 2 --out $OUT/w2 [--options submit=python prerecord=False] [--gpus 1]
+Usage (a GPU machine; `dmacoll a2av-stress --help`):
+    dmacoll a2av-stress --world 2 --out $OUT/w2 [--options submit=python prerecord=False]
 Writes <out>/data.csv (a row per case: ok / wrong / raised / crash / hang, the ranks, the options it ran with) with
 its provenance sidecar <out>/data.json, and beside them <out>.jsonl (every rank's report) and <out>.log (the ranks'
 output, a faulthandler traceback where a rank died).
@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+SRC = Path(__file__).resolve().parents[2]  # the folder dmacoll_lab is in: a launch's child imports it from there
+CHILD = "dmacoll_lab.verify.a2av_stress"  # what a launch runs (``python -m``)
 
 VARIANTS = ("auto", "pcpy", "b2b", "multi")
 DIRECTIONS = ("auto", "push", "pull")
@@ -56,7 +57,7 @@ def rank_main(rank: int, world: int, cfg: dict) -> str:
     import torch
 
     from dmacoll import Communicator, Options
-    from dmacoll.ops import get
+    from dmacoll.lab_api import get
     from dmacoll_lab.verify.reference import DTYPES as TORCH_DTYPES, draw, mismatch, poison
 
     spec = get("all_to_all_v")
@@ -64,7 +65,7 @@ def rank_main(rank: int, world: int, cfg: dict) -> str:
     log = open(f"{cfg['progress']}.{rank}", "a", buffering=1)
     if cfg.get("no_empty_cache"):
         torch.cuda.empty_cache = lambda: None
-    from dmacoll.backends import stream_engine
+    from dmacoll.lab_api import stream_engine
     original = stream_engine.StreamEngine.replay_recorded
 
     def replay_recorded(self, key, work, label, sync, *words):  # which prerecorded graphs are new, which again
@@ -170,8 +171,7 @@ def in_flight(state: dict[int, dict], start: int) -> tuple[int, bool]:
     return max([start - 1, *(s["started"] for s in state.values())]), False
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--out", required=True)
     ap.add_argument("--options", nargs="*", default=[])
@@ -185,7 +185,11 @@ def main() -> int:
     ap.add_argument("--stall-s", type=float, default=45.0)
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> int:
+    """The crash map (module docstring): launches, each from the case after the last one that ended, until every case
+    ran or the budget is spent."""
     if a.child:
         child(json.loads(a.child))
         return 0
@@ -198,7 +202,8 @@ def main() -> int:
                     keep_private=a.keep_private, no_empty_cache=a.no_empty_cache, no_hits=a.no_hits)
     rows: dict[int, dict] = {}
     start, t0 = 0, time.monotonic()
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     with open(f"{out}.log", "a") as logf:
         while start < len(cases) and time.monotonic() - t0 < a.budget_s:
             for r in range(a.world):
@@ -209,7 +214,7 @@ def main() -> int:
                        deadline_s=max(30.0, a.budget_s - (time.monotonic() - t0)))
             logf.write(f"=== launch from case {start}: {cases[start]}\n")
             logf.flush()
-            proc = subprocess.Popen([sys.executable, __file__, "--out", a.out, "--child", json.dumps(cfg)],
+            proc = subprocess.Popen([sys.executable, "-m", CHILD, "--out", a.out, "--child", json.dumps(cfg)],
                                     stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             last_change, seen, how = time.monotonic(), None, "exit"
             while proc.poll() is None:
@@ -257,5 +262,11 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":  # a launch's child (``run``)
     sys.exit(main())
