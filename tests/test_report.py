@@ -354,3 +354,5 @@ def test_a_source_line_names_the_snakemake_rule_that_made_its_runs(tmp_path):
     assert source_line(ruled, tmp_path).endswith("Snakemake rule: `default_call`.")
     mixed = ruled + [run("c", {})]  # a run made by a script: no rule named for the set
     assert "Snakemake rule" not in source_line(mixed, tmp_path)
+    (tmp_path / "c" / "data.json").write_text(json.dumps({"git_sha": "def5678"}))  # runs of two codes: both named
+    assert "(code abc1234, def5678, " in source_line(mixed, tmp_path)

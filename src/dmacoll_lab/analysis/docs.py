@@ -185,6 +185,15 @@ def e2e(machine: str) -> str:
     return _table(tables.e2e_overview(load.read("e2e", _abs(paths))), paths)
 
 
+def e2e_phased(machine: str) -> str:
+    """The runs with a schedule per phase (``machines.e2e_phased_runs``), per model and batch over the runs."""
+    from . import e2e_tables
+
+    paths = [str(p.relative_to(ROOT)) for p in machines.e2e_phased_runs(ROOT / "results" / machine)]
+    rows = e2e_tables.phased(load.read("e2e", _abs(paths))) if paths else pd.DataFrame()
+    return _table(e2e_tables.phased_summary(rows), paths)
+
+
 def native(machine: str) -> str:
     paths = [run(machine, "native", "native")]
     return _table(tables.native_speedup(load.read("operator", _abs(paths))), paths)
@@ -321,7 +330,7 @@ def defaults_study(folder: str) -> str:
 BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "calibration": calibration,
     "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
-    "ficco": ficco, "e2e": e2e, "native": native, "probes": probes, "call_cost": call_cost, "check_cost": check_cost,
+    "ficco": ficco, "e2e": e2e, "e2e_phased": e2e_phased, "native": native, "probes": probes, "call_cost": call_cost, "check_cost": check_cost,
     "nccl_tests": nccl_tests, "default_call": default_call, "default_call_headline": default_call_headline,
     "default_call_nccl_tests": default_call_nccl_tests, "dma_auto": dma_auto,
     "sources": sources, "defaults_study": defaults_study,

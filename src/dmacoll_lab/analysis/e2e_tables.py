@@ -128,3 +128,22 @@ def phased(e2e: pd.DataFrame) -> pd.DataFrame:
             "comm_share": (serial["ttft_comm_ms"] / (serial["ttft_compute_ms"] + serial["ttft_comm_ms"]))
             .reindex(ours.index)}).reset_index())
     return pd.concat(out, ignore_index=True)[cols] if out else pd.DataFrame(columns=cols)
+
+
+def phased_summary(phased_rows: pd.DataFrame) -> pd.DataFrame:
+    """``phased`` over its runs, per (model, batch): dmacoll over NCCL serial, the median and range over the runs of
+    the decode step and the TTFT, the prefills taken, and the lowest bound of a perfect prefill overlap."""
+    def spread(v: pd.Series) -> str:
+        return f"{v.median():.2f} ({v.min():.2f}-{v.max():.2f})"
+
+    cols = ["model", "batch", "runs", "decode (range)", "TTFT (range)", "prefill taken", "ideal overlap, lowest"]
+    if phased_rows.empty:
+        return pd.DataFrame(columns=cols)
+    out = (phased_rows.groupby(["model", "batch"], sort=True)
+           .agg(runs=("source", "nunique"), decode=("decode_dma_over_nccl", spread), ttft=("ttft_dma_over_nccl", spread),
+                prefill=("prefill", lambda p: ", ".join(f"{k} x{n}" for k, n in p.value_counts().sort_index().items())),
+                bound=("ideal_overlap_over_nccl", "min"))
+           .reset_index())
+    out["bound"] = out["bound"].round(2)
+    out.columns = cols
+    return out

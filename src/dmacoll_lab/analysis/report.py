@@ -274,7 +274,8 @@ def source_line(paths: list[str], root: Path = Path(".")) -> str:
              f"Measured on the host emulator ({hw.get('cpu_count')} CPUs), no GPU.")
     rules = sorted({str(p.get("env", {}).get("DMACOLL_WORKFLOW_RULE")) for p in provs})
     made = f" Snakemake rule: `{rules[0]}`." if len(rules) == 1 and rules[0] != "None" else ""  # runs the DAG made
-    return (f"Source: {', '.join(f'`{p}`' for p in paths)} (code {str(prov.get('git_sha'))[:10]}, {machine}, "
+    codes = list(dict.fromkeys(str(p.get("git_sha"))[:10] for p in provs))  # every code the runs ran, in order
+    return (f"Source: {', '.join(f'`{p}`' for p in paths)} (code {', '.join(codes)}, {machine}, "
             f"torch {sw.get('torch')}, NCCL {sw.get('nccl')}). {where}{made}")
 
 
