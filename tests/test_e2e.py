@@ -447,6 +447,14 @@ def test_vllm_json_to_tidy_rows(tmp_path):
 
 
 # -- notebook and rules --------------------------------------------------------------------------------------------
+def with_phased(rows: list[dict]) -> list[dict]:
+    """``rows`` and each point's phased rows, as `dmacoll e2e` adds them (e2e/phases.py)."""
+    points: dict = {}
+    for r in rows:
+        points.setdefault((r["model"], r["batch"], r["prompt_len"]), []).append(r)
+    return rows + [p for point in points.values() for p in phased(point, derived)]
+
+
 def test_notebook_renders_synthetic_results(tmp_path):
     from dmacoll_lab.bench import provenance
 
@@ -459,12 +467,7 @@ def test_notebook_renders_synthetic_results(tmp_path):
     cli.main(["vllm", "results", "csv", "--out", str(vllm_csv), *results])
     phased_csv = tmp_path / "e2e" / "phased_tp2_all" / "data.csv"  # a run with a schedule per phase: its section
     phased_csv.parent.mkdir(parents=True)
-    with_phases = synthetic_rows(dma_gain=1.25)
-    points = {}
-    for r in with_phases:
-        points.setdefault((r["model"], r["batch"], r["prompt_len"]), []).append(r)
-    with_phases += [p for point in points.values() for p in phased(point, derived)]
-    provenance.write_table(phased_csv, with_phases, c.E2E_COLUMNS, {})
+    provenance.write_table(phased_csv, with_phased(synthetic_rows(dma_gain=1.25)), c.E2E_COLUMNS, {})
     outdir = tmp_path / "fig"
     ns = run_notebook(ROOT / "notebooks/e2e.py", {"csvs": [str(e2e_csv), str(vllm_csv), str(phased_csv)],
                                                   "platform_label": "test", "outdir": str(outdir)})
@@ -545,12 +548,7 @@ def test_the_dma_collectives_count_the_data_path_of_each_op():
 def test_issue_50_targets_read_the_phased_rows():
     from dmacoll_lab.analysis.e2e_tables import targets
 
-    rows = synthetic_rows()
-    points = {}
-    for r in rows:
-        points.setdefault((r["model"], r["batch"], r["prompt_len"]), []).append(r)
-    rows += [p for point in points.values() for p in phased(point, derived)]
-    got = targets(pd.DataFrame(rows)).set_index("target")
+    got = targets(pd.DataFrame(with_phased(synthetic_rows()))).set_index("target")
     ours = got[got.index.str.contains("phased")]
     assert len(ours) == 3 * 2 and (ours["points"] > 0).all()  # per parallelism: tp2, tp2+ep2 (Mixtral)
     # dma 1.2x NCCL in serial, its microbatch prefill 1.15x more (its breakdown predicts it); decode stays serial

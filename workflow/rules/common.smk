@@ -125,9 +125,7 @@ E2E_PHASED_RUNS = [f"{OUT}/e2e/phased_tp{GPU_RANKS}_{model}_run{n}/data.csv"
 
 def e2e_phased_args(wildcards):
     """dmacoll e2e's options for one run: the config's e2e flags, then e2e_phased's (runs and models aside)."""
-    own = {k: v for k, v in E2E_PHASED.items() if k not in ("runs", "models")}
-    flags = [f"--{k.replace('_', '-')} {' '.join(map(str, v if isinstance(v, list) else [v]))}" for k, v in own.items()]
-    return " ".join([cli_flags("e2e"), "--models", wildcards.model, *flags])
+    return " ".join([cli_flags("e2e"), "--models", wildcards.model, cli_flags("e2e_phased", skip=("runs", "models"))])
 
 
 def default_call_args(wildcards):
@@ -225,10 +223,13 @@ def c3_runs(platform):
     return main + others
 
 
-def cli_flags(section):
-    """`dmacoll <tool>` flags from a config section (key -> --key, lists spread); absent keys: the CLI defaults."""
+def cli_flags(section, skip=()):
+    """`dmacoll <tool>` flags from a config section (key -> --key, lists spread) but its keys in ``skip``; absent
+    keys: the CLI defaults."""
     flags = []
     for key, value in config.get(section, {}).items():
+        if key in skip:
+            continue
         values = value if isinstance(value, list) else [value]
         flags += [f"--{key.replace('_', '-')}", *map(str, values)]
     return " ".join(shlex.quote(f) for f in flags)
