@@ -362,3 +362,29 @@ def test_a_call_shape_is_resolved_once():
     assert calls == [None, None, ("all_gather", 64, False), ("all_gather", 32, False), ("all_gather", 64, False),
                      ("all_gather", 64, False)], calls
     assert variant == "b2b"
+
+
+def test_a_repeated_call_with_the_same_options_is_recognized_and_other_options_are_not():
+    """The eager fast path's key (``Communicator._repeat_key``): a call's option changes are part of it, so a
+    repeat with the same changes skips the checks and one with other changes takes the full way; an unhashable
+    value gives no key (the full way then names the option)."""
+    import types
+
+    import torch
+
+    from dmacoll.communicator import Communicator
+
+    comm = types.SimpleNamespace(capabilities=types.SimpleNamespace(sm_path=True), _calibration=None,
+                                 check_calls=False, _gate=None)
+    x, y = torch.zeros(8), torch.zeros(16)
+
+    def key(**options):
+        return Communicator._repeat_key(comm, "all_gather", y, x, False, options)
+
+    assert key() == key() and key(path="nccl") == key(path="nccl")
+    assert len({key(), key(path="nccl"), key(path="sm"), key(path="nccl", wait="memop")}) == 4
+    assert key(path="nccl", wait="memop") == key(wait="memop", path="nccl")  # the order of keywords is no change
+    assert key(path=["nccl"]) is None
+    assert Communicator._repeat_key(comm, "all_gather", y, torch.zeros(4), False, {}) != key()  # other input
+    comm._gate = object()  # a prelaunch gate: every call takes the full way
+    assert key() is None

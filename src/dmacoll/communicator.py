@@ -266,7 +266,7 @@ class Communicator:
         """Run collective ``op`` (a name in ``dmacoll.ops``; its method's arguments after ``output``, ``input``,
         then this call's option changes); the named methods call this."""
         capturing = self.engine.is_capturing()
-        repeat = self._repeat_key(op, output, input, capturing) if not args and not options else None
+        repeat = self._repeat_key(op, output, input, capturing, options) if not args else None
         known = self._repeats.get(repeat) if repeat is not None else None
         if known is not None:  # an sm / nccl call seen before with these very tensors: its checks and choice hold
             self._check_open(op)
@@ -316,17 +316,24 @@ class Communicator:
         return self.engine.sm_bytes(spec.name, ops.spec.nbytes(request.input), ops.spec.nbytes(request.output),
                                     ops.dtype_name(request.input.dtype), _matrix(spec, request))
 
-    def _repeat_key(self, op: str, output: object, input: object, capturing: bool) -> Optional[tuple]:
-        """What decides an sm call's checks and options (None where a call must take the full way: a calibration
-        or a cross-rank check to come, a prelaunch block): the tensors' addresses, shapes, strides and dtypes fix
-        every check (device, contiguity, sizes, overlap, heap or not), and the options hang on nothing else. The
-        eager fast path: a repeated call skips binding and checking (tens of microseconds of Python)."""
+    def _repeat_key(self, op: str, output: object, input: object, capturing: bool, options: dict) -> Optional[tuple]:
+        """What decides an sm / nccl call's checks and options (None where a call must take the full way: a
+        calibration or a cross-rank check to come, a prelaunch block, an unhashable option): the tensors' addresses,
+        shapes, strides and dtypes fix every check (device, contiguity, sizes, overlap, heap or not), and the
+        options hang on nothing else but the call's option changes. The eager fast path: a repeated call skips
+        binding and checking (tens of microseconds of Python)."""
         if not self.capabilities.sm_path or self._calibration is not None or self.check_calls or self._gate is not None:
             return None
         if not isinstance(output, torch.Tensor) or not (input is None or isinstance(input, torch.Tensor)):
             return None
         inp = None if input is None else (input.data_ptr(), input.shape, input.stride(), input.dtype)
-        return op, capturing, output.data_ptr(), output.shape, output.stride(), output.dtype, inp
+        key = (op, capturing, output.data_ptr(), output.shape, output.stride(), output.dtype, inp,
+               tuple(sorted(options.items())))
+        try:
+            hash(key)
+        except TypeError:  # a value no option takes: the full way says which
+            return None
+        return key
 
     def _run_kernel_path(self, spec: ops.OpSpec, output: torch.Tensor, input: torch.Tensor, matrix: Optional[tuple],
                          opts: Options) -> None:

@@ -299,7 +299,21 @@ def _eager_repeats(rank: int, world: int, seed: int) -> dict:
         if not torch.equal(heap[0].cpu().view(torch.int16), want.view(torch.int16)):
             failures.append(f"in-place all_reduce call {call} (seed {seed})")
         dist.barrier()
-    out = {"failures": failures, "paths": paths, "repeats": len(comm._repeats)}
+    before = len(comm._repeats)
+    named = ("sm", "nccl") if torch.cuda.device_count() >= world else ("sm",)  # NCCL refuses two ranks on one GPU
+    for path in named:  # a call naming its path: the option is part of the key, so it is cached beside 'auto'
+        for call in range(3):
+            inputs = [draw(n, torch.bfloat16, seed + 11 + 100 * call + r) for r in range(world)]
+            heap[0].copy_(inputs[rank].to(comm.device))
+            heap[1].fill_(float("nan"))
+            comm.all_reduce(heap[1], heap[0], path=path)
+            want = expected("all_reduce", world, rank, inputs)
+            if comm.last_options.path != path or not torch.equal(heap[1].cpu().view(torch.int16),
+                                                                 want.view(torch.int16)):
+                failures.append(f"all_reduce path={path} call {call} ran {comm.last_options.path} (seed {seed})")
+            dist.barrier()
+    out = {"failures": failures, "paths": paths, "repeats": len(comm._repeats), "named": len(comm._repeats) - before,
+           "paths_named": len(named)}
     strided = heap[0][::2]  # the same address as a cached in-place call's tensor, other shape and stride
     try:
         comm.all_reduce(strided)
@@ -318,5 +332,6 @@ def test_repeated_eager_calls_take_the_fast_path_and_stay_correct(world, seed):
     for r in results:
         assert not r["failures"], r["failures"]
         assert "not contiguous" in r["strided"], r
+        assert r["named"] == r["paths_named"], r  # one new entry per named path, reused by its repeats
         if not shared:
             assert r["paths"] == {"sm"} and r["repeats"] >= 5, r  # heap and private pairs of both ops, in place
