@@ -107,6 +107,7 @@ def _closed(rank, world):
         "empty": lambda: comm.empty(4),
         "reserve_results": lambda: comm.reserve_results(1024),
         "prelaunch": lambda: comm.prelaunch().__enter__(),
+        "warm_up": lambda: comm.warm_up(),
     }
     return {name: _outcome(fn) for name, fn in uses.items()}
 

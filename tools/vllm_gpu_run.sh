@@ -95,7 +95,7 @@ EOF
     ;;
   throughput)
     d=$out/vllm/tp${tp}_throughput; raw=build/vllm_raw_throughput; mkdir -p "$d"; rm -rf $raw; model "$d/run.log"
-    for plugin in vllm dma; do
+    for plugin in ${ORDER:-vllm dma}; do  # ORDER="dma vllm": the plugin's run first (the second start runs slower)
       name=throughput_llama-3.1-8b_tp${tp}_n200_i128_$plugin
       timeout 250 "$py" -m dmacoll_lab vllm bench --model-dir $models --out-json $raw/$name.json --name $name \
         --bench throughput --model-name llama-3.1-8b --spec llama-3.1-8b --tp $tp --plugin $plugin \

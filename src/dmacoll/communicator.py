@@ -428,6 +428,19 @@ class Communicator:
         self._check_usable(op)
         return spec.result_numel(self.world, self.rank, input, *args)
 
+    def warm_up(self) -> None:
+        """Compile and load now what a path's first call would (the copy engines' wait and sum kernels, the sm
+        path's kernels: NVRTC, a fraction of a second each), so that no call pays it: a server calls this at start,
+        before it times or serves anything. This rank only, no collective; the calls' plans are still built at each
+        call shape's first call."""
+        self._check_open("warm_up")
+        if self.engine.is_capturing():
+            raise InvalidArgument("warm_up() compiles kernels: call it outside a CUDA graph capture")
+        if self.capabilities.spin_waits:
+            self.engine.load_kernels()
+        if self.capabilities.sm_path:
+            self.engine.sm.kernels()
+
     def calibrate(self, budget_s: Optional[float] = None, force: bool = True) -> bool:
         """Measure the candidates 'auto' may choose on this platform now, within about ``budget_s`` seconds (default
         $DMACOLL_CALIBRATE_BUDGET_S, else 20), cache the table and take it from the next call: whatever table the

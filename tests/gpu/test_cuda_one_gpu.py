@@ -119,3 +119,27 @@ def test_sm_carveout_applies_inside_and_restores_outside(seed):
     assert (torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()) == before
     # the same product, whichever library computed it
     torch.testing.assert_close(carved, a @ a, msg=lambda m: f"seed {seed}: {m}")
+
+
+def _warm(rank: int, world: int) -> dict:
+    from dmacoll import Communicator
+    from dmacoll.backends import cuda_kernels, cuda_sm
+
+    comm = Communicator(timeout_s=30)
+    before = (len(cuda_kernels._LOADED), len(cuda_sm._LOADED))
+    t0 = time.monotonic()
+    comm.warm_up()
+    took = time.monotonic() - t0
+    after = (len(cuda_kernels._LOADED), len(cuda_sm._LOADED))
+    t0 = time.monotonic()
+    comm.warm_up()  # the second time: nothing left to do
+    again = time.monotonic() - t0
+    comm.close()
+    return {"before": before, "after": after, "took_s": took, "again_s": again}
+
+
+def test_warm_up_compiles_both_kernel_modules_once():
+    r = run_ranks(_warm, 1, device="cuda", timeout_s=120)[0]
+    print(r)  # the compile time, for the log
+    assert r["before"] == (0, 0) and r["after"] == (1, 1), r
+    assert r["again_s"] < 0.01, r
