@@ -172,6 +172,14 @@ def e2e_runs(platform):
     return machines.e2e_runs(Path(PLATFORMS[platform][0]))
 
 
+def e2e_claim_runs(platform):
+    """The e2e runs a machine's claims rest on: the fresh run, or a shipped set's repeated runs of the current default
+    call (machines.e2e_claim_runs: each point's ratio the median over them)."""
+    if MEASURED:
+        return e2e_runs(platform)[:1]
+    return machines.e2e_claim_runs(Path(PLATFORMS[platform][0]))
+
+
 def e2e_inputs(platform):
     """The e2e runs, vLLM's (fresh where enabled; every shipped one) and a shipped set's repeated runs of the default
     call and runs with a schedule per phase (machines.e2e_default_call_runs, e2e_phased_runs)."""

@@ -46,7 +46,7 @@ rule claims:
         else shipped_extra(wc.platform, "power/power/data.csv"),
         c3=lambda wc: c3_runs(wc.platform) if (wc.platform, "c3") in RENDERS else [],
         # the machine's full world (a claim's runs are repeats of one setting, not other worlds)
-        e2e=lambda wc: e2e_runs(wc.platform)[:1] if (wc.platform, "e2e") in RENDERS else [],
+        e2e=lambda wc: e2e_claim_runs(wc.platform) if (wc.platform, "e2e") in RENDERS else [],
         ficco=lambda wc: NOTEBOOK_INPUTS["ficco"](wc.platform)
         if (wc.platform, "ficco") in RENDERS else [],
     output:

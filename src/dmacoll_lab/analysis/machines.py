@@ -28,6 +28,13 @@ DMA_AUTO_RUNS = {machine: ("sm_path/large_calls_staged_run*", "sm_path/large_cal
                  for machine in ("h200x2", "h200x4")}
 
 
+# per machine folder, the repeated e2e runs of the current default call at the machine's full world that the end-to-end
+# claims rest on (each point's ratio the median over its runs): at 2 GPUs the rule's runs with every schedule (code
+# e1900de), at 4 the serial runs with the prefill sums staged (5dc47c3, the newest at world 4)
+E2E_CLAIM_RUNS = {"h200x2": ("e2e/phased_tp2_*_run*",),
+                  "h200x4": ("e2e/default_call_serial_*_staged_run*",)}
+
+
 def _globbed(folder: Path, registry: dict) -> list[Path]:
     folder = Path(folder)
     return [p for runs in registry.get(folder.name, ()) for p in sorted(folder.glob(f"{runs}/data.csv"))]
@@ -53,6 +60,12 @@ def e2e_default_call_runs(folder: Path) -> list[Path]:
     """The data.csv of each repeated ``dmacoll e2e --schedules serial`` run of ``Communicator()``'s default call in a
     machine folder (``e2e/default_call_serial_<model>_<label>/``: one model each), in name order."""
     return sorted(Path(folder).glob("e2e/default_call_serial_*/data.csv"))
+
+
+def e2e_claim_runs(folder: Path) -> list[str]:
+    """The e2e runs a machine's claims rest on: its repeated runs of the current default call (``E2E_CLAIM_RUNS``),
+    else the run its e2e page shows first (``e2e_runs``); paths as the folder was given."""
+    return [str(p) for p in _globbed(folder, E2E_CLAIM_RUNS)] or e2e_runs(folder)[:1]
 
 
 def runs(folder: Path) -> list[Path]:

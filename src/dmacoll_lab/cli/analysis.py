@@ -112,7 +112,8 @@ def register(sub) -> None:
                    help="claims: `dmacoll c3` tables, one per run (its claims are 'not run' without; several runs: "
                         "the worst decides, the spread is reported)")
     r.add_argument("--e2e", nargs="+", type=existing_file, default=[],
-                   help="claims: `dmacoll e2e` tables, one per run (its claims are 'not run' without)")
+                   help="claims: `dmacoll e2e` tables, one per run (its claims are 'not run' without; several runs: "
+                        "each point's ratio is the median over its runs, the spread their range)")
     r.add_argument("--ficco", nargs="+", type=existing_file, default=[],
                    help="claims: `dmacoll ficco` tables, one per run (its claim is 'not run' without)")
     r.add_argument("--report-dir", type=existing_dir, help="index, check: the folder of rendered platforms")
