@@ -130,3 +130,30 @@ def test_gpu_smoke_checks_every_output_and_packs_them(tmp_path):
     assert "ok     sweep" in r.stdout and "1 wrong" in r.stdout
     listing = subprocess.run(["tar", "tzf", str(dest / "results.tgz")], capture_output=True, text=True).stdout
     assert "./smoke/sweep/data.csv" in listing and "./smoke/e2e/run.log" in listing
+
+
+def test_vllm_gpu_run_bench_runs_the_workflows_vllm_rules_in_alternating_rounds(tmp_path):
+    """tools/vllm_gpu_run.sh bench is the workflow's rules (vllm_model, vllm_bench, vllm_results) through
+    lent_snakemake.sh with config/vllm_lent.yaml: on 4 GPUs the 8B shapes at TP 2 and 4, each point in two rounds,
+    the plugin off first, then on first. Planned here (a `timeout` stub adds Snakemake's -n), not run."""
+    from dmacoll_lab.vllm import runs as vruns
+
+    stub(tmp_path, "nvidia-smi", 'case "$*" in *query-gpu*) for i in 0 1 2 3; do echo "NVIDIA H200"; done;;\n'
+                                 '  *-L*) for i in 0 1 2 3; do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done;;\n'
+                                 '  *) echo stub-smi;; esac\n')
+    stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')
+    stub(tmp_path, "timeout", 'shift; exec "$@" -n\n')  # the deadline's command, as a dry run
+    out = tmp_path / "out"
+    r = run("vllm_gpu_run.sh", str(out), "bench", env={"PATH": f"{tmp_path}:{os.environ['PATH']}",
+                                                       "DMACOLL_GIT_SHA": "abc123"}, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    log = (out / "run/vllm/bench/snakemake.log").read_text()
+    assert "config/h200x4.yaml" in log and "config/vllm_lent.yaml" in log, log[-2000:]
+    names = [line.split("--name ", 1)[1].split()[0] for line in log.splitlines() if "vllm bench --model-dir" in line]
+    assert len(names) == 16 and {n.split("_tp")[1][0] for n in names} == {"2", "4"}, names
+    assert all("llama-3.1-8b" in n for n in names) and log.count("rule vllm_model:") == 1
+    for before, after in (("latency_llama-3.1-8b_tp4_b8_i128_vllm_r1", "latency_llama-3.1-8b_tp4_b8_i128_dma_r1"),
+                          ("latency_llama-3.1-8b_tp4_b8_i128_dma_r2", "latency_llama-3.1-8b_tp4_b8_i128_vllm_r2"),
+                          ("throughput_llama-3.1-8b_tp2_dma_r1", "throughput_llama-3.1-8b_tp2_dma_r2")):
+        assert names.index(before) < names.index(after), names
+    assert "machine h200x4" in (out / "summary.txt").read_text()

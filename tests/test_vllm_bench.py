@@ -26,8 +26,8 @@ def test_plan_covers_models_tp_ep_and_both_plugins():
                       for tp in (1, 2, 4)} | {("mixtral-8x7b-l16", tp, True) for tp in (2, 4)}
     per_combo = {c: sorted((r.bench, r.batch, r.plugin) for r in runs.values() if (r.model, r.tp, r.ep) == c)
                  for c in combos}
-    want = sorted([("latency", b, p) for b in (1, 8, 32) for p in ("vllm", "dma")]
-                  + [("throughput", None, p) for p in ("vllm", "dma")])
+    want = sorted(2 * [("latency", b, p) for b in (1, 8, 32) for p in ("vllm", "dma")]  # two rounds each
+                  + 2 * [("throughput", None, p) for p in ("vllm", "dma")])
     assert all(v == want for v in per_combo.values())
     assert {r.tp for r in vruns.plan({}, gpus=1).values()} == {1}  # one GPU: TP 1 only, no EP
     assert not any(r.ep for r in vruns.plan({}, gpus=1).values())
@@ -35,11 +35,25 @@ def test_plan_covers_models_tp_ep_and_both_plugins():
                                   "mixtral-8x7b-l16": ("mixtral-8x7b", 16)}
 
 
+def test_rounds_alternate_which_plugin_starts_first_and_chain_each_points_runs():
+    """Of two vLLM starts in a row the second ran 2-6% slower: each point runs its rounds off-on, on-off, ...
+    (ABBA), and each run waits for the one before it in its point (``previous``: the workflow's order)."""
+    cfg = {"models": [{"name": "m", "spec": "llama-3.1-8b", "tp": [2]}], "latency": {"batches": [8]}, "rounds": 3}
+    runs = vruns.plan(cfg, gpus=2)
+    lat = [n for n in runs if n.startswith("latency_")]
+    assert lat == [f"latency_m_tp2_b8_i128_{p}_r{n}" for n, pair in ((1, "vllm dma"), (2, "dma vllm"), (3, "vllm dma"))
+                   for p in pair.split()]
+    before = vruns.previous(runs)
+    assert [before[n] for n in lat] == [None] + lat[:-1]
+    assert before["throughput_m_tp2_vllm_r1"] is None and before["throughput_m_tp2_dma_r1"] == "throughput_m_tp2_vllm_r1"
+    assert len(vruns.plan({**cfg, "rounds": 1}, gpus=2)) == 4  # one round: each point off, then on
+
+
 def test_run_environment_and_vllm_arguments():
     r = vruns.plan({"models": [{"name": "m", "spec": "mixtral-8x7b", "layers": 2, "tp": [2], "ep": True,
                                 "args": ["--enforce-eager"]}], "latency": {"batches": [4]}}, gpus=2)
-    lat = r["latency_m_tp2_ep_b4_i128_dma"]
-    assert lat.env()["DMACOLL_VLLM"] == "1" and r["latency_m_tp2_ep_b4_i128_vllm"].env()["DMACOLL_VLLM"] == "0"
+    lat = r["latency_m_tp2_ep_b4_i128_dma_r1"]
+    assert lat.env()["DMACOLL_VLLM"] == "1" and r["latency_m_tp2_ep_b4_i128_vllm_r1"].env()["DMACOLL_VLLM"] == "0"
     for k, v in {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "NCCL_NVLS_ENABLE": "0",
                  "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
         assert lat.env()[k] == v
@@ -47,12 +61,13 @@ def test_run_environment_and_vllm_arguments():
     assert a[:4] == ["--model", "/m", "--load-format", "dummy"] and "--enable-expert-parallel" in a
     assert a[a.index("--batch-size") + 1] == "4" and a[a.index("--tensor-parallel-size") + 1] == "2"
     assert a[-1] == "--enforce-eager"
-    thr = vruns.plan({"models": [{"name": "m", "spec": "llama-3.1-8b", "tp": [1]}]}, gpus=1)["throughput_m_tp1_vllm"]
+    thr = vruns.plan({"models": [{"name": "m", "spec": "llama-3.1-8b", "tp": [1]}]}, gpus=1)["throughput_m_tp1_vllm_r1"]
     b = thr.vllm_args("/m")
     assert b[b.index("--dataset-name") + 1] == "random" and b[b.index("--num-prompts") + 1] == "200"
 
 
-@pytest.mark.parametrize("name", ["latency_mixtral-8x7b-l16_tp4_ep_b8_i128_dma", "throughput_llama-3.1-8b_tp2_vllm"])
+@pytest.mark.parametrize("name", ["latency_mixtral-8x7b-l16_tp4_ep_b8_i128_dma_r1",
+                                  "throughput_llama-3.1-8b_tp2_vllm_r2"])
 def test_cli_flags_parse_back_into_the_same_run(name):
     run = vruns.plan({"args": ["--gpu-memory-utilization=0.8"]}, gpus=4)[name]
     argv = ["vllm", "bench", "--model-dir", "/m", "--out-json", "/x.json", *shlex.split(vruns.cli_flags(run))]
@@ -155,7 +170,11 @@ def test_workflow_plans_the_vllm_runs(tmp_path, configs, gpus, tps):
     assert {x.tp for x in runs.values()} == tps
     assert r.stdout.count("rule vllm_bench:") == len(runs) and r.stdout.count("rule vllm_model:") == 3
     lines = [x for x in r.stdout.splitlines() if "-m dmacoll_lab vllm bench" in x]
+    order = []
     for line in lines:  # every planned command parses back into its run
         argv = shlex.split(line.split(">")[0])
         args = cli.build_parser().parse_args(argv[argv.index("vllm"):])
         assert vruns.run_from_flags(args) == runs[args.name]
+        order.append(args.name)
+    for name, before in vruns.previous(runs).items():  # a point's rounds run in their order
+        assert before is None or order.index(before) < order.index(name), (before, name)

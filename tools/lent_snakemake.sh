@@ -5,12 +5,15 @@
 #
 #   on a machine with network:  python3 tools/vllm_bundle.py build/snakemake_bundle --root snakemake==9.27.1
 #   on the lent machine (carry build/snakemake_bundle with the tree):
-#     bash tools/lent_snakemake.sh OUTDIR config/h200x4.yaml [snakemake arguments: targets, -n, ...]
+#     bash tools/lent_snakemake.sh OUTDIR config/h200x4.yaml [more.yaml ...] [snakemake arguments: targets, -n, ...]
+#   (more config files after the machine's, each over the one before: config/vllm_lent.yaml for vLLM's runs)
 #   e.g. targets OUTDIR/sm_path/default_call_small_run1/data.csv (rule default_call), one call's worth at a time
 set -euo pipefail
 out=${1:?usage: lent_snakemake.sh OUTDIR config/MACHINE.yaml [snakemake arguments]}
 machine=${2:?usage: lent_snakemake.sh OUTDIR config/MACHINE.yaml [snakemake arguments]}
 shift 2
+configs=("$machine")
+while [ $# -gt 0 ] && [[ $1 == *.yaml ]]; do configs+=("$1"); shift; done
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=${DMACOLL_SNAKEMAKE_BUNDLE:-$root/build/snakemake_bundle}
 site=${DMACOLL_SNAKEMAKE_SITE:-/tmp/dmacoll_snakemake}
@@ -25,7 +28,7 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 cd "$root"
 mkdir -p "$out"
 bash tools/machine_probe.sh > "$out/probe.txt" 2>&1 || true  # the call's machine, beside its runs
-echo "lent_snakemake: $gpus GPUs, $machine, results under $out" >&2
+echo "lent_snakemake: $gpus GPUs, ${configs[*]}, results under $out" >&2
 # the caller's arguments first: --configfile, --config and --resources each take every word up to the next option
-exec python3 -m snakemake "$@" --profile profiles/local --configfile config/config.yaml "$machine" \
+exec python3 -m snakemake "$@" --profile profiles/local --configfile config/config.yaml "${configs[@]}" \
   --config outdir="$out" gpus="$gpus" --resources gpu="$gpus"

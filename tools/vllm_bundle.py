@@ -43,7 +43,9 @@ from typing import Callable, Iterable, Optional
 VLLM_VERSION = "0.26.0"  # the newest vLLM that pins torch 2.11.0, what the lent GPU machines have
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SNAPSHOT = ROOT / "envs/lent-gpu.json"
-PIECE_MIB = 50  # the working tree (~7 MiB, more after merges) travels with each piece: both under 64 MiB
+# a piece travels with the working tree in one call of at most 64 MiB: by default a piece takes what the tree leaves
+# of 60 MiB (pieces of 42 MiB beside a 21 MiB tree were refused, 38 MiB went; the rest is the call's own)
+CALL_MIB = 60
 # what vLLM 0.26 declares and a dummy-weight Llama / Mixtral on CUDA never imports (VLLM_USE_FLASHINFER_SAMPLER=0)
 LEFT_OUT = {
     "flashinfer-python": "FlashInfer: only for its sampler (off: VLLM_USE_FLASHINFER_SAMPLER=0) and the attention, "
@@ -547,7 +549,12 @@ def build(out: str | Path, version: Optional[str] = None, target_path: Optional[
         problems = import_problems(plan, target, plan.wheels["vllm"].path)
         if problems:
             raise RuntimeError("vLLM would not import on the target:\n  " + "\n  ".join(problems))
-    return write_bundle(out, plan, target, (piece_mib or PIECE_MIB) << 20, problems, root)
+    return write_bundle(out, plan, target, (piece_mib or default_piece_mib()) << 20, problems, root)
+
+
+def default_piece_mib(root: Path = ROOT) -> int:
+    """The largest piece that travels beside this working tree (``CALL_MIB``), at least 8 MiB."""
+    return max(8, int(CALL_MIB - tree_mib(root)))
 
 
 def tree_mib(root: Path = ROOT) -> float:
@@ -568,7 +575,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--vllm", default=None, help="vLLM version (default: the newest that pins torch 2.11.0)")
     p.add_argument("--root", default=None, help="bundle this requirement instead of vLLM (e.g. snakemake==9.27.1)")
     p.add_argument("--target", default=None, help="the target's snapshot (default: envs/lent-gpu.json)")
-    p.add_argument("--piece-mib", type=int, default=None)
+    p.add_argument("--piece-mib", type=int, default=None, help="MiB per piece (default: what the working tree "
+                                                                 f"leaves of {CALL_MIB} MiB)")
     p.add_argument("--cache", default=None, help="where downloaded wheels are kept (default: OUT_cache beside OUT)")
     a = p.parse_args(argv)
     if a.piece_mib is not None and a.piece_mib <= 0:

@@ -70,6 +70,7 @@ if VLLM_ON:
         beside vLLM's JSON its settings, vLLM's all-reduce backends and what the plugin routed (.meta.json)."""
         input:
             model=lambda wc: f"{OUT}/vllm/models/{VLLM_RUNS[wc.run].model}",
+            after=vllm_previous,
         output:
             json=f"{OUT}/vllm/bench/raw/{{run}}.json",
             meta=f"{OUT}/vllm/bench/raw/{{run}}.meta.json",

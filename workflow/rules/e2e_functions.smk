@@ -10,6 +10,14 @@ VLLM_PY = "python" if SDM_CONDA else (VLLM.get("python") or PY)
 # `vllm bench latency` per (batch, input length) and `vllm bench throughput`
 VLLM_RUNS = vllm_runs.plan(VLLM, config["gpus"]) if VLLM_ON else {}
 VLLM_MODELS = vllm_runs.models(VLLM_RUNS)  # model folder -> (dmacoll e2e model, layers)
+VLLM_PREVIOUS = vllm_runs.previous(VLLM_RUNS)  # run -> the run of its point before it (the rounds' order)
+
+
+def vllm_previous(wildcards):
+    """The JSON of the run that goes before this one (none for a point's first): the plugin off and on alternate
+    their order round by round."""
+    before = VLLM_PREVIOUS[wildcards.run]
+    return [f"{OUT}/vllm/bench/raw/{before}.json"] if before else []
 
 
 def vllm_model_flags(wildcards):

@@ -35,7 +35,9 @@ DEFAULT_MODELS = [
     {"name": "llama-3.1-70b-l20", "spec": "llama-3.1-70b", "layers": 20},  # 80 layers do not fit one GPU
     {"name": "mixtral-8x7b-l16", "spec": "mixtral-8x7b", "layers": 16, "ep": [False, True]},
 ]
-DEFAULTS = {"tp": [1, 2, 4], "max_model_len": 2048, "seed": 0,
+# each point runs in rounds of the plugin off and on, odd rounds off first, even rounds on first: of two vLLM starts in a
+# row the second ran 2-6% slower on 2x and 4x H200 (results/h200x2/vllm/README.md), so one order alone is biased
+DEFAULTS = {"tp": [1, 2, 4], "max_model_len": 2048, "seed": 0, "rounds": 2,
             "latency": {"batches": [1, 8, 32], "input_lens": [128], "output_len": 128, "warmup": 3, "iters": 10},
             "throughput": {"num_prompts": 200, "input_len": 128, "output_len": 128}}
 
@@ -85,9 +87,11 @@ class Run:
 
 def plan(cfg: dict, gpus: int) -> dict[str, Run]:
     """Run name -> Run for a config's ``vllm`` section on a machine of ``gpus`` GPUs (larger TP is left out):
-    per model, TP, EP choice and plugin, `bench latency` per (batch, input length) and one `bench throughput`."""
+    per model, TP and EP choice, `bench latency` per (batch, input length) and one `bench throughput`, each point in
+    ``rounds`` rounds of the plugin off and on (``<point>_<plugin>_r<round>``), in the order they are to run."""
     lat = {**DEFAULTS["latency"], **cfg.get("latency", {})}
     thr = {**DEFAULTS["throughput"], **cfg.get("throughput", {})}
+    rounds = cfg.get("rounds", DEFAULTS["rounds"])
     runs: dict[str, Run] = {}
     for m in cfg.get("models") or DEFAULT_MODELS:
         eps = m.get("ep", [False])
@@ -100,17 +104,33 @@ def plan(cfg: dict, gpus: int) -> dict[str, Run]:
                               seed=cfg.get("seed", DEFAULTS["seed"]),
                               args=tuple(m.get("args", [])) + tuple(cfg.get("args", [])))
                 tag = f"{m['name']}_tp{tp}{'_ep' if ep else ''}"
-                for plugin in PLUGINS:
-                    for batch in lat["batches"]:
-                        for inp in lat["input_lens"]:
-                            name = f"latency_{tag}_b{batch}_i{inp}_{plugin}"
-                            runs[name] = Run(name, "latency", plugin=plugin, batch=batch, input_len=inp,
-                                             output_len=lat["output_len"], warmup=lat["warmup"], iters=lat["iters"],
-                                             **common)
-                    name = f"throughput_{tag}_{plugin}"
-                    runs[name] = Run(name, "throughput", plugin=plugin, num_prompts=thr["num_prompts"],
-                                     input_len=thr["input_len"], output_len=thr["output_len"], **common)
+                points = [(f"latency_{tag}_b{batch}_i{inp}",
+                           dict(bench="latency", batch=batch, input_len=inp, output_len=lat["output_len"],
+                                warmup=lat["warmup"], iters=lat["iters"]))
+                          for batch in lat["batches"] for inp in lat["input_lens"]]
+                points.append((f"throughput_{tag}", dict(bench="throughput", num_prompts=thr["num_prompts"],
+                                                         input_len=thr["input_len"], output_len=thr["output_len"])))
+                for point, settings in points:
+                    for n in range(1, rounds + 1):
+                        for plugin in (PLUGINS if n % 2 else PLUGINS[::-1]):
+                            name = f"{point}_{plugin}_r{n}"
+                            runs[name] = Run(name, plugin=plugin, **settings, **common)
     return runs
+
+
+ROUND = re.compile(r"_(?:vllm|dma)_r\d+$")  # a run's name less its plugin and round: its point
+
+
+def previous(runs: dict[str, Run]) -> dict[str, Optional[str]]:
+    """Run name -> the run of the same point that must finish before it (None: the point's first), so that the
+    rounds alternate their order as ``plan`` lists them, whatever else runs in between."""
+    out: dict[str, Optional[str]] = {}
+    last: dict[str, str] = {}
+    for name in runs:
+        point = ROUND.sub("", name)
+        out[name] = last.get(point)
+        last[point] = name
+    return out
 
 
 def models(runs: dict[str, Run]) -> dict[str, tuple[str, Optional[int]]]:
