@@ -383,3 +383,30 @@ def test_e2e_claims_over_several_runs_take_each_points_median_before_the_best_po
         assert "one run" not in row["note"] and f"the median of {len(over)} runs" in row["note"], row
     one = {r["id"]: r for r in claims.evaluate(SWEEPS, e2e_csvs=csvs[:1])}["dmalatte-e2e-decode"]
     assert one["runs"] == 1 and "one run" in one["note"], one
+
+
+def test_vllm_claims_score_the_plugin_against_vllm_over_runs():
+    """DMA-Latte's comparison itself: vLLM with the plugin on over off, from a machine's runs of the default route
+    (``machines.VLLM_CLAIM_RUNS``): per run each plugin's median over its rounds, per point the median over runs."""
+    from dmacoll_lab.analysis import claims, machines
+    from dmacoll_lab.analysis import load as results
+
+    csvs = machines.vllm_claim_runs(ROOT / "results/h200x2")
+    assert csvs and not any("route_all" in c for c in csvs), csvs
+    rows = {r["id"]: r for r in claims.evaluate(SWEEPS, vllm_csvs=csvs)}
+    for claim_id, metric in (("dmalatte-vllm-latency", "latency_avg"),
+                             ("dmalatte-vllm-throughput", "output_tokens_per_s")):
+        per_run = []
+        for c in csvs:
+            df = results.read("e2e", [c])
+            m = df[df["metric"] == metric].groupby("plugin")["value"].median()
+            if {"dma", "vllm"} <= set(m.index):
+                per_run.append(m["dma"] / m["vllm"])
+        row = rows[claim_id]
+        assert row["runs"] == len(per_run) >= 2, row
+        assert row["reproduced"] == round(float(pd.Series(per_run).median()), 3), (row, per_run)
+        assert row["over runs"] == claims._fmt(round(min(per_run), 3), round(max(per_run), 3)), row
+        assert row["status"] in ("pass", "fail", "within noise"), row
+    four = {r["id"]: r for r in claims.evaluate(SWEEPS, vllm_csvs=machines.vllm_claim_runs(ROOT / "results/h200x4"))}
+    assert four["dmalatte-vllm-throughput"]["status"] == "not run"  # no throughput run at TP 4 yet
+    assert {r["id"]: r for r in claims.evaluate(SWEEPS)}["dmalatte-vllm-latency"]["status"] == "not run"

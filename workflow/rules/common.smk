@@ -180,6 +180,14 @@ def e2e_claim_runs(platform):
     return machines.e2e_claim_runs(Path(PLATFORMS[platform][0]))
 
 
+def vllm_claim_runs(platform):
+    """The vLLM runs a machine's vLLM claims rest on: the fresh runs where enabled, or a shipped set's
+    (machines.vllm_claim_runs)."""
+    if MEASURED:
+        return [f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []
+    return machines.vllm_claim_runs(Path(PLATFORMS[platform][0]))
+
+
 def e2e_inputs(platform):
     """The e2e runs, vLLM's (fresh where enabled; every shipped one) and a shipped set's repeated runs of the default
     call and runs with a schedule per phase (machines.e2e_default_call_runs, e2e_phased_runs)."""

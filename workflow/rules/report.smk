@@ -49,6 +49,7 @@ rule claims:
         e2e=lambda wc: e2e_claim_runs(wc.platform) if (wc.platform, "e2e") in RENDERS else [],
         ficco=lambda wc: NOTEBOOK_INPUTS["ficco"](wc.platform)
         if (wc.platform, "ficco") in RENDERS else [],
+        vllm=lambda wc: vllm_claim_runs(wc.platform) if (wc.platform, "e2e") in RENDERS else [],
     output:
         json=f"{REPORT}/{{platform}}/claims.json",
         md=f"{REPORT}/{{platform}}/claims.md",
@@ -62,11 +63,12 @@ rule claims:
         c3=lambda wc, input: f"--c3 {input.c3}" if input.c3 else "",
         e2e=lambda wc, input: f"--e2e {input.e2e}" if input.e2e else "",
         ficco=lambda wc, input: f"--ficco {input.ficco}" if input.ficco else "",
+        vllm=lambda wc, input: f"--vllm {input.vllm}" if input.vllm else "",
     conda:
         "../../envs/cpu.yaml"
     shell:
         "{params.py} -m dmacoll_lab report claims --csv {input.sweeps} {params.power} {params.c3} {params.e2e} "
-        "{params.ficco} --out {output.json} "
+        "{params.ficco} {params.vllm} --out {output.json} "
         "> {log} 2>&1; "
         "cat {log}"
 

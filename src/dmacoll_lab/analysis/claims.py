@@ -20,6 +20,8 @@ concerns (a row each), never on a mix:
   and each row says how many were;
 * end-to-end claims (``dmacoll e2e``): **default** (the benchmark's dma implementation is ``Communicator()``
   with no options), best over every (model, batch, prompt) point of the serial schedule, as the papers' "up to";
+* the vLLM claims (``vllm bench`` with the dmacoll plugin off and on, DMA-Latte's own comparison): **default** (the
+  plugin's default route), best over the points of each point's median over runs;
 * the FiCCO claim: **oracle**, the best of the dma schedules (pieces) per scenario, over the scenarios.
 
 Every value carries its spread, the interval the noise of the measurement allows (``spread``):
@@ -47,7 +49,7 @@ from __future__ import annotations
 import json
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -84,7 +86,7 @@ class Claim:
     statement: str
     paper: str
     metric: str                                  # what the value is
-    data: str                                    # operator | power | c3 | e2e | ficco
+    data: str                                    # operator | power | c3 | e2e | vllm | ficco
     value: Callable[[object, str], Value]        # (prepared data, configuration) -> Value
     test: tuple[str, float]                      # e.g. ("<=", 1.05)
     paper_value: float                           # the paper's number in the metric's terms
@@ -273,6 +275,21 @@ C3_CLAIMS = [
 
 
 # -- end to end (DMA-Latte's inference claims) and FiCCO ------------------------------------------------------------
+def _best_over_runs(ratio: pd.Series, keys: list[str], lower: bool) -> tuple[Measure, pd.Series]:
+    """The best point of ``ratio`` (indexed by ``keys`` + ``run``): each point's median over its runs, then the
+    lowest (``lower``) or highest; its spread the range over those runs (a single run: no spread here). Also the
+    best point's ratios, one per run."""
+    medians = ratio.groupby(level=keys).median()
+    best = medians.idxmin() if lower else medians.idxmax()
+    over_runs = ratio[ratio.index.droplevel("run").isin([best])]
+    where = ", ".join(f"{k} {v}" for k, v in zip(keys, best if isinstance(best, tuple) else (best,)))
+    if len(over_runs) > 1:
+        return Measure(round(float(medians[best]), 3), round(float(over_runs.min()), 3),
+                       round(float(over_runs.max()), 3), len(medians),
+                       f"best at {where}, the median of {len(over_runs)} runs", len(over_runs)), over_runs
+    return Measure(round(float(medians[best]), 3), n=len(medians), note=f"best at {where}"), over_runs
+
+
 def _e2e_best(metric: str, lower: bool):
     """The best point's dma/NCCL ratio of ``metric`` (``decode_ms``, ``ttft_ms``: times, lower is better;
     ``e2e_tok_s``: rates, higher is better) over the serial schedule's (model, batch, prompt) points. Over several
@@ -285,30 +302,39 @@ def _e2e_best(metric: str, lower: bool):
         ok = e2e[(e2e["status"] == "ok") & (e2e["schedule"] == "serial")]
         if "run" not in ok:
             ok = ok.assign(run=0)
-        keys = E2E_KEYS + ["run"]
-        wide = ok.pivot_table(index=keys, columns="impl", values=[c for c in (metric, f"{metric}_p10",
-                                                                             f"{metric}_p90") if c in ok])
+        wide = ok.pivot_table(index=E2E_KEYS + ["run"], columns="impl",
+                              values=[c for c in (metric, f"{metric}_p10", f"{metric}_p90") if c in ok])
         if (metric, "dma") not in wide or (metric, "nccl") not in wide:
             return None
         ratio = (wide[(metric, "dma")] / wide[(metric, "nccl")]).dropna()
         if ratio.empty:
             return None
-        per_point = ratio.groupby(level=E2E_KEYS)
-        medians = per_point.median()
-        best = medians.idxmin() if lower else medians.idxmax()
-        over_runs = ratio[ratio.index.droplevel("run").isin([best])]
-        runs = len(over_runs)
-        where = ", ".join(f"{k} {v}" for k, v in zip(E2E_KEYS, best if isinstance(best, tuple) else (best,)))
-        if runs > 1:
-            return Measure(round(float(medians[best]), 3), round(float(over_runs.min()), 3),
-                           round(float(over_runs.max()), 3), len(medians),
-                           f"best at {where}, the median of {runs} runs", runs)
-        lo = hi = NAN
-        at = over_runs.index[0]
-        if (f"{metric}_p10", "dma") in wide and (f"{metric}_p90", "nccl") in wide:
-            lo = float(wide.loc[at, (f"{metric}_p10", "dma")] / wide.loc[at, (f"{metric}_p90", "nccl")])
-            hi = float(wide.loc[at, (f"{metric}_p90", "dma")] / wide.loc[at, (f"{metric}_p10", "nccl")])
-        return Measure(round(float(medians[best]), 3), round(lo, 3), round(hi, 3), len(medians), f"best at {where}")
+        m, at_best = _best_over_runs(ratio, E2E_KEYS, lower)
+        if m.runs == 1 and (f"{metric}_p10", "dma") in wide and (f"{metric}_p90", "nccl") in wide:
+            at = wide.loc[at_best.index[0]]  # the repeats' p10-p90 as a ratio, as operator's
+            m = replace(m, lo=round(float(at[(f"{metric}_p10", "dma")] / at[(f"{metric}_p90", "nccl")]), 3),
+                        hi=round(float(at[(f"{metric}_p90", "dma")] / at[(f"{metric}_p10", "nccl")]), 3))
+        return m
+    return value
+
+
+VLLM_KEYS = ["model", "tp", "ep", "bench", "batch", "input_len", "output_len"]
+
+
+def _vllm_best(metric: str, lower: bool):
+    """The best point's plugin-on / off ratio of ``metric`` in vLLM's own benchmarks (``latency_avg``: lower is
+    better; ``output_tokens_per_s``: higher), over the (model, TP, EP, batch) points: per run the median of each
+    plugin over its rounds, per point the median over the runs, the spread their range."""
+    def value(v: pd.DataFrame, config: str) -> Value:
+        rows = v[v["metric"] == metric].assign(batch=lambda d: d["batch"].fillna(0).astype(int),
+                                               ep=lambda d: d["ep"].astype(str))
+        if rows.empty:
+            return None
+        med = rows.pivot_table(index=VLLM_KEYS + ["run"], columns="plugin", values="value", aggfunc="median")
+        if not {"dma", "vllm"} <= set(med.columns):
+            return None
+        ratio = (med["dma"] / med["vllm"]).dropna()
+        return None if ratio.empty else _best_over_runs(ratio, VLLM_KEYS, lower)[0]
     return value
 
 
@@ -333,6 +359,15 @@ E2E_CLAIMS = [
     Claim("dmalatte-e2e-throughput", "DMA-Latte", "DMA collectives raise LLM inference throughput",
           "up to 1.9x higher throughput than vLLM", "max dma/NCCL tokens/s (prefill and decode) over the points, "
           "serial schedule", "e2e", _e2e_best("e2e_tok_s", False), (">=", 1.9), 1.9, ("default",)),
+    # the papers' comparison itself: vLLM with dmacoll's collectives (the plugin) against vLLM's own, in one lease
+    Claim("dmalatte-vllm-latency", "DMA-Latte", "vLLM with DMA collectives has lower latency",
+          "up to 1.5x lower latency than vLLM", "min plugin-on / off request latency over the points, "
+          "vllm bench latency", "vllm", _vllm_best("latency_avg", True), ("<=", round(1 / 1.5, 3)),
+          round(1 / 1.5, 3), ("default",)),
+    Claim("dmalatte-vllm-throughput", "DMA-Latte", "vLLM with DMA collectives has higher throughput",
+          "up to 1.9x higher throughput than vLLM", "max plugin-on / off output tokens/s over the points, "
+          "vllm bench throughput", "vllm", _vllm_best("output_tokens_per_s", False), (">=", 1.9), 1.9,
+          ("default",)),
 ]
 FICCO_CLAIMS = [
     Claim("ficco-speedup", "FiCCO", "Finer-grain overlap of dependent communication and computation, offloaded to "
@@ -355,20 +390,22 @@ def _fmt(lo: float, hi: float) -> str:
     return f"{lo:g}-{hi:g}" if not (math.isnan(lo) or math.isnan(hi)) else ""
 
 
-def _e2e_runs(csvs: Sequence[str]) -> pd.DataFrame:
-    """The e2e runs as one table, each CSV a ``run`` (its rows' points are scored over the runs that have them)."""
+def _pooled(csvs: Sequence[str]) -> pd.DataFrame:
+    """Runs as one table, each CSV a ``run`` (their points are scored over the runs that have them)."""
     return pd.concat([results.read("e2e", [c]).assign(run=i) for i, c in enumerate(csvs)], ignore_index=True)
 
 
 def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None,
-             c3_csvs: Sequence[str] = (), e2e_csvs: Sequence[str] = (), ficco_csvs: Sequence[str] = ()) -> list[dict]:
+             c3_csvs: Sequence[str] = (), e2e_csvs: Sequence[str] = (), ficco_csvs: Sequence[str] = (),
+             vllm_csvs: Sequence[str] = ()) -> list[dict]:
     """Every claim against its data, a row per configuration: the sweeps, and where given the power table, C3 runs,
-    e2e runs and FiCCO runs (each CSV one run; 'not run' without)."""
+    e2e runs, FiCCO runs and vLLM runs (each CSV one run; 'not run' without)."""
     from . import ficco_rules
 
     runs = {"operator": [_operator(report.load(sweep_csvs))],
             "power": [results.read("power", [power_csv])] if power_csv else [],
-            "c3": _c3_runs(c3_csvs), "e2e": [_e2e_runs(e2e_csvs)] if e2e_csvs else [],
+            "c3": _c3_runs(c3_csvs), "e2e": [_pooled(e2e_csvs)] if e2e_csvs else [],
+            "vllm": [_pooled(vllm_csvs)] if vllm_csvs else [],
             "ficco": [ficco_rules.collapse(ficco_rules.load([c])) for c in ficco_csvs]}
     noise = {"c3": c3_noise(runs["c3"])}
     rows = []
@@ -413,9 +450,11 @@ def counts(rows: Sequence[dict]) -> dict[str, int]:
 
 
 def write(sweep_csvs: list[str], out_json: Path, out_md: Path, power_csv: Optional[str] = None,
-          c3_csvs: Sequence[str] = (), e2e_csvs: Sequence[str] = (), ficco_csvs: Sequence[str] = ()) -> list[dict]:
-    rows = evaluate(sweep_csvs, power_csv, c3_csvs, e2e_csvs, ficco_csvs)
-    sources = list(sweep_csvs) + ([power_csv] if power_csv else []) + list(c3_csvs) + list(e2e_csvs) + list(ficco_csvs)
+          c3_csvs: Sequence[str] = (), e2e_csvs: Sequence[str] = (), ficco_csvs: Sequence[str] = (),
+          vllm_csvs: Sequence[str] = ()) -> list[dict]:
+    rows = evaluate(sweep_csvs, power_csv, c3_csvs, e2e_csvs, ficco_csvs, vllm_csvs)
+    sources = (list(sweep_csvs) + ([power_csv] if power_csv else []) + list(c3_csvs) + list(e2e_csvs)
+               + list(ficco_csvs) + list(vllm_csvs))
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps({"sources": sources, "claims": rows}, indent=2) + "\n")
     header = ("Claims of the papers (measured there on AMD MI300X) against results measured here on NVIDIA "

@@ -113,10 +113,13 @@ def claims_block(machine: str) -> str:
     power = run(machine, "power", "power")
     e2e = [str(Path(p).relative_to(ROOT)) for p in machines.e2e_claim_runs(ROOT / "results" / machine)]
     ficco = run(machine, "ficco", "ficco")
-    rows = pd.DataFrame(claims.evaluate(_abs(paths), str(ROOT / power), _abs(c3), _abs(e2e), _abs([ficco])))
+    vllm = [str(Path(p).relative_to(ROOT)) for p in machines.vllm_claim_runs(ROOT / "results" / machine)]
+    rows = pd.DataFrame(claims.evaluate(_abs(paths), str(ROOT / power), _abs(c3), _abs(e2e), _abs([ficco]),
+                                        _abs(vllm)))
     cols = ["id", "paper (MI300X)", "metric", "configuration", "n", "reproduced", "spread", "over runs", "tolerance",
             "status", "note"]
-    return _table(rows[cols], paths + [power] + c3 + e2e + [ficco])
+    rows["reproduced"] = rows["reproduced"].astype(object).where(rows["reproduced"].notna(), "")  # 'not run': blank
+    return _table(rows[cols], paths + [power] + c3 + e2e + [ficco] + vllm)
 
 
 def calibration(machine: str) -> str:

@@ -35,6 +35,13 @@ E2E_CLAIM_RUNS = {"h200x2": ("e2e/phased_tp2_*_run*",),
                   "h200x4": ("e2e/default_call_serial_*_staged_run*",)}
 
 
+# per machine folder, the vLLM runs (plugin off and on in one lease, the default route) that the vLLM claims rest on:
+# not the runs that routed every call (DMACOLL_VLLM_ROUTE=all, a policy, not the default)
+VLLM_CLAIM_RUNS = {"h200x2": ("vllm/tp2_latency", "vllm/tp2_latency_alternating", "vllm/tp2_latency_measured_*",
+                              "vllm/tp2_throughput_*"),
+                   "h200x4": ("vllm/tp4_latency_round*",)}
+
+
 def _globbed(folder: Path, registry: dict) -> list[Path]:
     folder = Path(folder)
     return [p for runs in registry.get(folder.name, ()) for p in sorted(folder.glob(f"{runs}/data.csv"))]
@@ -66,6 +73,11 @@ def e2e_claim_runs(folder: Path) -> list[str]:
     """The e2e runs a machine's claims rest on: its repeated runs of the current default call (``E2E_CLAIM_RUNS``),
     else the run its e2e page shows first (``e2e_runs``); paths as the folder was given."""
     return [str(p) for p in _globbed(folder, E2E_CLAIM_RUNS)] or e2e_runs(folder)[:1]
+
+
+def vllm_claim_runs(folder: Path) -> list[str]:
+    """The vLLM runs a machine's vLLM claims rest on (``VLLM_CLAIM_RUNS``); paths as the folder was given."""
+    return [str(p) for p in _globbed(folder, VLLM_CLAIM_RUNS)]
 
 
 def runs(folder: Path) -> list[Path]:

@@ -64,7 +64,7 @@ def cmd_report(a: argparse.Namespace) -> int:
         from ..analysis import claims
 
         out = Path(a.out or "results/local/claims.json")
-        rows = claims.write(a.csv, out, out.with_suffix(".md"), a.power, a.c3, a.e2e, a.ficco)
+        rows = claims.write(a.csv, out, out.with_suffix(".md"), a.power, a.c3, a.e2e, a.ficco, a.vllm)
         for r in rows:
             print(f"{r['status']:12s} {r['id']} ({r['configuration']}): {r['reproduced']} "
                   f"(spread {r['spread'] or 'none'}, tolerance {r['tolerance']})")
@@ -114,6 +114,9 @@ def register(sub) -> None:
     r.add_argument("--e2e", nargs="+", type=existing_file, default=[],
                    help="claims: `dmacoll e2e` tables, one per run (its claims are 'not run' without; several runs: "
                         "each point's ratio is the median over its runs, the spread their range)")
+    r.add_argument("--vllm", nargs="+", type=existing_file, default=[],
+                   help="claims: `dmacoll vllm results csv` tables of `vllm bench` with the plugin off and on, one "
+                        "per run (its claims are 'not run' without; each point the median over its runs)")
     r.add_argument("--ficco", nargs="+", type=existing_file, default=[],
                    help="claims: `dmacoll ficco` tables, one per run (its claim is 'not run' without)")
     r.add_argument("--report-dir", type=existing_dir, help="index, check: the folder of rendered platforms")
