@@ -514,7 +514,7 @@ def test_rules_run_the_cli_and_vllm_with_their_config(tmp_path):
                         "platform=cuda", f"outdir={tmp_path}", "gpus=2"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rule e2e:" in r.stdout and "rule vllm_results:" in r.stdout
-    assert r.stdout.count("rule vllm_bench:") == 4  # latency b8 and throughput, with and without the plugin
+    assert r.stdout.count("rule vllm_bench:") == 8  # latency b8 and throughput, plugin off and on, two rounds
     line = next(x for x in r.stdout.splitlines() if "-m dmacoll_lab e2e" in x)
     argv = shlex.split(line.split("2>&1")[0])
     argv = argv[argv.index("e2e"):]

@@ -155,5 +155,7 @@ def test_vllm_gpu_run_bench_runs_the_workflows_vllm_rules_in_alternating_rounds(
     for before, after in (("latency_llama-3.1-8b_tp4_b8_i128_vllm_r1", "latency_llama-3.1-8b_tp4_b8_i128_dma_r1"),
                           ("latency_llama-3.1-8b_tp4_b8_i128_dma_r2", "latency_llama-3.1-8b_tp4_b8_i128_vllm_r2"),
                           ("throughput_llama-3.1-8b_tp2_dma_r1", "throughput_llama-3.1-8b_tp2_dma_r2")):
-        assert names.index(before) < names.index(after), names
+        job = next(b for b in log.split("rule vllm_bench:") if f"wildcards: run={after}\n" in b)
+        inputs = next(line for line in job.splitlines() if line.strip().startswith("input:"))
+        assert f"raw/{before}.json" in inputs, inputs  # it waits for the one before
     assert "machine h200x4" in (out / "summary.txt").read_text()

@@ -170,11 +170,18 @@ def test_workflow_plans_the_vllm_runs(tmp_path, configs, gpus, tps):
     assert {x.tp for x in runs.values()} == tps
     assert r.stdout.count("rule vllm_bench:") == len(runs) and r.stdout.count("rule vllm_model:") == 3
     lines = [x for x in r.stdout.splitlines() if "-m dmacoll_lab vllm bench" in x]
-    order = []
     for line in lines:  # every planned command parses back into its run
         argv = shlex.split(line.split(">")[0])
         args = cli.build_parser().parse_args(argv[argv.index("vllm"):])
         assert vruns.run_from_flags(args) == runs[args.name]
-        order.append(args.name)
-    for name, before in vruns.previous(runs).items():  # a point's rounds run in their order
-        assert before is None or order.index(before) < order.index(name), (before, name)
+    assert bench_inputs(r.stdout) == {name: {f"{tmp_path}/vllm/bench/raw/{before}.json"} if before else set()
+                                      for name, before in vruns.previous(runs).items()}  # the rounds' order
+
+
+def bench_inputs(dry_run: str) -> dict[str, set[str]]:
+    """Per vllm_bench job of a Snakemake dry run, the runs' JSON files among its inputs (what it waits for)."""
+    jobs = {}
+    for block in dry_run.split("rule vllm_bench:")[1:]:
+        fields = dict(line.strip().split(": ", 1) for line in block.splitlines()[1:9] if ": " in line)
+        jobs[fields["wildcards"].split("run=", 1)[1]] = {x for x in fields["input"].split(", ") if x.endswith(".json")}
+    return jobs
