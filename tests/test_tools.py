@@ -113,25 +113,6 @@ def test_gpu_suite_queues_every_gpu_test_check_and_tune_and_runs_them(tmp_path):
     assert done.count("PASS") == len(names)
 
 
-def test_gpu_smoke_checks_every_output_and_packs_them(tmp_path):
-    """python3 -m dmacoll_lab stubbed to write a one-row CSV (correct True, or False for one step): the smoke run
-    packs every step's folder and fails on the wrong one."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    stub(bin_, "python3", f'[ "$1" = "-" ] && exec {sys.executable} "$@"\n'
-                          'out=""; prev=""; for a in "$@"; do [ "$prev" = "--out" ] && out=$a; prev=$a; done\n'
-                          'mkdir -p "$(dirname "$out")"\n'
-                          'case "$*" in *" c3 "*) echo "correct"; echo "False";; *) echo "correct"; echo "True";; '
-                          'esac > "$out"\n')
-    dest = tmp_path / "out"
-    r = subprocess.run(["bash", str(TOOLS / "gpu_smoke.sh"), str(dest)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
-    assert r.returncode == 1, r.stdout + r.stderr  # the wrong c3 row fails the smoke run
-    assert "ok     sweep" in r.stdout and "1 wrong" in r.stdout
-    listing = subprocess.run(["tar", "tzf", str(dest / "results.tgz")], capture_output=True, text=True).stdout
-    assert "./smoke/sweep/data.csv" in listing and "./smoke/e2e/run.log" in listing
-
-
 def test_vllm_gpu_run_bench_runs_the_workflows_vllm_rules_in_alternating_rounds(tmp_path):
     """tools/vllm_gpu_run.sh bench is the workflow's rules (vllm_model, vllm_bench, vllm_results) through
     lent_snakemake.sh with config/vllm_lent.yaml: on 4 GPUs the 8B shapes at TP 2 and 4, each point in two rounds,
@@ -159,3 +140,26 @@ def test_vllm_gpu_run_bench_runs_the_workflows_vllm_rules_in_alternating_rounds(
         inputs = next(line for line in job.splitlines() if line.strip().startswith("input:"))
         assert f"raw/{before}.json" in inputs, inputs  # it waits for the one before
     assert "machine h200x4" in (out / "summary.txt").read_text()
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_gpu_smoke_runs_the_workflow_with_the_kick_config_and_checks_every_row(tmp_path, wrong):
+    """tools/gpu_smoke.sh is the workflow's measurements with config/kick.yaml (planned here: a `timeout` stub adds
+    Snakemake's -n), then every output's checked rows: one wrong row fails the smoke run."""
+    stub(tmp_path, "nvidia-smi", 'for i in 0 1; do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done\n')
+    stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')
+    stub(tmp_path, "timeout", 'shift; exec "$@" -n\n')
+    dest = tmp_path / "out"
+    run_dir = dest / "run/smoke/checks/rows"  # a finished run's table, as a rule leaves it
+    run_dir.mkdir(parents=True)
+    (run_dir / "data.csv").write_text(f"op,correct\nall_gather,True\nall_reduce,{not wrong}\n")
+    r = run("gpu_smoke.sh", str(dest), env={"PATH": f"{tmp_path}:{os.environ['PATH']}"}, timeout=300)
+    plan = (dest / "snakemake.log").read_text()
+    assert "config/h200x2.yaml" in plan and "config/kick.yaml" in plan, plan[-2000:]
+    for rule in ("operator_sweep", "operator_sweep_nccl_ce", "breakdown", "power", "c3", "ficco", "e2e",
+                 "e2e_phased", "default_call"):
+        assert f"rule {rule}:" in plan, rule
+    assert "ficco --models llama3-8b mixtral-8x7b --tokens 2048" in plan and "--seconds 0.2" in plan
+    assert f"checks/rows{'':17s}     2 rows,     2 checked (correct), {int(wrong)} wrong" in r.stdout, r.stdout
+    assert r.returncode == int(wrong), r.stdout + r.stderr
+    assert (dest / "results.tgz").is_file() and not (dest / "run").exists()

@@ -11,7 +11,9 @@ from typing import Iterator
 from dmacoll.lab_api import InvalidArgument
 
 # config section -> the `dmacoll` command whose options its keys are (the rule passes them as its flags)
-SECTIONS = {"operator": ("sweep",), "native": ("sweep",), "c3": ("c3",), "e2e": ("e2e",), "e2e_phased": ("e2e",)}
+SECTIONS = {"operator": ("sweep",), "native": ("sweep",), "c3": ("c3",), "e2e": ("e2e",), "e2e_phased": ("e2e",),
+            "power": ("power",), "sm_usage": ("sm-usage",), "interference": ("interference",), "ficco": ("ficco",),
+            "breakdown": ("breakdown",)}
 # config lists whose values are a command's choices of another name: (path in the config, command, option dest);
 # "*" in a path: every item of a list or every value of a mapping
 NAMED = ((("probes",), ("probe",), "probe"), (("vllm", "models", "*", "spec"), ("e2e",), "models"),

@@ -12,7 +12,8 @@ rule ficco:
         **GPU_JOB,
     params:
         py=PY,
+        args=cli_flags("ficco"),
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll_lab ficco --out {output.csv} 2>&1 | tee {log}"
+        "{params.py} -m dmacoll_lab ficco {params.args} --out {output.csv} 2>&1 | tee {log}"

@@ -78,11 +78,11 @@ rule breakdown:
         **GPU_JOB,
     params:
         py=PY,
-        sizes=" ".join(config["breakdown"]["sizes"]),
+        args=cli_flags("breakdown"),
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll_lab breakdown --sizes {params.sizes} --out {output.csv} 2>&1 | tee {log}"
+        "{params.py} -m dmacoll_lab breakdown {params.args} --out {output.csv} 2>&1 | tee {log}"
 
 
 rule power:
@@ -103,13 +103,17 @@ rule power:
     params:
         py=PY,
         sizes=" ".join(config["resources"]["power_sizes"]),
+        power=cli_flags("power"),
+        sm_usage=cli_flags("sm_usage"),
+        interference=cli_flags("interference"),
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "{params.py} -m dmacoll_lab power --sizes {params.sizes} --out {output.power} 2>&1 | tee {log.power} && "
-        "{params.py} -m dmacoll_lab sm-usage --out {output.sm_usage} 2>&1 | tee {log.sm_usage} && "
-        "{params.py} -m dmacoll_lab interference --sizes {params.sizes} --out {output.interference} 2>&1 "
-        "| tee {log.interference}"
+        "{params.py} -m dmacoll_lab power --sizes {params.sizes} {params.power} --out {output.power} 2>&1 "
+        "| tee {log.power} && "
+        "{params.py} -m dmacoll_lab sm-usage {params.sm_usage} --out {output.sm_usage} 2>&1 | tee {log.sm_usage} && "
+        "{params.py} -m dmacoll_lab interference --sizes {params.sizes} {params.interference} "
+        "--out {output.interference} 2>&1 | tee {log.interference}"
 
 
 rule native_submit:
