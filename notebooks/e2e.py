@@ -278,7 +278,7 @@ page.table(check.dropna(axis=1, how="all"))
 # routes a collective only where the committed sweeps say dmacoll is faster (`dmacoll_routed` names them; empty:
 # everything stayed on vLLM's path, so the two differ by noise only). `allreduce_backends`: what vLLM itself
 # enabled per group (its log line). Present where vLLM runs were made (`vllm: {enabled: true}`, or shipped under
-# `results/<machine>/vllm/`).
+# `results/<machine>/vllm/`: the runs of the plugin's default route where `machines.VLLM_CLAIM_RUNS` names them).
 
 # %%
 VKEYS = ["model", "tp", "ep", "batch", "input_len", "output_len"]

@@ -68,3 +68,13 @@ def test_a_label_names_count_model_and_link(tmp_path):
         (run / "data.json").write_text(json.dumps({"hardware": {"gpus": gpus, "topology": topology}}))
     found = machines.discover(tmp_path)
     assert {k: v[1] for k, v in found.items()} == {"a": "8x H200 (NVLink NV18)", "b": "1x H100", "c": "8x MI300X"}
+
+
+def test_the_e2e_page_shows_the_vllm_checks_and_the_default_routes_runs():
+    """Runs that routed every call (DMACOLL_VLLM_ROUTE=all) stay off the page where the default route's runs are
+    named (machines.VLLM_CLAIM_RUNS); a machine without an entry shows every run."""
+    shown = machines.vllm_page_runs(ROOT / "results/h200x2")
+    assert any("/check_tp2/" in p for p in shown) and not any("route_all" in p for p in shown), shown
+    assert set(machines.vllm_claim_runs(ROOT / "results/h200x2")) <= set(shown)
+    every = sorted(str(p) for p in (ROOT / "results/h100x1").glob("vllm/*/data.csv"))
+    assert machines.vllm_page_runs(ROOT / "results/h100x1") == every and every

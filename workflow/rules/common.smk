@@ -189,16 +189,17 @@ def vllm_claim_runs(platform):
 
 
 def e2e_inputs(platform):
-    """The e2e runs, vLLM's (fresh where enabled; every shipped one) and a shipped set's repeated runs of the default
-    call and runs with a schedule per phase (machines.e2e_default_call_runs, e2e_phased_runs)."""
+    """The e2e runs, vLLM's (fresh where enabled; a shipped set's checks and default-route runs,
+    machines.vllm_page_runs) and a shipped set's repeated runs of the default call and runs with a schedule per phase
+    (machines.e2e_default_call_runs, e2e_phased_runs)."""
     runs = e2e_runs(platform)
     if not runs:
         return []
     if MEASURED:
         runs = runs + E2E_PHASED_RUNS
     vllm = [f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []
-    shipped = sorted(str(f) for f in Path(result(platform, "vllm")).glob("*/data.csv")) if not MEASURED else []
     folder = Path(PLATFORMS[platform][0])
+    shipped = machines.vllm_page_runs(folder) if not MEASURED else []
     repeats = [] if MEASURED else [str(p) for p in machines.e2e_default_call_runs(folder) +
                                    machines.e2e_phased_runs(folder)]
     return runs + vllm + shipped + [p for p in repeats if p not in runs]

@@ -80,6 +80,15 @@ def vllm_claim_runs(folder: Path) -> list[str]:
     return [str(p) for p in _globbed(folder, VLLM_CLAIM_RUNS)]
 
 
+def vllm_page_runs(folder: Path) -> list[str]:
+    """The vLLM runs a machine's e2e page shows: its output checks, and its benchmarks of the default route where
+    ``VLLM_CLAIM_RUNS`` names them (a run routing every call is a policy's, not the plugin's: its medians would mix
+    into the default's), else every benchmark; paths as the folder was given."""
+    claimed = set(vllm_claim_runs(folder))
+    every = sorted(str(p) for p in Path(folder).glob("vllm/*/data.csv"))
+    return [p for p in every if not claimed or p in claimed or not compares(Path(p), "plugin", ("dma", "vllm"))]
+
+
 def runs(folder: Path) -> list[Path]:
     """Every committed run of a machine folder (its ``data.csv``), sorted."""
     return sorted(p for p in Path(folder).rglob("data.csv") if p.with_suffix(".json").is_file())
