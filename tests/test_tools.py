@@ -57,6 +57,17 @@ def test_lent_snakemake_plans_the_workflows_targets_with_every_gpu(tmp_path):
     assert r.returncode == 2 and "no GPU" in r.stderr
 
 
+@pytest.mark.parametrize("gpus, config", [(4, "config/h200x4.yaml"), (3, "config/config.yaml")])
+def test_lent_snakemake_auto_takes_the_machines_config_where_there_is_one(tmp_path, gpus, config):
+    stub(tmp_path, "nvidia-smi", f'for i in $(seq 1 {gpus}); do echo "GPU $i: stub (UUID: GPU-$i)"; done\n')
+    stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')
+    r = run("lent_snakemake.sh", str(tmp_path / "out"), "auto", "config/kick.yaml", "-n",
+            f"{tmp_path}/out/breakdown/breakdown/data.csv", env={"PATH": f"{tmp_path}:{os.environ['PATH']}"},
+            timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"{gpus} GPUs, {config} config/kick.yaml," in r.stderr and "--transfers 10" in r.stdout
+
+
 def lanes(tmp_path: Path, queue: str, **env) -> tuple[str, str]:
     state, log = tmp_path / "state", tmp_path / "lanes.log"
     (tmp_path / "queue").write_text(queue)

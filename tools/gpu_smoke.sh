@@ -8,11 +8,8 @@
 set -u
 dest=${1:?output dir}; out=$dest/run/smoke
 mkdir -p "$out"
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-machine=config/h200x$gpus.yaml  # the rules' machine settings; the GPU's make no difference to a smoke run
-[ -f "$machine" ] || machine=config/h200x2.yaml
 status=0
-timeout "${DEADLINE_S:-540}" bash tools/lent_snakemake.sh "$out" "$machine" config/kick.yaml measure_operator \
+timeout "${DEADLINE_S:-540}" bash tools/lent_snakemake.sh "$out" auto config/kick.yaml measure_operator \
   measure_breakdown measure_resources measure_c3 measure_ficco measure_e2e --keep-going > "$dest/snakemake.log" 2>&1 \
   || { echo "FAILED: snakemake (exit $?): $(grep -E 'Error in rule|^[0-9]+ of [0-9]+ steps' "$dest/snakemake.log" \
        | tail -n 4 | tr '\n' ' ')"; status=1; }

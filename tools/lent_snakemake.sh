@@ -6,13 +6,14 @@
 #   on a machine with network:  python3 tools/vllm_bundle.py build/snakemake_bundle --root snakemake==9.27.1
 #   on the lent machine (carry build/snakemake_bundle with the tree):
 #     bash tools/lent_snakemake.sh OUTDIR config/h200x4.yaml [more.yaml ...] [snakemake arguments: targets, -n, ...]
-#   (more config files after the machine's, each over the one before: config/vllm_lent.yaml for vLLM's runs)
+#   (more config files after the machine's, each over the one before: config/vllm_lent.yaml for vLLM's runs;
+#   `auto` for the machine's: config/h200x<GPUs>.yaml where there is one, else config/config.yaml alone)
 #   e.g. targets OUTDIR/sm_path/default_call_small_run1/data.csv (rule default_call), one call's worth at a time
 set -euo pipefail
 out=${1:?usage: lent_snakemake.sh OUTDIR config/MACHINE.yaml [snakemake arguments]}
 machine=${2:?usage: lent_snakemake.sh OUTDIR config/MACHINE.yaml [snakemake arguments]}
 shift 2
-configs=("$machine")
+configs=()
 while [ $# -gt 0 ] && [[ $1 == *.yaml ]]; do configs+=("$1"); shift; done
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=${DMACOLL_SNAKEMAKE_BUNDLE:-$root/build/snakemake_bundle}
@@ -26,6 +27,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$gpus" -gt 0 ] || { echo "nvidia-smi lists no GPU: this script measures; make artifact renders without GPUs" >&2; exit 2; }
 cd "$root"
+if [ "$machine" = auto ]; then  # the rules' machine settings; the GPU model makes no difference to the rules
+  machine=config/h200x$gpus.yaml; [ -f "$machine" ] || machine=config/config.yaml
+fi
+configs=("$machine" ${configs[@]+"${configs[@]}"})
 mkdir -p "$out"
 bash tools/machine_probe.sh > "$out/probe.txt" 2>&1 || true  # the call's machine, beside its runs
 echo "lent_snakemake: $gpus GPUs, ${configs[*]}, results under $out" >&2

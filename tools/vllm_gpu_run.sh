@@ -7,7 +7,7 @@
 #                  plugin through its `vllm.general_plugins` entry point); skipped when already done
 #         tests    the plugin's tests against that vLLM (the CPU ones and tests/gpu/test_vllm_gpu.py)
 #         bench    the workflow's vLLM runs (rules vllm_model, vllm_bench, vllm_results; config/vllm_lent.yaml over
-#                  config/<machine>.yaml: Llama-3.1-8B shapes, dummy weights, `vllm bench latency` and `throughput`
+#                  the machine's config: Llama-3.1-8B shapes, dummy weights, `vllm bench latency` and `throughput`
 #                  at each TP the machine holds from 2 up, the plugin off and on in rounds of alternating order)
 #                  through lent_snakemake.sh (carry build/snakemake_bundle too); what a call leaves undone, `bench`
 #                  in the next call on the warm machine goes on with (DEADLINE_S, default 540, per call)
@@ -67,7 +67,7 @@ case "$step" in
     # machine's config, through lent_snakemake.sh (carry build/snakemake_bundle too), in a folder kept between calls:
     # a call that runs out of time stops, and `bench` in the next call on the warm machine goes on
     wf=$PWD/build/vllm_wf; d=$out/vllm/bench; mkdir -p "$d"
-    timeout "${DEADLINE_S:-540}" bash tools/lent_snakemake.sh "$wf" "config/$machine.yaml" config/vllm_lent.yaml \
+    timeout "${DEADLINE_S:-540}" bash tools/lent_snakemake.sh "$wf" auto config/vllm_lent.yaml \
       "$wf/vllm/bench/data.csv" --rerun-incomplete --nolock > "$d/snakemake.log" 2>&1 \
       || say "snakemake stopped (exit $?): run step bench again to go on (vllm/bench/snakemake.log)"
     grep -E "^[0-9]+ of [0-9]+ steps" "$d/snakemake.log" | tail -1 | tee -a "$summary"
