@@ -300,8 +300,6 @@ def _e2e_best(metric: str, lower: bool):
 
     def value(e2e: pd.DataFrame, config: str) -> Value:
         ok = e2e[(e2e["status"] == "ok") & (e2e["schedule"] == "serial")]
-        if "run" not in ok:
-            ok = ok.assign(run=0)
         wide = ok.pivot_table(index=E2E_KEYS + ["run"], columns="impl",
                               values=[c for c in (metric, f"{metric}_p10", f"{metric}_p90") if c in ok])
         if (metric, "dma") not in wide or (metric, "nccl") not in wide:

@@ -44,6 +44,11 @@ def _abs(paths: list[str]) -> list[str]:
     return [str(ROOT / p) for p in paths]
 
 
+def machine_runs(machine: str, finder: Callable[[Path], list]) -> list[str]:
+    """The runs a ``machines`` finder picks in a machine's folder, as paths from the repository root."""
+    return [str(Path(p).relative_to(ROOT)) for p in finder(ROOT / "results" / machine)]
+
+
 def source_line(paths: list[str]) -> str:
     return report.source_line(paths, ROOT)
 
@@ -109,11 +114,11 @@ def operator(machine: str) -> str:
 
 def claims_block(machine: str) -> str:
     paths = sweeps(machine)
-    c3 = [str(p.relative_to(ROOT)) for p in c3_rules.runs(ROOT / "results" / machine / "c3")]
+    c3 = machine_runs(machine, lambda folder: c3_rules.runs(folder / "c3"))
     power = run(machine, "power", "power")
-    e2e = [str(Path(p).relative_to(ROOT)) for p in machines.e2e_claim_runs(ROOT / "results" / machine)]
+    e2e = machine_runs(machine, machines.e2e_claim_runs)
     ficco = run(machine, "ficco", "ficco")
-    vllm = [str(Path(p).relative_to(ROOT)) for p in machines.vllm_claim_runs(ROOT / "results" / machine)]
+    vllm = machine_runs(machine, machines.vllm_claim_runs)
     rows = pd.DataFrame(claims.evaluate(_abs(paths), str(ROOT / power), _abs(c3), _abs(e2e), _abs([ficco]),
                                         _abs(vllm)))
     cols = ["id", "paper (MI300X)", "metric", "configuration", "n", "reproduced", "spread", "over runs", "tolerance",
@@ -169,7 +174,7 @@ def c3(machine: str) -> str:
 def c3_runs(machine: str) -> str:
     """Every C3 run of a machine, per option: the mean fraction of ideal clipped and not, and over the held-out
     scenarios (the claims' spread over runs comes from the options measured in several)."""
-    paths = [str(p.relative_to(ROOT)) for p in c3_rules.runs(ROOT / "results" / machine / "c3")]
+    paths = machine_runs(machine, lambda folder: c3_rules.runs(folder / "c3"))
     return _table(c3_rules.run_means(_abs(paths)), paths)
 
 
@@ -193,7 +198,7 @@ def e2e_phased(machine: str) -> str:
     """The runs with a schedule per phase (``machines.e2e_phased_runs``), per model and batch over the runs."""
     from . import e2e_tables
 
-    paths = [str(p.relative_to(ROOT)) for p in machines.e2e_phased_runs(ROOT / "results" / machine)]
+    paths = machine_runs(machine, machines.e2e_phased_runs)
     rows = e2e_tables.phased(load.read("e2e", _abs(paths))) if paths else pd.DataFrame()
     return _table(e2e_tables.phased_summary(rows), paths)
 
@@ -251,7 +256,7 @@ def nccl_tests(machine: str) -> str:
 
 def _default_call_runs(machine: str) -> tuple[list[str], Optional[pd.DataFrame], str]:
     """The runs of the current defaults on ``machine``: their paths, their rows, and the source line."""
-    paths = [str(p.relative_to(ROOT)) for p in machines.default_call_runs(ROOT / "results" / machine)]
+    paths = machine_runs(machine, machines.default_call_runs)
     if not paths:
         return paths, None, f"No runs of the current defaults on {machine} (`machines.DEFAULT_CALL_RUNS`)."
     codes = ", ".join(str(load.provenance(ROOT / p).get("git_sha"))[:10] for p in paths)
@@ -293,7 +298,7 @@ def default_call_headline(machine: str) -> str:
 def dma_auto(machine: str) -> str:
     """Where 'auto' takes the copy engines above the sm path (``tables.dma_auto_sizes`` of ``machines.DMA_AUTO_RUNS``),
     beside what ``options.DMA_AUTO_MIN_BYTES`` gives at each size (tests/test_report.py holds the two equal)."""
-    paths = [str(p.relative_to(ROOT)) for p in machines.dma_auto_runs(ROOT / "results" / machine)]
+    paths = machine_runs(machine, machines.dma_auto_runs)
     if not paths:
         return f"No runs on {machine} (`machines.DMA_AUTO_RUNS`)."
     table = tables.dma_auto_sizes(load.read("probe", _abs(paths)))
@@ -334,7 +339,8 @@ def defaults_study(folder: str) -> str:
 BLOCKS: dict[str, Callable[[str], str]] = {
     "headline": headline, "operator": operator, "claims": claims_block, "calibration": calibration,
     "breakdown": breakdown, "power": power, "interference": interference, "c3": c3, "c3_runs": c3_runs,
-    "ficco": ficco, "e2e": e2e, "e2e_phased": e2e_phased, "native": native, "probes": probes, "call_cost": call_cost, "check_cost": check_cost,
+    "ficco": ficco, "e2e": e2e, "e2e_phased": e2e_phased, "native": native, "probes": probes, "call_cost": call_cost,
+    "check_cost": check_cost,
     "nccl_tests": nccl_tests, "default_call": default_call, "default_call_headline": default_call_headline,
     "default_call_nccl_tests": default_call_nccl_tests, "dma_auto": dma_auto,
     "sources": sources, "defaults_study": defaults_study,

@@ -140,7 +140,8 @@ def phased_summary(phased_rows: pd.DataFrame) -> pd.DataFrame:
     if phased_rows.empty:
         return pd.DataFrame(columns=cols)
     out = (phased_rows.groupby(["model", "batch"], sort=True)
-           .agg(runs=("source", "nunique"), decode=("decode_dma_over_nccl", spread), ttft=("ttft_dma_over_nccl", spread),
+           .agg(runs=("source", "nunique"), decode=("decode_dma_over_nccl", spread),
+                ttft=("ttft_dma_over_nccl", spread),
                 prefill=("prefill", lambda p: ", ".join(f"{k} x{n}" for k, n in p.value_counts().sort_index().items())),
                 bound=("ideal_overlap_over_nccl", "min"))
            .reset_index())
