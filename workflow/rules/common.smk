@@ -172,6 +172,10 @@ def e2e_runs(platform):
     return machines.e2e_runs(Path(PLATFORMS[platform][0]))
 
 
+# vLLM's benchmarks measured by this run (rule vllm_results), where the config enables them on a GPU machine
+FRESH_VLLM_RUNS = [f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []
+
+
 def e2e_claim_runs(platform):
     """The e2e runs a machine's claims rest on: the fresh run, or a shipped set's repeated runs of the current default
     call (machines.e2e_claim_runs: each point's ratio the median over them)."""
@@ -184,7 +188,7 @@ def vllm_claim_runs(platform):
     """The vLLM runs a machine's vLLM claims rest on: the fresh runs where enabled, or a shipped set's
     (machines.vllm_claim_runs)."""
     if MEASURED:
-        return [f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []
+        return FRESH_VLLM_RUNS
     return machines.vllm_claim_runs(Path(PLATFORMS[platform][0]))
 
 
@@ -197,7 +201,7 @@ def e2e_inputs(platform):
         return []
     if MEASURED:
         runs = runs + E2E_PHASED_RUNS
-    vllm = [f"{OUT}/vllm/bench/data.csv"] if GPU and config.get("vllm", {}).get("enabled") else []
+    vllm = FRESH_VLLM_RUNS
     folder = Path(PLATFORMS[platform][0])
     shipped = machines.vllm_page_runs(folder) if not MEASURED else []
     repeats = [] if MEASURED else [str(p) for p in machines.e2e_default_call_runs(folder) +
