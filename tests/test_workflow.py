@@ -73,6 +73,10 @@ def test_a_collective_the_registry_lacks_is_rejected_when_the_workflow_loads(sec
     ({"vllm": {"models": [{"name": "x", "spec": "gpt5"}]}}, "gpt5", "vllm.models[*].spec"),
     ({"amd_dmalatte": {"runs": {"r": {"command": "x", "op": "bcast", "variant": "pcpy"}}}}, "bcast",
      "amd_dmalatte.runs[*].op"),
+    ({"power": {"ops": ["broadcast"]}}, "broadcast", "power.ops"),
+    ({"sm_usage": {"modes": ["lazy"]}}, "lazy", "sm_usage.modes"),
+    ({"interference": {"strategies": ["teleport"]}}, "teleport", "interference.strategies"),
+    ({"ficco": {"models": ["gpt5"]}}, "gpt5", "ficco.models"),
 ])
 def test_a_name_no_command_takes_is_named_with_what_they_take(section, value, where):
     """The schema keeps no list of names: the commands' choices decide (dmacoll_lab.workflow_config)."""
@@ -80,6 +84,16 @@ def test_a_name_no_command_takes_is_named_with_what_they_take(section, value, wh
 
     found = problems(section)
     assert len(found) == 1 and found[0].startswith(f"config {where}: unknown value(s) {value}; choose from "), found
+
+
+@pytest.mark.parametrize("text, key", [("vllm:\n  rounds: 0\n", "rounds"), ("power:\n  seconds: 0\n", "seconds"),
+                                       ("ficco:\n  pieces: 4\n", "pieces"), ("breakdown:\n  transfers: 0\n", "transfers")])
+def test_a_bad_value_in_a_flag_section_stops_the_workflow_before_any_run(text, key, tmp_path):
+    """The schema validates the sections that pass flags to the commands: out of range, or a key no flag takes."""
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    r = dry_run("--configfile", "config/config.yaml", str(cfg))
+    assert r.returncode != 0 and key in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
 
 
 def test_the_shipped_configs_name_only_what_the_commands_take():
