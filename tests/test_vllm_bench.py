@@ -45,7 +45,8 @@ def test_rounds_alternate_which_plugin_starts_first_and_chain_each_points_runs()
                    for p in pair.split()]
     before = vruns.previous(runs)
     assert [before[n] for n in lat] == [None] + lat[:-1]
-    assert before["throughput_m_tp2_vllm_r1"] is None and before["throughput_m_tp2_dma_r1"] == "throughput_m_tp2_vllm_r1"
+    assert before["throughput_m_tp2_vllm_r1"] is None
+    assert before["throughput_m_tp2_dma_r1"] == "throughput_m_tp2_vllm_r1"
     assert len(vruns.plan({**cfg, "rounds": 1}, gpus=2)) == 4  # one round: each point off, then on
 
 

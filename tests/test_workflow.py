@@ -87,7 +87,8 @@ def test_a_name_no_command_takes_is_named_with_what_they_take(section, value, wh
 
 
 @pytest.mark.parametrize("text, key", [("vllm:\n  rounds: 0\n", "rounds"), ("power:\n  seconds: 0\n", "seconds"),
-                                       ("ficco:\n  pieces: 4\n", "pieces"), ("breakdown:\n  transfers: 0\n", "transfers")])
+                                       ("ficco:\n  pieces: 4\n", "pieces"),
+                                       ("breakdown:\n  transfers: 0\n", "transfers")])
 def test_a_bad_value_in_a_flag_section_stops_the_workflow_before_any_run(text, key, tmp_path):
     """The schema validates the sections that pass flags to the commands: out of range, or a key no flag takes."""
     cfg = tmp_path / "bad.yaml"
