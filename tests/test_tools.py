@@ -153,6 +153,25 @@ def test_vllm_gpu_run_bench_runs_the_workflows_vllm_rules_in_alternating_rounds(
     assert "machine h200x4" in (out / "summary.txt").read_text()
 
 
+def test_vllm_gpu_run_bench_takes_other_config_files(tmp_path):
+    """VLLM_CONFIGS replaces config/vllm_lent.yaml: with config/vllm_throughput.yaml over it, only the throughput
+    points (at TP 2 and 4, two rounds each) are planned."""
+    stub(tmp_path, "nvidia-smi", 'case "$*" in *query-gpu*) for i in 0 1 2 3; do echo "NVIDIA H200"; done;;\n'
+                                 '  *-L*) for i in 0 1 2 3; do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done;;\n'
+                                 '  *) echo stub-smi;; esac\n')
+    stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')
+    stub(tmp_path, "timeout", 'shift; exec "$@" -n\n')
+    out = tmp_path / "out"
+    r = run("vllm_gpu_run.sh", str(out), "bench", env={
+        "PATH": f"{tmp_path}:{os.environ['PATH']}", "DMACOLL_GIT_SHA": "abc123",
+        "VLLM_CONFIGS": "config/vllm_lent.yaml config/vllm_throughput.yaml"}, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    log = (out / "run/vllm/bench/snakemake.log").read_text()
+    names = [line.split("--name ", 1)[1].split()[0] for line in log.splitlines() if "vllm bench --model-dir" in line]
+    assert sorted(names) == sorted(f"throughput_llama-3.1-8b_tp{tp}_{p}_r{n}"
+                                   for tp in (2, 4) for p in ("vllm", "dma") for n in (1, 2)), names
+
+
 @pytest.mark.parametrize("wrong", [False, True])
 def test_gpu_smoke_runs_the_workflow_with_the_kick_config_and_checks_every_row(tmp_path, wrong):
     """tools/gpu_smoke.sh is the workflow's measurements with config/kick.yaml (planned here: a `timeout` stub adds

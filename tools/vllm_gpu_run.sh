@@ -10,7 +10,8 @@
 #                  the machine's config: Llama-3.1-8B shapes, dummy weights, `vllm bench latency` and `throughput`
 #                  at each TP the machine holds from 2 up, the plugin off and on in rounds of alternating order)
 #                  through lent_snakemake.sh (carry build/snakemake_bundle too); what a call leaves undone, `bench`
-#                  in the next call on the warm machine goes on with (DEADLINE_S, default 540, per call)
+#                  in the next call on the warm machine goes on with (DEADLINE_S, default 540, per call);
+#                  VLLM_CONFIGS: other config files instead of config/vllm_lent.yaml (each over the one before)
 #         check    `dmacoll vllm check` at TP (2 or more): outputs with the plugin off and on (five vLLM starts,
 #                  about 100 s each at TP 4: REUSE=1 in a second call goes on from the settings a first one finished)
 #   default: install tests bench. Each step's time is printed; split the steps over calls to stay inside 10 minutes
@@ -67,7 +68,7 @@ case "$step" in
     # machine's config, through lent_snakemake.sh (carry build/snakemake_bundle too), in a folder kept between calls:
     # a call that runs out of time stops, and `bench` in the next call on the warm machine goes on
     wf=$PWD/build/vllm_wf; d=$out/vllm/bench; mkdir -p "$d"
-    timeout "${DEADLINE_S:-540}" bash tools/lent_snakemake.sh "$wf" auto config/vllm_lent.yaml \
+    timeout "${DEADLINE_S:-540}" bash tools/lent_snakemake.sh "$wf" auto ${VLLM_CONFIGS:-config/vllm_lent.yaml} \
       "$wf/vllm/bench/data.csv" --rerun-incomplete --nolock > "$d/snakemake.log" 2>&1 \
       || say "snakemake stopped (exit $?): run step bench again to go on (vllm/bench/snakemake.log)"
     grep -E "^[0-9]+ of [0-9]+ steps" "$d/snakemake.log" | tail -1 | tee -a "$summary"
