@@ -12,20 +12,11 @@ from dmacoll.options import DMA_AUTO_MIN_BYTES
 
 from dmacoll_lab.verify.launch import run_ranks
 
-from test_sm_path import WORLDS, draw, expected, ranks_share_gpus, shapes
+from test_sm_path import WORLDS, close, draw, expected, ranks_share_gpus, shapes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 OPS = ("all_gather", "all_to_all", "all_reduce", "reduce_scatter")
 DTYPES = ("bfloat16", "float32", "int32")
-
-
-def close(op: str, got: torch.Tensor, want: torch.Tensor) -> bool:
-    """``want``: test_sm_path's ``expected`` (integer sums wrap at the dtype's width, as NCCL's do)."""
-    if op in ("all_gather", "all_to_all") or not got.dtype.is_floating_point:
-        return torch.equal(got, want)
-    step = 2.0 ** -7 if got.dtype == torch.bfloat16 else 2.0 ** -20  # NCCL's sums round along its ring
-    want = want.double()
-    return bool(torch.allclose(got.double(), want, rtol=4 * step, atol=4 * step * want.abs().max().item()))
 
 
 def _calls(rank: int, world: int, seed: int) -> dict:
