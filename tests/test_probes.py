@@ -361,9 +361,10 @@ EARLIER_CONFIG.update({f"h200x4/sm_path/small_calls_ll_{setting}_run{n}": {
 EARLIER_CONFIG.update({f"h200x4/sm_path/default_call_interleaved_run{n}": _SMALL_W4 for n in (1, 2, 3)})
 EARLIER_CONFIG.update({f"h200x{w}/sm_path/large_calls_interleaved_{run}": {**_LARGE, "worlds": [w]}
                        for w in (2, 4) for run in ("run1", "run2", "run3", "trimmed") if (w, run) != (2, "trimmed")})
-# the default call made by the workflow's rule default_call (tools/lent_snakemake.sh) on 2x H200: its config parts
-EARLIER_CONFIG.update({f"h200x2/sm_path/default_call_{part}_run{n}": {**config, "worlds": [2]} for n in (1, 2, 3)
-                       for part, config in (("small", _SMALL_W4), ("large", _LARGE))})
+# the default call made by the workflow's rule default_call (tools/lent_snakemake.sh): its config parts
+# (2x H200), and at be50f6f on 4x H200
+EARLIER_CONFIG.update({f"h200x{w}/sm_path/default_call_{part}_run{n}": {**config, "worlds": [w]} for w in (2, 4)
+                       for n in (1, 2, 3) for part, config in (("small", _SMALL_W4), ("large", _LARGE))})
 # the same rule's large part at f3d76e1, when an eager all_reduce above 4 MB per peer went to NCCL (8 MB included)
 EARLIER_CONFIG.update({f"h200x2/sm_path/large_calls_eager_sum_on_nccl_run{n}": {**_LARGE, "worlds": [2]}
                        for n in (1, 2, 3)})

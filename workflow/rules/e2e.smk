@@ -106,4 +106,5 @@ if VLLM_ON:
         conda:
             "../../envs/cpu.yaml"
         shell:
-            "{params.py} -m dmacoll_lab vllm results csv --out {output.csv} {input} > {log} 2>&1"
+            "DMACOLL_WORKFLOW_RULE=vllm_results {params.py} -m dmacoll_lab vllm results csv --out {output.csv} {input} "
+            "> {log} 2>&1"

@@ -275,10 +275,11 @@ C3_CLAIMS = [
 
 
 # -- end to end (DMA-Latte's inference claims) and FiCCO ------------------------------------------------------------
-def _best_over_runs(ratio: pd.Series, keys: list[str], lower: bool) -> tuple[Measure, pd.Series]:
+def _best_over_runs(ratio: pd.Series, keys: list[str], lower: bool,
+                    unit: str = "runs") -> tuple[Measure, pd.Series]:
     """The best point of ``ratio`` (indexed by ``keys`` + ``run``): each point's median over its runs, then the
     lowest (``lower``) or highest; its spread the range over those runs (a single run: no spread here). Also the
-    best point's ratios, one per run."""
+    best point's ratios, one per run. ``unit``: what one ``run`` is, for the note."""
     medians = ratio.groupby(level=keys).median()
     best = medians.idxmin() if lower else medians.idxmax()
     over_runs = ratio[ratio.index.droplevel("run").isin([best])]
@@ -286,7 +287,7 @@ def _best_over_runs(ratio: pd.Series, keys: list[str], lower: bool) -> tuple[Mea
     if len(over_runs) > 1:
         return Measure(round(float(medians[best]), 3), round(float(over_runs.min()), 3),
                        round(float(over_runs.max()), 3), len(medians),
-                       f"best at {where}, the median of {len(over_runs)} runs", len(over_runs)), over_runs
+                       f"best at {where}, the median of {len(over_runs)} {unit}", len(over_runs)), over_runs
     return Measure(round(float(medians[best]), 3), n=len(medians), note=f"best at {where}"), over_runs
 
 
@@ -321,18 +322,20 @@ VLLM_KEYS = ["model", "tp", "ep", "bench", "batch", "input_len", "output_len"]
 
 def _vllm_best(metric: str, lower: bool):
     """The best point's plugin-on / off ratio of ``metric`` in vLLM's own benchmarks (``latency_avg``: lower is
-    better; ``output_tokens_per_s``: higher), over the (model, TP, EP, batch) points: per run the median of each
-    plugin over its rounds, per point the median over the runs, the spread their range."""
+    better; ``output_tokens_per_s``: higher), over the (model, TP, EP, batch) points: the ratio per round (a round:
+    the plugin off and on once each, ``round``; a run without rounds is one), per point the median
+    over every run's rounds, the spread their range. ``batch`` 0: a throughput run (no batch)."""
     def value(v: pd.DataFrame, config: str) -> Value:
         rows = v[v["metric"] == metric].assign(batch=lambda d: d["batch"].fillna(0).astype(int),
                                                ep=lambda d: d["ep"].astype(str))
         if rows.empty:
             return None
+        rows = rows.assign(run=rows["run"].astype(str) + " round " + rows["round"].astype(str))
         med = rows.pivot_table(index=VLLM_KEYS + ["run"], columns="plugin", values="value", aggfunc="median")
         if not {"dma", "vllm"} <= set(med.columns):
             return None
         ratio = (med["dma"] / med["vllm"]).dropna()
-        return None if ratio.empty else _best_over_runs(ratio, VLLM_KEYS, lower)[0]
+        return None if ratio.empty else _best_over_runs(ratio, VLLM_KEYS, lower, "rounds (plugin off and on once)")[0]
     return value
 
 
@@ -388,9 +391,9 @@ def _fmt(lo: float, hi: float) -> str:
     return f"{lo:g}-{hi:g}" if not (math.isnan(lo) or math.isnan(hi)) else ""
 
 
-def _pooled(csvs: Sequence[str]) -> pd.DataFrame:
+def _pooled(csvs: Sequence[str], kind: str = "e2e") -> pd.DataFrame:
     """Runs as one table, each CSV a ``run`` (their points are scored over the runs that have them)."""
-    return pd.concat([results.read("e2e", [c]).assign(run=i) for i, c in enumerate(csvs)], ignore_index=True)
+    return pd.concat([results.read(kind, [c]).assign(run=i) for i, c in enumerate(csvs)], ignore_index=True)
 
 
 def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None,
@@ -403,7 +406,7 @@ def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None,
     runs = {"operator": [_operator(report.load(sweep_csvs))],
             "power": [results.read("power", [power_csv])] if power_csv else [],
             "c3": _c3_runs(c3_csvs), "e2e": [_pooled(e2e_csvs)] if e2e_csvs else [],
-            "vllm": [_pooled(vllm_csvs)] if vllm_csvs else [],
+            "vllm": [_pooled(vllm_csvs, "vllm")] if vllm_csvs else [],
             "ficco": [ficco_rules.collapse(ficco_rules.load([c])) for c in ficco_csvs]}
     noise = {"c3": c3_noise(runs["c3"])}
     rows = []

@@ -101,6 +101,14 @@ def _e2e(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _vllm(df: pd.DataFrame) -> pd.DataFrame:
+    """`dmacoll vllm results csv` tables: ``round``, the plugin off/on round of each row's vLLM run (``_r<n>`` ending
+    its JSON's name, ``row_source``; 1 where a run had no rounds)."""
+    own = df["row_source"].astype(str) if "row_source" in df else pd.Series("", index=df.index)
+    df["round"] = own.str.extract(r"_r(\d+)\.json$", expand=False).fillna("1").astype(int)
+    return df
+
+
 # kind -> (strings read as missing; None: pandas' defaults), migration of the concatenated table
 KINDS: dict[str, tuple[list[str] | None, Callable[[pd.DataFrame], pd.DataFrame]]] = {
     "operator": (["nan"], _operator),  # "" stays "": a column empty for some implementations (variant, error)
@@ -111,17 +119,19 @@ KINDS: dict[str, tuple[list[str] | None, Callable[[pd.DataFrame], pd.DataFrame]]
     "c3": (["nan", "NaN", ""], _as_written),
     "ficco": (["nan", "NaN", ""], _as_written),
     "e2e": (["nan", ""], _e2e),
-    "vllm": (["nan", ""], _as_written),
+    "vllm": (["nan", ""], _vllm),
     "probe": (["nan", ""], _as_written),  # `dmacoll probe` tables
     "check_cost": (["nan", ""], _as_written),  # `dmacoll check-cost`
 }
 
 
 def read(kind: str, paths: Sequence[str | Path]) -> pd.DataFrame:
-    """The result CSVs ``paths`` of one ``kind`` as one table; ``source`` names each row's file."""
+    """The result CSVs ``paths`` of one ``kind`` as one table; ``source`` names each row's file (a table's own
+    ``source`` column, what its row was made from, becomes ``row_source``)."""
     if kind not in KINDS:
         raise ValueError(f"unknown result kind {kind!r}; known: {', '.join(KINDS)}")
     na_values, migrate = KINDS[kind]
     na = {"keep_default_na": False, "na_values": na_values} if na_values is not None else {}
-    frames = [pd.read_csv(csv_path(p), **na).assign(source=str(csv_path(p))) for p in paths]
+    frames = [pd.read_csv(csv_path(p), **na).rename(columns={"source": "row_source"}).assign(source=str(csv_path(p)))
+              for p in paths]
     return migrate(pd.concat(frames, ignore_index=True))

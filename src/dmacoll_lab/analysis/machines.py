@@ -15,11 +15,10 @@ GPU_MODELS = ("MI300X", "H200", "H100", "B200", "A100")
 
 
 # per machine folder, the runs of dmacoll probe sm_path that measured Communicator()'s current defaults (globs), three
-# runs each at 1 KB-4 MB and 8-256 MB per rank, the implementations' samples interleaved: on 2x H200 made by the
-# workflow's rule default_call (tools/lent_snakemake.sh, d8bd0b9); on 4x H200 the tenth session's probe runs (one
-# lease); the decisions are those of 8686473
+# runs each at 1 KB-4 MB and 8-256 MB per rank, the implementations' samples interleaved, made by the workflow's rule
+# default_call (tools/lent_snakemake.sh): on 2x H200 at 8855b00 and later, on 4x H200 at be50f6f
 DEFAULT_CALL_RUNS = {"h200x2": ("sm_path/default_call_small_run*", "sm_path/default_call_large_run*"),
-                     "h200x4": ("sm_path/default_call_interleaved_run*", "sm_path/large_calls_interleaved_run*")}
+                     "h200x4": ("sm_path/default_call_small_run*", "sm_path/default_call_large_run*")}
 
 
 # per machine folder, the runs whose copy-engine rows (path='dma', sums staged) against NCCL set where 'auto' takes
@@ -29,17 +28,17 @@ DMA_AUTO_RUNS = {machine: ("sm_path/large_calls_staged_run*", "sm_path/large_cal
 
 
 # per machine folder, the repeated e2e runs of the current default call at the machine's full world that the end-to-end
-# claims rest on (each point's ratio the median over its runs): at 2 GPUs the rule's runs with every schedule (code
-# e1900de), at 4 the serial runs with the prefill sums staged (5dc47c3, the newest at world 4)
+# claims rest on (each point's ratio the median over its runs): the rule e2e_phased's runs with every schedule, at
+# 2 GPUs code e1900de, at 4 be50f6f
 E2E_CLAIM_RUNS = {"h200x2": ("e2e/phased_tp2_*_run*",),
-                  "h200x4": ("e2e/default_call_serial_*_staged_run*",)}
+                  "h200x4": ("e2e/phased_tp4_*_run*",)}
 
 
 # per machine folder, the vLLM runs (plugin off and on in one lease, the default route) that the vLLM claims rest on:
 # not the runs that routed every call (DMACOLL_VLLM_ROUTE=all, a policy, not the default)
 VLLM_CLAIM_RUNS = {"h200x2": ("vllm/tp2_latency", "vllm/tp2_latency_alternating", "vllm/tp2_latency_measured_*",
                               "vllm/tp2_throughput_*"),
-                   "h200x4": ("vllm/tp4_latency_round*",)}
+                   "h200x4": ("vllm/tp4_latency_round*", "vllm/tp*_throughput_rounds")}
 
 
 def _globbed(folder: Path, registry: dict) -> list[Path]:
