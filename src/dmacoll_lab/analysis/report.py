@@ -272,11 +272,24 @@ def source_line(paths: list[str], root: Path = Path(".")) -> str:
     machine = f"{len(gpus)}x {', '.join(sorted(set(gpus)))}" if gpus else "no GPU recorded"
     where = ("Measured on NVIDIA Hopper, not the papers' MI300X." if gpus else
              f"Measured on the host emulator ({hw.get('cpu_count')} CPUs), no GPU.")
-    rules = sorted({str(p.get("env", {}).get("DMACOLL_WORKFLOW_RULE")) for p in provs})
-    made = f" Snakemake rule: `{rules[0]}`." if len(rules) == 1 and rules[0] != "None" else ""  # runs the DAG made
+    made = made_by([p.get("env", {}).get("DMACOLL_WORKFLOW_RULE") for p in provs])
     codes = list(dict.fromkeys(str(p.get("git_sha"))[:10] for p in provs))  # every code the runs ran, in order
     return (f"Source: {', '.join(f'`{p}`' for p in paths)} (code {', '.join(codes)}, {machine}, "
-            f"torch {sw.get('torch')}, NCCL {sw.get('nccl')}). {where}{made}")
+            f"torch {sw.get('torch')}, NCCL {sw.get('nccl')}). {where} {made}")
+
+
+def made_by(rules: list) -> str:
+    """What made a table's runs, from each run's ``DMACOLL_WORKFLOW_RULE`` (None: a run made before the workflow's
+    rules, by the command its ``data.json`` names): the Snakemake rules, or how many runs predate them."""
+    named = list(dict.fromkeys(r for r in rules if r))
+    plural = "s" if len(named) > 1 else ""
+    ticks = ", ".join(f"`{r}`" for r in named)
+    if not named:
+        return "Made before the workflow's rules (each run's command is in its data.json)."
+    if all(rules):
+        return f"Snakemake rule{plural}: {ticks}."
+    return (f"Snakemake rule{plural} {ticks} made {sum(map(bool, rules))} of {len(rules)} runs; the others predate "
+            "the rules (each run's command is in its data.json).")
 
 
 def failures_line(df: pd.DataFrame) -> str:
