@@ -155,6 +155,61 @@ def test_no_comm_keeps_the_buffers_and_moves_nothing():
         quiet.collective("broadcast", x)
 
 
+class _Recording(type(make("none", "cpu", {}, torch.float32))):
+    """World-1 collectives that note whether each call came overlapped."""
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+        self.seen: list[tuple[str, bool]] = []
+
+    def collective(self, op, out, x=None, overlapped=False):
+        self.seen.append((op, overlapped))
+        return super().collective(op, out, x)
+
+
+@pytest.mark.parametrize("schedule", ["serial", "microbatch", "seqpar"])
+def test_a_schedule_marks_its_calls_overlapped_except_serial_and_replays_them_so(schedule):
+    """An overlapped schedule's calls reach the collectives as overlapped (where dmacoll takes its overlap path), in
+    line on the host too, and the communication-alone replay takes them the same way; serial's never are."""
+    from dmacoll_lab.e2e.schedule import replay
+
+    m = Model(tiny(False), 0, 1, torch.device("cpu"), torch.float32, seed=0)
+    tokens = torch.randint(0, m.spec.vocab, (2, 6))
+    coll = _Recording()
+    coll.reserve(k.schedule_buffers(m.spec, 1, 12, 2, schedule, 2), torch.float32)
+    sched = Schedule(schedule, 2)
+    sched.log = []
+    sched.prefill(m, coll, tokens, m.new_cache(2, 8))
+    assert coll.seen and {o for _, o in coll.seen} == {schedule != "serial"}, coll.seen
+    coll.seen.clear()
+    replay(coll, sched.log)
+    assert {o for _, o in coll.seen} == {schedule != "serial"}
+
+
+def test_dmacolls_overlapped_calls_take_the_overlap_path_and_the_others_the_default():
+    """DmaCollectives hands an overlapped call its ``overlap_path`` ('dma': the copy engines) and every other call
+    no path (the communicator's 'auto'); with overlap_path 'auto' no call names a path."""
+    from collections import Counter
+
+    from dmacoll_lab.e2e.collectives import DmaCollectives
+
+    class Comm:
+        def __init__(self):
+            self.calls = []
+            self.last_options = type("O", (), {"path": "sm"})()
+
+        def collective(self, op, out, x=None, **options):
+            self.calls.append((op, options))
+
+    for overlap_path, want in (("dma", {"path": "dma"}), ("auto", {})):
+        d = DmaCollectives.__new__(DmaCollectives)  # the forwarding alone: no process group, no heap
+        d.comm, d.paths, d.overlap_path = Comm(), Counter(), overlap_path
+        y = torch.zeros(4)
+        d.collective("all_reduce", y)
+        d.collective("all_reduce", y, overlapped=True)
+        assert d.comm.calls == [("all_reduce", {}), ("all_reduce", want)], overlap_path
+
+
 # -- the runner on the host emulator ---------------------------------------------------------------------------
 def _run(world: int, impls):
     cfg = {**c.DEFAULTS, "models": [tiny(True)], "batches": [1, 3], "prompts": [5], "decode_steps": 2,

@@ -14,7 +14,7 @@ def cmd_e2e(a: argparse.Namespace) -> int:
     from ..e2e import config as e2e
 
     cfg = dict(models=a.models, layers=a.layers, batches=a.batches, prompts=a.prompts, impls=a.impls,
-               schedules=a.schedules, pieces=a.pieces, breakdown=not a.no_breakdown,
+               schedules=a.schedules, pieces=a.pieces, overlap_path=a.overlap_path, breakdown=not a.no_breakdown,
                decode_steps=a.decode_steps, repeats=a.repeats, output_len=a.output_len, chunk_tokens=a.chunk_tokens,
                dtype=a.dtype, seed=a.seed, check_dtype=a.check_dtype, rtol=a.rtol, atol=a.atol)
     if a.hf_config_dir:  # shapes for `vllm bench ... --load-format dummy`
@@ -63,6 +63,10 @@ def register(sub) -> None:
                         "pipelined)")
     p.add_argument("--pieces", type=positive, default=d["pieces"],
                    help="seqpar: pieces per all-gather / reduce-scatter of a block")
+    p.add_argument("--overlap-path", choices=("dma", "auto"), default=d["overlap_path"],
+                   help="dma's collectives under an overlapped schedule: dma (the copy engines, leaving the SMs to "
+                        "the compute they overlap) or auto (as alone: the sm path or NCCL below the copy engines' "
+                        "sizes)")
     p.add_argument("--no-breakdown", action="store_true",
                    help="skip the compute-alone and communication-alone runs (a third of the time)")
     p.add_argument("--decode-steps", type=positive, default=d["decode_steps"], help="graph replays per timing")

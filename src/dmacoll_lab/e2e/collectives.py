@@ -1,6 +1,7 @@
 """The one interface the model calls for communication, so its code is the same for NCCL and dmacoll:
-``collective(op, out, x)``, any collective of the op registry (``dmacoll.ops``) by name, on the current stream
-(schedule.py picks it). ``x`` None: ``out`` is input and output (an all-reduce in place).
+``collective(op, out, x, overlapped)``, any collective of the op registry (``dmacoll.ops``) by name, on the current
+stream (schedule.py picks it). ``x`` None: ``out`` is input and output (an all-reduce in place). ``overlapped``: the
+call runs beside the forward's compute (an overlapped schedule), where dmacoll takes its ``overlap_path``.
 
 ``buffer(name, *shape)``: a reusable communication buffer (the first elements of a block reserved once per
 name). The model computes straight into it (``matmul(..., out=buffer)``) and runs the collective in place;
@@ -43,7 +44,8 @@ class Collectives:
             raise ValueError(f"buffer {name!r}: {shape} needs {n} elements, {block.numel()} reserved")
         return block[:n].view(shape)
 
-    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None,
+                   overlapped: bool = False) -> torch.Tensor:
         """At world 1 every collective's output is its input (``ops.get(op).reference`` of one rank)."""
         ops.get(op)  # an unknown name fails here as it would on the other implementations
         if x is not None and x.data_ptr() != out.data_ptr():
@@ -67,18 +69,22 @@ class TorchCollectives(Collectives):
         if self.device.type == "cpu":
             self.name = "gloo"
 
-    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None,
+                   overlapped: bool = False) -> torch.Tensor:
         ops.get(op).torch_call(out, out if x is None else x, self.group)
         return out
 
 
 class DmaCollectives(Collectives):
-    """dmacoll's Communicator (variant 'auto', sync 'reset' so calls can be captured in CUDA graphs)."""
+    """dmacoll's Communicator (variant 'auto', sync 'reset' so calls can be captured in CUDA graphs). Its calls take
+    the default path ('auto': the sm path, NCCL or the copy engines, whichever was measured fastest alone), but a
+    call overlapped with compute takes ``overlap_path`` ('dma', the default: the copy engines, which leave the SMs
+    to the compute they overlap; the sm path's and NCCL's kernels would take SMs from it; 'auto': as alone)."""
 
     name = "dma"
 
     def __init__(self, device: torch.device, elements: Mapping[str, int], dtype: torch.dtype,
-                 backend: str = "auto", timeout_s: Optional[float] = None, group=None):
+                 backend: str = "auto", timeout_s: Optional[float] = None, group=None, overlap_path: str = "dma"):
         import torch.distributed as dist
 
         from dmacoll.lab_api import ALIGN, Communicator, DEFAULT_TIMEOUT_S, Options
@@ -95,6 +101,7 @@ class DmaCollectives(Collectives):
                                  options=Options(variant="auto", sync="reset"))
         self.comm.calibrate(force=False)  # where the platform has no table: now, not inside a timed or captured call
         super().__init__(self.comm.device, dist.get_rank(group), world)
+        self.overlap_path = overlap_path
         self.paths: Counter = Counter()
         if torch.device(device).type != self.device.type:
             raise ValueError(f"dmacoll's {self.comm.backend} backend runs on {self.device}, the model on {device}")
@@ -103,8 +110,10 @@ class DmaCollectives(Collectives):
     def _allocate(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         return self.comm.empty(n, dtype=dtype)
 
-    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None) -> torch.Tensor:
-        self.comm.collective(op, out, x)
+    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None,
+                   overlapped: bool = False) -> torch.Tensor:
+        path = self.overlap_path if overlapped and self.overlap_path != "auto" else None
+        self.comm.collective(op, out, x, **({"path": path} if path else {}))
         self.paths[(op, self.comm.last_options.path)] += 1  # which data path each op took (the run log says)
         return out
 
@@ -119,11 +128,13 @@ class DmaCollectives(Collectives):
 
 
 def make(impl: str, device: torch.device, elements: Mapping[str, int], dtype: torch.dtype,
-         group=None, timeout_s: Optional[float] = None) -> Collectives:
-    """``impl``: 'none' (world 1), 'nccl' (torch.distributed: NCCL on GPUs, gloo on the CPU) or 'dma'."""
+         group=None, timeout_s: Optional[float] = None, overlap_path: str = "dma") -> Collectives:
+    """``impl``: 'none' (world 1), 'nccl' (torch.distributed: NCCL on GPUs, gloo on the CPU) or 'dma' (with
+    ``overlap_path`` for its overlapped calls)."""
     if impl == "dma":
         backend = "host" if torch.device(device).type == "cpu" else "auto"
-        return DmaCollectives(device, elements, dtype, backend=backend, timeout_s=timeout_s, group=group)
+        return DmaCollectives(device, elements, dtype, backend=backend, timeout_s=timeout_s, group=group,
+                              overlap_path=overlap_path)
     coll = TorchCollectives(device, group) if impl == "nccl" else Collectives(device)
     coll.reserve(elements, dtype)
     return coll

@@ -42,7 +42,7 @@ MODELS: dict[str, dict] = {
 # 4 layers x batches {1, 8, 32, 128} x prompts {128, 2048}: estimated 144 s on 2x H200 (plan_text prints it; the
 # {1, 8, 32} grid was estimated at 101 s and took 35 s there)
 DEFAULTS = dict(models=list(MODELS), layers=4, batches=[1, 8, 32, 128], prompts=[128, 2048], impls=["nccl", "dma"],
-                schedules=["serial", "microbatch", "seqpar"], pieces=4, breakdown=True,
+                schedules=["serial", "microbatch", "seqpar"], pieces=4, overlap_path="dma", breakdown=True,
                 decode_steps=16, repeats=3, output_len=128, chunk_tokens=8192, dtype="bfloat16", seed=0,
                 check_dtype="float32", rtol=1e-3, atol=1e-3)
 
@@ -238,7 +238,9 @@ def plan_text(cfg: dict, world: int) -> str:
              f"{' '.join(cfg['impls'])} x schedules {' '.join(schedules)} on {world} rank(s) = {est['points']} "
              f"points; {cfg['layers']} layer(s) each, {cfg['dtype']}, decode {cfg['decode_steps']} steps in a CUDA "
              f"graph, {cfg['repeats']} repeats" + (f", seqpar in {cfg['pieces']} pieces" if "seqpar" in schedules
-                                                  else "") + ("" if cfg.get("breakdown", True) else
+                                                  else "") +
+             (f"; dma's overlapped calls on path {cfg.get('overlap_path', 'dma')}" if set(schedules) - {"serial"}
+              else "") + ("" if cfg.get("breakdown", True) else
                                                               ", no compute / communication breakdown")]
     for s in est["specs"]:
         sh = s.shards(world)

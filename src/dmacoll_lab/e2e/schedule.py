@@ -122,16 +122,17 @@ class Schedule:
         return results
 
     def _issue(self, coll: Collectives, call: Call, main, side) -> Handle:
+        call.overlapped = self.overlapped  # dmacoll takes its overlap path (collectives.py), in line on the host too
         if self.log is not None:
             self.log.append(call)
         if side is None:
-            coll.collective(call.op, call.out, call.x)
+            coll.collective(call.op, call.out, call.x, call.overlapped)
             return Handle(call)
         ready = torch.cuda.Event()
         ready.record(main)
         side.wait_event(ready)
         with torch.cuda.stream(side):
-            coll.collective(call.op, call.out, call.x)
+            coll.collective(call.op, call.out, call.x, call.overlapped)
         done = torch.cuda.Event()
         done.record(side)
         return Handle(call, done)
@@ -145,9 +146,10 @@ class Schedule:
 
 
 def replay(coll: Collectives, calls: list[Call]) -> None:
-    """The recorded calls again, back to back on the current stream, nothing else: communication alone."""
+    """The recorded calls again, back to back on the current stream, nothing else: communication alone (on the
+    paths they took)."""
     for call in calls:
-        coll.collective(call.op, call.out, call.x)
+        coll.collective(call.op, call.out, call.x, call.overlapped)
 
 
 class NoComm(Collectives):
@@ -159,6 +161,7 @@ class NoComm(Collectives):
         self.name = f"{coll.name}-compute"
         self._blocks = coll._blocks
 
-    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None,
+                   overlapped: bool = False) -> torch.Tensor:
         ops.get(op)  # an unknown name fails here as it does with communication
         return out

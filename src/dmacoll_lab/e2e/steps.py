@@ -16,6 +16,7 @@ class Call:
     out: torch.Tensor
     x: Optional[torch.Tensor] = None
     mb: int = 0  # set by the driver
+    overlapped: bool = False  # set by the driver: the call ran beside compute (an overlapped schedule)
 
     def record(self) -> tuple[int, str, str, int]:
         return self.mb, self.site, self.op, self.out.numel()
