@@ -124,17 +124,22 @@ def test_gpu_suite_queues_every_gpu_test_check_and_tune_and_runs_them(tmp_path):
     assert done.count("PASS") == len(names)
 
 
+def stub_h200x4_dry_run(tmp_path):
+    """A 4x H200 machine's nvidia-smi, this Python, and a `timeout` that runs its command as Snakemake's dry run."""
+    stub(tmp_path, "nvidia-smi", 'case "$*" in *query-gpu*) for i in 0 1 2 3; do echo "NVIDIA H200"; done;;\n'
+                                 '  *-L*) for i in 0 1 2 3; do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done;;\n'
+                                 '  *) echo stub-smi;; esac\n')
+    stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')
+    stub(tmp_path, "timeout", 'shift; exec "$@" -n\n')
+
+
 def test_vllm_gpu_run_bench_runs_the_workflows_vllm_rules_in_alternating_rounds(tmp_path):
     """tools/vllm_gpu_run.sh bench is the workflow's rules (vllm_model, vllm_bench, vllm_results) through
     lent_snakemake.sh with config/vllm_lent.yaml: on 4 GPUs the 8B shapes at TP 2 and 4, each point in two rounds,
     the plugin off first, then on first. Planned here (a `timeout` stub adds Snakemake's -n), not run."""
     from dmacoll_lab.vllm import runs as vruns
 
-    stub(tmp_path, "nvidia-smi", 'case "$*" in *query-gpu*) for i in 0 1 2 3; do echo "NVIDIA H200"; done;;\n'
-                                 '  *-L*) for i in 0 1 2 3; do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done;;\n'
-                                 '  *) echo stub-smi;; esac\n')
-    stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')
-    stub(tmp_path, "timeout", 'shift; exec "$@" -n\n')  # the deadline's command, as a dry run
+    stub_h200x4_dry_run(tmp_path)
     out = tmp_path / "out"
     r = run("vllm_gpu_run.sh", str(out), "bench", env={"PATH": f"{tmp_path}:{os.environ['PATH']}",
                                                        "DMACOLL_GIT_SHA": "abc123"}, timeout=300)
@@ -156,11 +161,7 @@ def test_vllm_gpu_run_bench_runs_the_workflows_vllm_rules_in_alternating_rounds(
 def test_vllm_gpu_run_bench_takes_other_config_files(tmp_path):
     """VLLM_CONFIGS replaces config/vllm_lent.yaml: with config/vllm_throughput.yaml over it, only the throughput
     points (at TP 2 and 4, two rounds each) are planned."""
-    stub(tmp_path, "nvidia-smi", 'case "$*" in *query-gpu*) for i in 0 1 2 3; do echo "NVIDIA H200"; done;;\n'
-                                 '  *-L*) for i in 0 1 2 3; do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done;;\n'
-                                 '  *) echo stub-smi;; esac\n')
-    stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')
-    stub(tmp_path, "timeout", 'shift; exec "$@" -n\n')
+    stub_h200x4_dry_run(tmp_path)
     out = tmp_path / "out"
     r = run("vllm_gpu_run.sh", str(out), "bench", env={
         "PATH": f"{tmp_path}:{os.environ['PATH']}", "DMACOLL_GIT_SHA": "abc123",
