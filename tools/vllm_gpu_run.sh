@@ -13,7 +13,8 @@
 #                  in the next call on the warm machine goes on with (DEADLINE_S, default 540, per call);
 #                  VLLM_CONFIGS: other config files instead of config/vllm_lent.yaml (each over the one before)
 #         check    `dmacoll vllm check` at TP (2 or more): outputs with the plugin off and on (five vLLM starts,
-#                  about 100 s each at TP 4: REUSE=1 in a second call goes on from the settings a first one finished)
+#                  about 100 s each at TP 4: REUSE=1 in a second call goes on from the settings a first one finished;
+#                  DEADLINE_S, default 500, stops it in time for the results to be packed inside the call's limit)
 #   default: install tests bench. Each step's time is printed; split the steps over calls to stay inside 10 minutes
 #   (build/ stays on a warm machine between calls). Each vLLM start costs about 1-2 minutes.
 # Out: OUTDIR/results.tgz laid out as results/<machine>/ is (vllm/bench/: data.csv, data.json, raw/; unpack with
@@ -90,7 +91,8 @@ EOF2
     ;;
   check)
     d=$out/vllm_check/tp$tp; mkdir -p "$d"
-    timeout 500 "$py" -m dmacoll_lab vllm check build/vllm_check --tp $tp ${REUSE:+--reuse} >> "$d/run.log" 2>&1
+    timeout "${DEADLINE_S:-500}" "$py" -m dmacoll_lab vllm check build/vllm_check --tp $tp ${REUSE:+--reuse} \
+      >> "$d/run.log" 2>&1
     echo "exit $?" >> "$d/run.log"
     grep -E "^(ok|FAIL)|^exit" "$d/run.log" | tee -a "$summary"
     cp build/vllm_check/data.csv build/vllm_check/data.json "$d/" 2>/dev/null || say "vllm check wrote no table" ;;
