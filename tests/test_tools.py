@@ -19,7 +19,8 @@ def stub(folder: Path, name: str, body: str) -> None:
 
 
 def run(script: str, *args: str, env: dict, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(TOOLS / script), *args], cwd=cwd, env={**os.environ, **env},
+    own = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}  # the stubs' GPUs, not this shell's
+    return subprocess.run(["bash", str(TOOLS / script), *args], cwd=cwd, env={**own, **env},
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -66,6 +67,20 @@ def test_lent_snakemake_auto_takes_the_machines_config_where_there_is_one(tmp_pa
             timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert f"{gpus} GPUs, {config} config/kick.yaml," in r.stderr and "--transfers 10" in r.stdout
+
+
+def test_lent_snakemake_counts_the_visible_gpus(tmp_path):
+    """CUDA_VISIBLE_DEVICES=0,1 on a 4-GPU machine: world 2 and its config; naming more GPUs than there are stops."""
+    stub(tmp_path, "nvidia-smi", 'for i in 0 1 2 3; do echo "GPU $i: stub (UUID: GPU-$i)"; done\n')
+    stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')
+    out = tmp_path / "out"
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "0,1"}
+    r = run("lent_snakemake.sh", str(out), "auto", "-n", f"{out}/sm_path/default_call_small_run1/data.csv",
+            env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "2 GPUs, config/h200x2.yaml," in r.stderr and "--worlds 2" in r.stdout
+    r = run("lent_snakemake.sh", str(out), "auto", "-n", env={**env, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4"})
+    assert r.returncode == 2 and "names 5 GPUs; the machine has 4" in r.stderr
 
 
 def lanes(tmp_path: Path, queue: str, **env) -> tuple[str, str]:

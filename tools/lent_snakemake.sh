@@ -7,7 +7,8 @@
 #   on the lent machine (carry build/snakemake_bundle with the tree):
 #     bash tools/lent_snakemake.sh OUTDIR config/h200x4.yaml [more.yaml ...] [snakemake arguments: targets, -n, ...]
 #   (more config files after the machine's, each over the one before: config/vllm_lent.yaml for vLLM's runs;
-#   `auto` for the machine's: config/h200x<GPUs>.yaml where there is one, else config/config.yaml alone)
+#   `auto` for the machine's: config/h200x<GPUs>.yaml where there is one, else config/config.yaml alone; GPUs: those
+#   CUDA_VISIBLE_DEVICES names where it is set, e.g. CUDA_VISIBLE_DEVICES=0,1 for world 2 on a 4-GPU machine)
 #   e.g. targets OUTDIR/sm_path/default_call_small_run1/data.csv (rule default_call), one call's worth at a time
 set -euo pipefail
 out=${1:?usage: lent_snakemake.sh OUTDIR config/MACHINE.yaml [snakemake arguments]}
@@ -26,6 +27,11 @@ export PYTHONPATH=$root/src:$site${PYTHONPATH:+:$PYTHONPATH}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$gpus" -gt 0 ] || { echo "nvidia-smi lists no GPU: this script measures; make artifact renders without GPUs" >&2; exit 2; }
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then  # part of the machine (2 of 4 GPUs): the rules' world is what is visible
+  visible=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+  [ "$visible" -le "$gpus" ] || { echo "CUDA_VISIBLE_DEVICES names $visible GPUs; the machine has $gpus" >&2; exit 2; }
+  gpus=$visible
+fi
 cd "$root"
 if [ "$machine" = auto ]; then  # the rules' machine settings; the GPU model makes no difference to the rules
   machine=config/h200x$gpus.yaml; [ -f "$machine" ] || machine=config/config.yaml
