@@ -70,7 +70,8 @@ def test_lent_snakemake_auto_takes_the_machines_config_where_there_is_one(tmp_pa
 
 
 def test_lent_snakemake_counts_the_visible_gpus(tmp_path):
-    """CUDA_VISIBLE_DEVICES=0,1 on a 4-GPU machine: world 2 and its config; naming more GPUs than there are stops."""
+    """CUDA_VISIBLE_DEVICES=0,1 on a 4-GPU machine: world 2 and its config; naming more GPUs than there are, or
+    none, stops."""
     stub(tmp_path, "nvidia-smi", 'for i in 0 1 2 3; do echo "GPU $i: stub (UUID: GPU-$i)"; done\n')
     stub(tmp_path, "python3", f'exec {sys.executable} "$@"\n')
     out = tmp_path / "out"
@@ -79,8 +80,9 @@ def test_lent_snakemake_counts_the_visible_gpus(tmp_path):
             env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "2 GPUs, config/h200x2.yaml," in r.stderr and "--worlds 2" in r.stdout
-    r = run("lent_snakemake.sh", str(out), "auto", "-n", env={**env, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4"})
-    assert r.returncode == 2 and "names 5 GPUs; the machine has 4" in r.stderr
+    for visible, n in (("0,1,2,3,4", 5), ("", 0)):  # more than there are, or none (set but empty hides them all)
+        r = run("lent_snakemake.sh", str(out), "auto", "-n", env={**env, "CUDA_VISIBLE_DEVICES": visible})
+        assert r.returncode == 2 and f"names {n} GPUs; the machine has 4" in r.stderr, r.stderr
 
 
 def lanes(tmp_path: Path, queue: str, **env) -> tuple[str, str]:

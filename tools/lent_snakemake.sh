@@ -27,9 +27,10 @@ export PYTHONPATH=$root/src:$site${PYTHONPATH:+:$PYTHONPATH}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$gpus" -gt 0 ] || { echo "nvidia-smi lists no GPU: this script measures; make artifact renders without GPUs" >&2; exit 2; }
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then  # part of the machine (2 of 4 GPUs): the rules' world is what is visible
-  visible=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
-  [ "$visible" -le "$gpus" ] || { echo "CUDA_VISIBLE_DEVICES names $visible GPUs; the machine has $gpus" >&2; exit 2; }
+if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then  # part of the machine (2 of 4 GPUs): the rules' world is what is visible
+  visible=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true)
+  [ "$visible" -gt 0 ] && [ "$visible" -le "$gpus" ] \
+    || { echo "CUDA_VISIBLE_DEVICES names $visible GPUs; the machine has $gpus" >&2; exit 2; }
   gpus=$visible
 fi
 cd "$root"
