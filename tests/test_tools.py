@@ -175,18 +175,20 @@ def test_vllm_gpu_run_bench_runs_the_workflows_vllm_rules_in_alternating_rounds(
     assert "machine h200x4" in (out / "summary.txt").read_text()
 
 
-def test_vllm_gpu_run_bench_takes_other_config_files(tmp_path):
-    """VLLM_CONFIGS replaces config/vllm_lent.yaml: with config/vllm_throughput.yaml over it, only the throughput
-    points (at TP 2 and 4, two rounds each) are planned."""
+@pytest.mark.parametrize("bench", ["throughput", "latency"])
+def test_vllm_gpu_run_bench_takes_other_config_files(tmp_path, bench):
+    """VLLM_CONFIGS replaces config/vllm_lent.yaml: with config/vllm_<bench>.yaml over it, only that bench's points
+    (at TP 2 and 4, two rounds each) are planned."""
     stub_h200x4_dry_run(tmp_path)
     out = tmp_path / "out"
     r = run("vllm_gpu_run.sh", str(out), "bench", env={
         "PATH": f"{tmp_path}:{os.environ['PATH']}", "DMACOLL_GIT_SHA": "abc123",
-        "VLLM_CONFIGS": "config/vllm_lent.yaml config/vllm_throughput.yaml"}, timeout=300)
+        "VLLM_CONFIGS": f"config/vllm_lent.yaml config/vllm_{bench}.yaml"}, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     log = (out / "run/vllm/bench/snakemake.log").read_text()
     names = [line.split("--name ", 1)[1].split()[0] for line in log.splitlines() if "vllm bench --model-dir" in line]
-    assert sorted(names) == sorted(f"throughput_llama-3.1-8b_tp{tp}_{p}_r{n}"
+    point = {"throughput": "throughput_llama-3.1-8b_tp{}", "latency": "latency_llama-3.1-8b_tp{}_b8_i128"}[bench]
+    assert sorted(names) == sorted(f"{point.format(tp)}_{p}_r{n}"
                                    for tp in (2, 4) for p in ("vllm", "dma") for n in (1, 2)), names
 
 

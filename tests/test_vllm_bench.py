@@ -48,6 +48,8 @@ def test_rounds_alternate_which_plugin_starts_first_and_chain_each_points_runs()
     assert before["throughput_m_tp2_vllm_r1"] is None
     assert before["throughput_m_tp2_dma_r1"] == "throughput_m_tp2_vllm_r1"
     assert len(vruns.plan({**cfg, "rounds": 1}, gpus=2)) == 4  # one round: each point off, then on
+    for benches in (["latency"], ["throughput"]):  # one bench alone: the other's points are not planned
+        assert {r.bench for r in vruns.plan({**cfg, "benches": benches}, gpus=2).values()} == set(benches)
 
 
 def test_run_environment_and_vllm_arguments():

@@ -37,7 +37,7 @@ DEFAULT_MODELS = [
 ]
 # each point runs in rounds of the plugin off and on, odd rounds off first, even rounds on first: of two vLLM starts in a
 # row the second ran 2-6% slower on 2x and 4x H200 (results/h200x2/vllm/README.md), so one order alone is biased
-DEFAULTS = {"tp": [1, 2, 4], "max_model_len": 2048, "seed": 0, "rounds": 2,
+DEFAULTS = {"tp": [1, 2, 4], "max_model_len": 2048, "seed": 0, "rounds": 2, "benches": ["latency", "throughput"],
             "latency": {"batches": [1, 8, 32], "input_lens": [128], "output_len": 128, "warmup": 3, "iters": 10},
             "throughput": {"num_prompts": 200, "input_len": 128, "output_len": 128}}
 
@@ -87,11 +87,13 @@ class Run:
 
 def plan(cfg: dict, gpus: int) -> dict[str, Run]:
     """Run name -> Run for a config's ``vllm`` section on a machine of ``gpus`` GPUs (larger TP is left out):
-    per model, TP and EP choice, `bench latency` per (batch, input length) and one `bench throughput`, each point in
-    ``rounds`` rounds of the plugin off and on (``<point>_<plugin>_r<round>``), in the order they are to run."""
+    per model, TP and EP choice, `bench latency` per (batch, input length) and one `bench throughput` (those of
+    ``benches``), each point in ``rounds`` rounds of the plugin off and on (``<point>_<plugin>_r<round>``), in the
+    order they are to run."""
     lat = {**DEFAULTS["latency"], **cfg.get("latency", {})}
     thr = {**DEFAULTS["throughput"], **cfg.get("throughput", {})}
     rounds = cfg.get("rounds", DEFAULTS["rounds"])
+    benches = cfg.get("benches", DEFAULTS["benches"])
     runs: dict[str, Run] = {}
     for m in cfg.get("models") or DEFAULT_MODELS:
         eps = m.get("ep", [False])
@@ -107,9 +109,10 @@ def plan(cfg: dict, gpus: int) -> dict[str, Run]:
                 points = [(f"latency_{tag}_b{batch}_i{inp}",
                            dict(bench="latency", batch=batch, input_len=inp, output_len=lat["output_len"],
                                 warmup=lat["warmup"], iters=lat["iters"]))
-                          for batch in lat["batches"] for inp in lat["input_lens"]]
-                points.append((f"throughput_{tag}", dict(bench="throughput", num_prompts=thr["num_prompts"],
-                                                         input_len=thr["input_len"], output_len=thr["output_len"])))
+                          for batch in lat["batches"] for inp in lat["input_lens"] if "latency" in benches]
+                if "throughput" in benches:
+                    points.append((f"throughput_{tag}", dict(bench="throughput", num_prompts=thr["num_prompts"],
+                                                             input_len=thr["input_len"], output_len=thr["output_len"])))
                 for point, settings in points:
                     for n in range(1, rounds + 1):
                         for plugin in (PLUGINS if n % 2 else PLUGINS[::-1]):
