@@ -77,6 +77,9 @@ def test_a_collective_the_registry_lacks_is_rejected_when_the_workflow_loads(sec
     ({"sm_usage": {"modes": ["lazy"]}}, "lazy", "sm_usage.modes"),
     ({"interference": {"strategies": ["teleport"]}}, "teleport", "interference.strategies"),
     ({"ficco": {"models": ["gpt5"]}}, "gpt5", "ficco.models"),
+    ({"e2e": {"overlap_path": "sm"}}, "sm", "e2e.overlap_path"),
+    ({"e2e_phased": {"overlap_path": "nccl"}}, "nccl", "e2e_phased.overlap_path"),
+    ({"vllm": {"benches": ["latency", "serve"]}}, "serve", "vllm.benches"),
 ])
 def test_a_name_no_command_takes_is_named_with_what_they_take(section, value, where):
     """The schema keeps no list of names: the commands' choices decide (dmacoll_lab.workflow_config)."""

@@ -17,6 +17,7 @@ SECTIONS = {"operator": ("sweep",), "native": ("sweep",), "c3": ("c3",), "e2e": 
 # config lists whose values are a command's choices of another name: (path in the config, command, option dest);
 # "*" in a path: every item of a list or every value of a mapping
 NAMED = ((("probes",), ("probe",), "probe"), (("vllm", "models", "*", "spec"), ("e2e",), "models"),
+         (("vllm", "benches"), ("vllm", "bench"), "bench"),
          (("amd_dmalatte", "runs", "*", "op"), ("amd-dmalatte",), "op"))
 
 
