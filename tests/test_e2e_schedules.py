@@ -15,7 +15,7 @@ from dmacoll_lab.analysis import load
 from dmacoll_lab.e2e import calls as k
 from dmacoll_lab.e2e import config as c
 from dmacoll_lab.e2e.bench import run_e2e
-from dmacoll_lab.e2e.collectives import make
+from dmacoll_lab.e2e.collectives import Collectives, make
 from dmacoll_lab.e2e.model import Model
 from dmacoll_lab.e2e.schedule import NoComm, Schedule
 from dmacoll_lab.verify.launch import run_ranks
@@ -155,7 +155,7 @@ def test_no_comm_keeps_the_buffers_and_moves_nothing():
         quiet.collective("broadcast", x)
 
 
-class _Recording(type(make("none", "cpu", {}, torch.float32))):
+class _Recording(Collectives):
     """World-1 collectives that note whether each call came overlapped."""
 
     def __init__(self):
@@ -168,19 +168,19 @@ class _Recording(type(make("none", "cpu", {}, torch.float32))):
 
 
 @pytest.mark.parametrize("schedule", ["serial", "microbatch", "seqpar"])
-def test_a_schedule_marks_its_calls_overlapped_except_serial_and_replays_them_so(schedule):
+def test_a_schedule_marks_its_calls_overlapped_except_serial_and_replays_them_so(schedule, seed):
     """An overlapped schedule's calls reach the collectives as overlapped (where dmacoll takes its overlap path), in
     line on the host too, and the communication-alone replay takes them the same way; serial's never are."""
     from dmacoll_lab.e2e.schedule import replay
 
-    m = Model(tiny(False), 0, 1, torch.device("cpu"), torch.float32, seed=0)
-    tokens = torch.randint(0, m.spec.vocab, (2, 6))
+    m = Model(tiny(False), 0, 1, torch.device("cpu"), torch.float32, seed=seed)
+    tokens = torch.randint(0, m.spec.vocab, (2, 6), generator=torch.Generator().manual_seed(seed))
     coll = _Recording()
     coll.reserve(k.schedule_buffers(m.spec, 1, 12, 2, schedule, 2), torch.float32)
     sched = Schedule(schedule, 2)
     sched.log = []
     sched.prefill(m, coll, tokens, m.new_cache(2, 8))
-    assert coll.seen and {o for _, o in coll.seen} == {schedule != "serial"}, coll.seen
+    assert coll.seen and {o for _, o in coll.seen} == {schedule != "serial"}, f"seed {seed}: {coll.seen}"
     coll.seen.clear()
     replay(coll, sched.log)
     assert {o for _, o in coll.seen} == {schedule != "serial"}

@@ -118,8 +118,8 @@ class Runner(Rank):
         tokens = max_tokens(cfg["batches"], cfg["prompts"], cfg["chunk_tokens"])
         elements = merged_schedule_buffers(self.specs, world, tokens, max(cfg["batches"]), cfg["schedules"],
                                            cfg["pieces"])
-        self.colls = {impl: make(impl, self.device, elements, self.dtype,
-                                 overlap_path=cfg.get("overlap_path", "dma")) for impl in cfg["impls"]}
+        self.colls = {impl: make(impl, self.device, elements, self.dtype, overlap_path=cfg["overlap_path"])
+                      for impl in cfg["impls"]}
         measured = rates.measure(self.device, self.dtype)
         self.rates = {k: min(v) for k, v in zip(measured, zip(*self.gather(list(measured.values()))))}
         if self.device.type == "cuda":
@@ -293,7 +293,7 @@ def check_model(rn: Runner, s: ModelSpec) -> dict:
     inputs = point_inputs(rn, s, batch, prompt)
     out, ref = {}, None
     for impl in cfg["impls"]:
-        coll = make(impl, rn.device, elements, dtype, overlap_path=cfg.get("overlap_path", "dma"))
+        coll = make(impl, rn.device, elements, dtype, overlap_path=cfg["overlap_path"])
         try:
             got = {sched: logits_once(rn, model, coll, inputs, batch, prompt, sched) for sched in cfg["schedules"]}
             if rn.device.type == "cuda":
