@@ -32,6 +32,7 @@ from .errors import BackendUnavailable, DmaCollDeviceError, DmaCollError, DmaCol
 from .executor import GATES, Program, flag_words, lower, run, wait_words
 from .options import Call, CallOptions, Options, choose_path, nccl_auto, resolve
 from .plan import DONE, DONE_ALT, FULL, Handshake, Layout, Wait
+from .tuning import TuningTable
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -460,16 +461,22 @@ class Communicator:
         self._calibration = None  # measured once, whatever comes of it
         table = lookup.calibrate(self, calibration, self._measuring)
         if table is not None:
-            self.tuning = table
-            self._resolved.clear()  # the calls' options are chosen again from the new table
-            self._repeats.clear()
+            self._use_table(table)
         return table is not None
 
+    def _use_table(self, table: Optional[TuningTable]) -> None:
+        """Take ``table`` for the calls' 'auto' options and paths from the next call on (every rank alike: the
+        calibration gives each rank the same table)."""
+        self.tuning = table
+        self._resolved.clear()  # the calls' options are chosen again from the new table
+        self._repeats.clear()
+
     def _measuring(self, heap_bytes: int) -> "Communicator":
-        """The communicator a calibration times its candidates on: this one's group, backend, device and queues,
-        a heap of its own, no table (``lookup`` gives it none while calibrating)."""
+        """The communicator a calibration times its candidates on: this one's group, backend, device, queues and
+        staging area (which decides where a copy-engine sum can run), a heap of its own, no table (``lookup`` gives
+        it none while calibrating)."""
         return Communicator(self.group, backend=self.backend, device=self.device, heap_bytes=heap_bytes,
-                            staging_bytes=1 << 16, timeout_s=self.engine.timeout_s,
+                            staging_bytes=self.heap_start - self.staging, timeout_s=self.engine.timeout_s,
                             options=Options(engines=self.options.engines))
 
     def reserve_results(self, nbytes: int) -> None:
@@ -508,11 +515,14 @@ class Communicator:
             shared = self.capabilities.sm_path and self.engine.sm_shares_device()
             sm_bytes = self._sm_bytes(spec, request)
             # a copy-engine sum that would not fit the staging area goes to NCCL rather than to an error; its plans
-            # are built only where that can decide (a sum 'auto' would give the copy engines by size)
-            staged = not (spec.reduces and self._nccl) or nccl_auto(self.world, spec.name, request.nbytes) \
-                or self._stages(request, resolved)
+            # are built only where that can decide (a sum that a table's measured paths or, without them, its size
+            # may give the copy engines)
+            by_size = not (self.tuning is not None and self.tuning.measured_paths(spec.name))
+            staged = not (spec.reduces and self._nccl) \
+                or (by_size and nccl_auto(self.world, spec.name, request.nbytes)) or self._stages(request, resolved)
             path = choose_path(wanted, self.capabilities, spec.name, sm_bytes, self.world,
-                               self._gate is not None or shared, request.nbytes, self._nccl, staged, not capturing)
+                               self._gate is not None or shared, request.nbytes, self._nccl, staged, not capturing,
+                               self.tuning)
             if path == "sm":
                 if sm_bytes is None:
                     raise InvalidArgument(f"{spec.name} with path='sm': the sm path runs all_gather, all_to_all(_v), "

@@ -52,9 +52,10 @@ _add("dmacoll.backends.cuda", "CudaEngine", "check_driver", "memcpy_batch")
 _add("dmacoll.backends.cuda_kernels", "compile_program")
 _add_module("stream_engine", "dmacoll.backends.stream_engine")  # the crash map counts the graphs it replays
 _add_module("cuda_sm", "dmacoll.backends.cuda_sm")
-# calibration, for `dmacoll tune` and the defaults study
+# calibration, for `dmacoll tune`, the defaults study and the replays
 _add_module("calibration_cache", "dmacoll.calibration.cache")
 _add_module("calibration_strategy", "dmacoll.calibration.strategy")
+_add_module("calibration_paths", "dmacoll.calibration.paths")  # the path calibration, replayed on committed runs
 # the vLLM plugin's routing table, for the vLLM runs and checks
 _add_module("vllm_routes", "dmacoll.integrations.vllm_routes")
 _add("dmacoll.integrations.vllm_routes", "SERVED_BY", "moves")

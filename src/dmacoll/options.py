@@ -59,6 +59,11 @@ DMA_AUTO_MIN_BYTES = {(2, "all_gather"): 0, (2, "all_to_all"): 128 << 20, (2, "r
                       (2, "all_reduce"): 32 << 20, (4, "all_gather"): 64 << 20, (4, "all_to_all"): 128 << 20,
                       (4, "reduce_scatter"): 256 << 20, (4, "all_reduce"): 128 << 20}
 NCCL_AUTO_OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
+# Where a calibrated table measured the paths, 'auto' leaves NCCL only for a path measured faster by more than this:
+# a single calibration's point below 1 MB is partly luck (two identical sweeps differ by a median 4%), and losing a
+# true win of under 3% costs less than taking a false one (the lab's analysis.path_replay scores this on the
+# committed default-call runs)
+PATH_MARGIN = 0.03
 
 
 def sm_auto_max_bytes(world: int, op: str) -> int:
@@ -121,7 +126,8 @@ class Options:
     ``cuda_sm.slot_bytes`` per peer and 8 ranks; while it runs it occupies up to ``cuda_sm.BLOCKS`` blocks of
     ``cuda_sm.THREADS`` threads; cuda only), ``nccl`` (the call handed to the communicator's process group, as
     ``torch.distributed`` hands it: the baseline itself, where the group runs NCCL (RCCL on ROCm)) or ``auto`` (the
-    default): ``sm`` up to ``sm_auto_max_bytes`` per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for
+    default): where the tuning table measured the paths (a calibrated one), the fastest it measured for the call;
+    else ``sm`` up to ``sm_auto_max_bytes`` per peer (4 MB; 8 MB at world 2 but for all_to_all, 2 MB for
     all_to_all at world 4; an eager all_reduce up to 8 MB) where the call fits it and names no copy-engine option;
     above it ``dma`` where the copy engines were measured faster than NCCL (``DMA_AUTO_MIN_BYTES``), else ``nccl``
     where the group runs it, else ``dma`` (``choose_path``).
@@ -304,19 +310,28 @@ def _check_combination(options: Options, capabilities: EngineCapabilities) -> No
 
 def choose_path(options: Options, capabilities: EngineCapabilities, op: str, sm_bytes: Optional[int], world: int,
                 gated: bool = False, nbytes: int = 0, nccl: bool = False, staged: bool = True,
-                eager: bool = False) -> str:
+                eager: bool = False, table: Optional[TuningTable] = None) -> str:
     """Which data path a call takes: the caller's, or for 'auto' the copy engines where the caller chose a copy-engine
     option (a variant, direction, signal, wait, prerecord or submit) or the call is behind a prelaunch gate
-    (``gated``), else the sm path where the engine has it and the call fits it (``sm_bytes``: its bytes per peer
-    there, None where the sm path cannot run it) up to ``sm_auto_max_bytes`` (an ``eager`` all_reduce: of at most
-    ``EAGER_ALL_REDUCE_SM_MAX_BYTES``), else NCCL where the communicator's group
-    runs it (``nccl``) and ``nccl_auto`` says the copy engines were not measured faster at ``nbytes`` or their plans
-    would not fit the staging area (``staged``), else the copy engines. Pure, the same on every rank."""
+    (``gated``); else, where ``table`` measured the paths for ``op`` (a calibrated table), the fastest it measured
+    at ``nbytes`` of those the call may take (``sm`` where the engine has it and the call fits it: ``sm_bytes``, its
+    bytes per peer there, None where the sm path cannot run it; ``nccl`` where the communicator's group runs it;
+    ``dma`` where its plans fit the staging area, ``staged``), NCCL unless another took less than
+    ``1 - PATH_MARGIN`` of its time; else the measured constants: the sm path where the call fits it up to
+    ``sm_auto_max_bytes`` (an ``eager`` all_reduce: of at most ``EAGER_ALL_REDUCE_SM_MAX_BYTES``), else NCCL where
+    the group runs it (``nccl``) and ``nccl_auto`` says the copy engines were not measured faster at ``nbytes`` or
+    their plans would not fit the staging area, else the copy engines. Pure, the same on every rank."""
     if options.path != "auto":
         return options.path
     if gated or any(getattr(options, name) != "auto" for name in COPY_ENGINE_OPTIONS):
         return "dma"
-    if capabilities.sm_path and sm_bytes is not None and sm_bytes <= sm_auto_max_bytes(world, op) and not (
+    fits_sm = capabilities.sm_path and sm_bytes is not None
+    if table is not None and op in NCCL_AUTO_OPS:
+        may = [path for path, ok in (("sm", fits_sm), ("nccl", nccl), ("dma", staged or not nccl)) if ok]
+        measured = table.fastest_path(op, nbytes, "eager" if eager else "graph", may, "nccl", PATH_MARGIN)
+        if measured:
+            return measured
+    if fits_sm and sm_bytes <= sm_auto_max_bytes(world, op) and not (
             eager and op == "all_reduce" and nbytes > EAGER_ALL_REDUCE_SM_MAX_BYTES):
         return "sm"
     return "nccl" if nccl and (nccl_auto(world, op, nbytes) or not staged) else "dma"

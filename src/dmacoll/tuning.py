@@ -11,6 +11,10 @@ ones. The handshake is never chosen: the lean one needs the caller's promise. Ta
 of the sweep they come from; the package ships one per measured platform; tables from before the wait, prerecord
 and submit columns hold memop-wait, not prerecorded, Python-submitted entries.
 
+A calibrated table also holds, per (op, mode, size), each data path's time (``PathEntry``: ``dma``, ``sm``,
+``nccl``, measured with the path forced and the rest left to 'auto'), from which ``fastest_path`` answers which path
+'auto' takes; tables without them (the shipped ones) leave that to ``options.choose_path``'s measured constants.
+
 A table is for a ``Platform``: a shipped table stands for its hardware (GPU, world, topology), whatever the driver;
 a calibrated one (``dmacoll.calibration``) for exactly the platform it was measured on, driver and dmacoll code
 included. What 'auto' may choose on an engine, and how a call's options are resolved from a table, is
@@ -68,10 +72,26 @@ class Entry:
         return self.signal, self.wait, self.prerecord, self.submit
 
 
+@dataclass(frozen=True)
+class PathEntry:
+    """A data path's time for an (op, mode, size): ``path`` forced, every other option 'auto'."""
+
+    op: str
+    mode: str
+    bytes_per_rank: int
+    path: str
+    time_us: float
+
+
 class TuningTable:
-    def __init__(self, meta: dict, entries: list[Entry]):
+    def __init__(self, meta: dict, entries: list[Entry], paths: Optional[list[PathEntry]] = None):
         self.meta = meta
         self.entries = entries
+        self.paths = list(paths or ())
+        # (op, mode) -> size -> path -> time
+        self._paths: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+        for e in self.paths:
+            self._paths.setdefault((e.op, e.mode), {}).setdefault(e.bytes_per_rank, {})[e.path] = e.time_us
         # (op, mode, place) -> combination -> entries by size
         self._by_key: dict[tuple[str, str, str], dict[tuple, list[Entry]]] = {}
         for e in sorted(entries, key=lambda e: e.bytes_per_rank):
@@ -84,10 +104,12 @@ class TuningTable:
     @classmethod
     def from_json(cls, text: str) -> "TuningTable":
         data = json.loads(text)
-        return cls({k: v for k, v in data.items() if k != "entries"}, [Entry(**e) for e in data["entries"]])
+        return cls({k: v for k, v in data.items() if k not in ("entries", "paths")},
+                   [Entry(**e) for e in data["entries"]], [PathEntry(**e) for e in data.get("paths", ())])
 
     def to_json(self) -> str:
-        return json.dumps({**self.meta, "entries": [e.__dict__ for e in self.entries]}, indent=1) + "\n"
+        paths = {"paths": [e.__dict__ for e in self.paths]} if self.paths else {}
+        return json.dumps({**self.meta, "entries": [e.__dict__ for e in self.entries], **paths}, indent=1) + "\n"
 
     def matches(self, platform: Platform, exact: bool = False) -> bool:
         """Whether this table stands for ``platform``: the same world, a GPU whose name contains the table's, and
@@ -114,6 +136,25 @@ class TuningTable:
         if best is None:
             return None
         return Choice(best.variant, best.direction, best.signal, best.wait, best.prerecord, best.submit)
+
+    def measured_paths(self, op: str) -> bool:
+        """Whether the table holds path times for ``op`` (a calibrated table's ``PathEntry`` rows)."""
+        return any(key[0] == op for key in self._paths)
+
+    def fastest_path(self, op: str, nbytes: int, mode: str, allowed: Collection[str], favour: str = "",
+                     margin: float = 0.0) -> Optional[str]:
+        """Of the ``allowed`` paths, the fastest measured for ``op`` at the smallest measured size at or above
+        ``nbytes`` (the largest where the call is bigger), the ``favour``ed one unless another took less than
+        ``1 - margin`` of its time; None where the table measured none of them there."""
+        by_size = self._paths.get((op, mode))
+        if not by_size:
+            return None
+        size = min((s for s in by_size if s >= nbytes), default=max(by_size))
+        times = {path: t for path, t in by_size[size].items() if path in allowed}
+        if not times:
+            return None
+        best = min(times, key=times.get)
+        return favour if favour in times and times[best] >= (1 - margin) * times[favour] else best
 
 
 def shipped_tables() -> list[Path]:

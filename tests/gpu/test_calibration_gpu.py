@@ -1,6 +1,7 @@
 """Calibration end to end on GPUs (issue 34, item 5): a Communicator() on a platform without a table measures at
 its first call (the constructor never does: issue 51), caches and reuses a table, every rank takes the same one, and
-it drives the calls. Mechanics, not performance.
+it drives the calls: their copy-engine options and, where each rank has a GPU, their data path (issue 49: the
+calibration measures the paths). Mechanics, not performance.
 
 Worlds larger than the visible GPUs put several ranks on one GPU (the IPC heap: their timings are not performance
 figures, only the mechanics are checked). Run with ``-s`` to see the notice, progress and the table's points and
@@ -71,7 +72,11 @@ def _calibrate(rank: int, world: int, cache_dir: str) -> dict:
             ran = tuple(getattr(comm.last_options, name) for name in tuning.Choice._fields)
             allowed = options.allowed(comm.options, comm.capabilities, mode == "graph")
             table = comm.tuning.select(op, nbytes, mode, False, allowed) if comm.tuning else None
-            out["calls"].append((op, nbytes, mode, ran, tuple(table or ()), bool((y != -1).all())))
+            # where the table measured the paths (ranks with a GPU each), the fastest it measured at this size
+            path = comm.tuning.fastest_path(op, nbytes, mode, options.PATHS, "nccl", options.PATH_MARGIN) \
+                if comm.tuning else None
+            out["calls"].append((op, nbytes, mode, ran, tuple(table or ()), bool((y != -1).all()),
+                                 comm.last_options.path, path or comm.last_options.path))
     comm.close()
     started, again = time.monotonic(), []
     comm = _communicator(again)
@@ -101,8 +106,10 @@ def test_calibration_end_to_end(world, tmp_path):
     assert len(list((tmp_path / "dmacoll").glob("tuning-*.json"))) == 1
     for r in ranks:  # the table drives the calls: every rank ran what it gives, and the outputs were written
         assert [c[3] for c in r["calls"]] == [c[3] for c in first["calls"]]
-        for op, nbytes, mode, ran, table, filled in r["calls"]:
-            assert ran == table and filled, (op, nbytes, mode)
+        for op, nbytes, mode, ran, table, filled, path, measured in r["calls"]:
+            assert ran == table and filled and path == measured, (op, nbytes, mode, path, measured)
+    # the paths measured where each rank has a GPU of its own (the sm path and NCCL beside the copy engines)
+    assert bool(meta.get("paths")) == (meta["topology"] != "shared-device")
     if meta["topology"] != "shared-device":  # ranks time-slicing one GPU: 170 s at world 4 on one H100, so the
         # budget is checked only where each rank has a GPU (calibration under DMACOLL_CALIBRATE=auto skips shared GPUs)
         assert meta["calibration"]["seconds"] <= 2 * BUDGET_S  # bounded (the anchors are measured whatever the budget)

@@ -9,8 +9,10 @@ chose differently would plan different protocols and deadlock):
    ``Communicator.calibrate()`` ahead of it (a one-line notice, progress, then cached);
 4. else none: 'auto' takes ``options.fallback``.
 
-A calibration times candidates on a communicator of its own, which the calibrating communicator makes
-(``calibrate``'s ``measuring`` argument): this module never builds one.
+A calibration measures the copy engines' candidates (``strategy``) and, where the platform runs more than one data
+path (the sm path, NCCL), each path's time per size (``paths``: 'auto' then takes the fastest measured path, not the
+constants measured on H200, ``options.choose_path``). It times them on a communicator of its own, which the
+calibrating communicator makes (``calibrate``'s ``measuring`` argument): this module never builds one.
 
 $DMACOLL_CALIBRATE: ``auto`` (the default: calibrate on GPUs, not on the host emulator nor where ranks share a GPU,
 whose timings say nothing about a GPU of one's own: time-sliced processes, a context switch per copied flag), ``1``
@@ -30,7 +32,7 @@ import torch.distributed as dist
 
 from .. import ops, options, tuning
 from ..errors import DmaCollError, InvalidArgument
-from . import cache, platform, strategy
+from . import cache, paths, platform, strategy
 
 log = logging.getLogger("dmacoll")
 SETTINGS = ("auto", "0", "1", "force")
@@ -41,6 +43,9 @@ GPU_MAX_BYTES = 256 << 20
 HOST_MAX_BYTES = 4 << 10  # the emulator only exercises the mechanics: small sizes, few calls
 HOST_TIMING = strategy.Timing(warmup=1, calls=2, repeats=3)
 PROGRESS_EVERY_S = 2.0
+# where the platform runs more than one data path, the share of the budget left for measuring them (``paths``)
+# after the copy engines' candidates
+PATH_SHARE = 0.4
 UNTIMED = ("host", "shared-device")  # topologies whose timings say nothing of a GPU's: 'auto' does not calibrate
 _active = False  # a calibration is running in this process: its own communicator takes no table
 
@@ -140,15 +145,24 @@ def calibrate(comm, calibration: Calibration, measuring: Callable[[int], object]
         bench = Bench(measuring(Bench.heap_bytes(comm.world, max_bytes)), max_bytes, settings,
                       _progress() if comm.rank == 0 else None)
         plan = strategy.Strategy(_space(comm, bench), strategy.grid(max_bytes))
-        strategy.run(plan, bench.measure, bench.spent, budget, settings)
+        path_space = _path_space(bench.comm, key)
+        strategy.run(plan, bench.measure, bench.spent, budget * (1 - PATH_SHARE) if path_space else budget, settings)
+        search = None
+        if path_space:  # the paths' dma calls take what the candidates just found
+            bench.comm._use_table(tuning.TuningTable({}, plan.entries()))
+            search = paths.run(paths.PathSearch(path_space, strategy.grid(max_bytes)), bench.measure, bench.spent,
+                               budget)
         table = None
         if comm.rank == 0:
-            table = tuning.TuningTable(_meta(key, plan, bench, budget, max_bytes, settings, mode), plan.entries())
+            table = tuning.TuningTable(_meta(key, plan, search, bench, budget, max_bytes, settings, mode),
+                                       plan.entries(), search.entries() if search else None)
             try:
                 where = f"cached in {cache.store(table, key)}"
             except OSError as e:  # a read-only home: this process still uses the table
                 where = f"not cached ({e})"
-            log.warning("dmacoll: calibrated in %.1f s (%d points); %s", bench.spent(), len(plan.measured), where)
+            log.warning("dmacoll: calibrated in %.1f s (%d points, %d of them paths); %s", bench.spent(),
+                        len(plan.measured) + (len(search.measured) if search else 0),
+                        len(search.measured) if search else 0, where)
         shared = _from_rank0(comm, table.to_json() if table else None)
         return _table(shared)
     except DmaCollError as e:
@@ -175,6 +189,17 @@ def _space(comm, bench) -> dict:
     return space
 
 
+def _path_space(comm, key: tuning.Platform) -> dict:
+    """Per (op, mode) the data paths to compare where the platform runs more than the copy engines (the sm path,
+    NCCL); empty on the emulator, and where ranks share a GPU (their calls all take the copy engines:
+    ``options.choose_path``, gated)."""
+    runs = ["dma"] + ["sm"] * comm.capabilities.sm_path + ["nccl"] * comm._nccl
+    if len(runs) < 2 or key.topology == "shared-device":
+        return {}
+    modes = ("graph", "eager") if comm.capabilities.graphs else ("eager",)
+    return {(op, mode): runs for op in options.NCCL_AUTO_OPS for mode in modes}
+
+
 def _gpu_max_bytes(facts: list) -> int:
     """The largest size: 256 MB, halved while the heap ((world + 1) x size per rank) would take more than a
     quarter of the free memory of the GPU (shared by the ranks on it)."""
@@ -185,13 +210,14 @@ def _gpu_max_bytes(facts: list) -> int:
     return size
 
 
-def _meta(key: tuning.Platform, plan: strategy.Strategy, bench, budget: float, max_bytes: int,
-          settings: strategy.Timing, mode: str) -> dict:
+def _meta(key: tuning.Platform, plan: strategy.Strategy, search: Optional[paths.PathSearch], bench, budget: float,
+          max_bytes: int, settings: strategy.Timing, mode: str) -> dict:
     """The provenance a shipped table carries (world, gpu, dtype, source, code, time) and the platform key."""
     return {**key._asdict(), "dtype": "bfloat16", "source": "calibration",
             "source_git_sha": os.environ.get("DMACOLL_GIT_SHA"),
             "source_created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "calibration": {"points": len(plan.measured), "seconds": round(bench.spent(), 2), "budget_s": budget,
+            "calibration": {"points": len(plan.measured), "path_points": len(search.measured) if search else 0,
+                            "seconds": round(bench.spent(), 2), "budget_s": budget,
                             "sizes": [plan.sizes[0], max_bytes], "anchors": plan.anchors,
                             "timing": settings.__dict__, "setting": mode}}
 

@@ -1,11 +1,12 @@
 """Timing candidates for a calibration, through the path a user's call takes: ``Communicator.collective`` with
-every option fixed, on a communicator of its own (a heap for the largest size, closed afterwards) and a stream of
-its own. Eager points time back-to-back calls, graph points a captured graph's replays (``dmacoll.timing``: CUDA
-events on GPUs, the host clock on the emulator). Each rank takes the median of its samples; after each batch the
-ranks exchange them and every rank keeps the slowest rank's (a collective is done when every rank is), so every
-rank holds the same numbers and makes the same next request."""
+every option fixed (a copy-engine candidate) or a path forced (``paths``), on a communicator of its own (a heap for
+the largest size, closed afterwards) and a stream of its own. Eager points time back-to-back calls, graph points a
+captured graph's replays (``dmacoll.timing``: CUDA events on GPUs, the host clock on the emulator). Each rank takes
+the median of its samples; after each batch the ranks exchange them and every rank keeps the slowest rank's (a
+collective is done when every rank is), so every rank holds the same numbers and makes the same next request."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Callable, Optional
@@ -14,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from .. import ops, timing
-from ..errors import DmaCollError
+from ..errors import DmaCollError, InvalidArgument
+from .paths import PathPoint
 from .strategy import Point, Timing
 
 
@@ -46,7 +48,7 @@ class Bench:
         """Whether every rank can submit natively (built on first use; ranks must agree on the candidates)."""
         return all(self._gather(self.comm.capabilities.native_submit and self.comm._native_available()))
 
-    def measure(self, points: list[Point]) -> dict[Point, float]:
+    def measure(self, points: list) -> dict:
         """Microseconds per call of each point, the slowest rank's median (the same dict on every rank)."""
         local, error = [], ""
         with timing.on_stream(self.stream):
@@ -54,7 +56,7 @@ class Bench:
                 try:
                     local.append(self._one(p) if not error else 0.0)
                 except Exception as e:  # noqa: BLE001 - said on every rank below
-                    error = error or f"{p.op} {p.place} {p.mode} {p.size} B {tuple(p.choice)}: {type(e).__name__}: {e}"
+                    error = error or f"{p.op} {p.place} {p.mode} {p.size} B {p.call_options()}: {type(e).__name__}: {e}"
                     local.append(0.0)
                 self.done += 1
                 if self.progress:
@@ -75,16 +77,23 @@ class Bench:
         self.comm.close()
 
     # -- one point ---------------------------------------------------------------------------------------------
-    def _one(self, p: Point) -> float:
+    def _one(self, p: Point | PathPoint) -> float:
+        """A point's time; a path that refuses the call (InvalidArgument: the sm path above its slots, on every rank
+        alike, before any collective) takes forever there."""
         spec, s = ops.get(p.op), self.settings
         out, inp = self._buffers(spec, p)
-        options = p.choice._asdict()
+        options = p.call_options()
+        if isinstance(p, PathPoint):
+            try:
+                self.comm.collective(p.op, out, inp, **options)
+            except InvalidArgument:
+                return math.inf
         call = lambda: self.comm.collective(p.op, out, inp, **options)  # noqa: E731
         timed = timing.bench_time(call, s.calls, s.repeats, mode=p.mode, warmup=s.warmup, stream=self.stream,
                                   device=self.device, start=lambda: self._gather(None))  # every rank together
         return statistics.median(timed.samples)
 
-    def _buffers(self, spec: ops.OpSpec, p: Point) -> tuple[torch.Tensor, torch.Tensor]:
+    def _buffers(self, spec: ops.OpSpec, p: Point | PathPoint) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's output and input of ``p.size`` bytes per rank (bfloat16, as the sweeps), in place where
         asked. Their contents do not matter: nothing is checked, only timed."""
         size = 2

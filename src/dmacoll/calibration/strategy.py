@@ -42,6 +42,10 @@ class Point(NamedTuple):
     def key(self) -> Key:
         return self.op, self.place, self.mode
 
+    def call_options(self) -> dict:
+        """The keywords of the timed call: every option fixed to the candidate's."""
+        return self.choice._asdict()
+
 
 @dataclass(frozen=True)
 class Timing:

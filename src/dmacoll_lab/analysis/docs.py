@@ -315,6 +315,22 @@ def dma_auto(machine: str) -> str:
             "at which they are faster and stay faster at every larger size measured.")
 
 
+def path_replay(machine: str) -> str:
+    """The path calibration replayed on the runs of the current defaults (``analysis.path_replay``), graph-replayed:
+    each run calibrates, the others score."""
+    from . import path_replay as replay
+
+    paths, rows, source = _default_call_runs(machine)
+    if rows is None:
+        return source
+    table = replay.summary(rows[rows["mode"] == "graph"])
+    return (source + "\n\n" + report.markdown(table.drop(columns="mode")) + "\n\nGraph-replayed. Each run's "
+            f"forced-path rows answer the path search (`dmacoll.calibration.paths`); its table (margin "
+            f"{options.PATH_MARGIN:.0%} for NCCL) picks the path at every op and size of each other run, among the "
+            "paths that ran there; points: (calibrating run, scored run, op, size). The picked path's time over "
+            "NCCL's in the scored run, beside the path the constants took there (its forced row, scored alike).")
+
+
 def sources(machine: str) -> str:
     """Every committed run of a machine: its code, when it ran, and its GPUs."""
     rows = []
@@ -342,7 +358,7 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "ficco": ficco, "e2e": e2e, "e2e_phased": e2e_phased, "native": native, "probes": probes, "call_cost": call_cost,
     "check_cost": check_cost,
     "nccl_tests": nccl_tests, "default_call": default_call, "default_call_headline": default_call_headline,
-    "default_call_nccl_tests": default_call_nccl_tests, "dma_auto": dma_auto,
+    "default_call_nccl_tests": default_call_nccl_tests, "dma_auto": dma_auto, "path_replay": path_replay,
     "sources": sources, "defaults_study": defaults_study,
 }
 
