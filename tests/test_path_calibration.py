@@ -140,17 +140,19 @@ def test_the_host_calibration_measures_no_paths():
 
 @pytest.mark.parametrize("machine", ["h200x2", "h200x4"])
 def test_replayed_on_the_committed_runs_the_path_calibration_is_never_slower_than_nccl(machine):
-    """Each run of the current defaults calibrates, the others score (``analysis.path_replay``), graph-replayed: the
-    picked path is never more than the margin slower than NCCL, and within 3% of the constants' median."""
+    """Each run of the current defaults calibrates, the others score (``analysis.path_replay``): the picked path is
+    never more than the margin slower than NCCL, and within 3% of the constants' median."""
     from pathlib import Path
 
     from dmacoll_lab.analysis import load, machines, path_replay
 
     runs = [str(p) for p in machines.default_call_runs(Path(__file__).resolve().parents[1] / "results" / machine)]
-    rows = load.read("probe", runs)
-    summary = path_replay.summary(rows[rows["mode"] == "graph"]).iloc[0]
-    assert summary["points"] > 100 and summary["calibrated: > 1.03"] == 0, summary.to_dict()
-    assert summary["calibrated: median"] <= summary["constants: median"] + 0.03, summary.to_dict()
+    summary = path_replay.summary(load.read("probe", runs)).set_index("mode")
+    # eager too where the runs' forced rows took the eager fast path (docs/results.md: not the 2-GPU runs)
+    for mode in ("graph", "eager") if machine == "h200x4" else ("graph",):
+        at = summary.loc[mode]
+        assert at["points"] > 100 and at["calibrated: > 1.03"] == 0, (mode, at.to_dict())
+        assert at["calibrated: median"] <= at["constants: median"] + 0.03, (mode, at.to_dict())
 
 
 def _paths_on_the_host(rank: int, world: int, cache_dir: str) -> dict:

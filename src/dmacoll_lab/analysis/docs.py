@@ -316,15 +316,14 @@ def dma_auto(machine: str) -> str:
 
 
 def path_replay(machine: str) -> str:
-    """The path calibration replayed on the runs of the current defaults (``analysis.path_replay``), graph-replayed:
-    each run calibrates, the others score."""
+    """The path calibration replayed on the runs of the current defaults (``analysis.path_replay``): each run
+    calibrates, the others score."""
     from . import path_replay as replay
 
     paths, rows, source = _default_call_runs(machine)
     if rows is None:
         return source
-    table = replay.summary(rows[rows["mode"] == "graph"])
-    return (source + "\n\n" + report.markdown(table.drop(columns="mode")) + "\n\nGraph-replayed. Each run's "
+    return (source + "\n\n" + report.markdown(replay.summary(rows)) + "\n\nEach run's "
             f"forced-path rows answer the path search (`dmacoll.calibration.paths`); its table (margin "
             f"{options.PATH_MARGIN:.0%} for NCCL) picks the path at every op and size of each other run, among the "
             "paths that ran there; points: (calibrating run, scored run, op, size). The picked path's time over "
