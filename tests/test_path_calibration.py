@@ -194,3 +194,14 @@ def test_the_calibration_times_the_paths_through_the_communicator_on_every_rank(
     assert {(r["op"], r["mode"]) for r in rows} == {("all_gather", "eager"), ("all_reduce", "eager")}
     assert table["calibration"]["path_points"] == 2 * len(rows)  # each dma point beside a refused sm point
     assert all(r["path"] == "dma" and r["right"] for r in ranks)
+
+
+def test_tune_quick_says_where_auto_sends_each_op():
+    from dmacoll_lab.cli.bench import path_summary
+
+    table = _table([("graph", 1 << 10, "sm", 5.0), ("graph", 1 << 10, "nccl", 10.0), ("graph", 1 << 10, "dma", 30.0),
+                    ("graph", 4 << 10, "sm", 6.0), ("graph", 4 << 10, "nccl", 10.0), ("graph", 4 << 10, "dma", 30.0),
+                    ("graph", 16 << 10, "nccl", 12.0), ("graph", 16 << 10, "dma", 11.9),  # within the margin
+                    ("graph", 64 << 10, "nccl", 20.0), ("graph", 64 << 10, "dma", 15.0)])
+    assert path_summary(table.to_json()) == ["auto, all_reduce graph: sm 1 KB-4 KB, nccl 16 KB, dma 64 KB"]
+    assert path_summary(tuning.TuningTable({}, []).to_json()) == []

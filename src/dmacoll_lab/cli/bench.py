@@ -113,7 +113,30 @@ def cmd_tune_quick(a: argparse.Namespace) -> int:
         return 1
     provenance.write_atomic(Path(a.out), text)
     print(f"wrote {a.out}; cached in {where}")
+    for line in path_summary(text):
+        print(line)
     return 0
+
+
+def path_summary(text: str) -> list[str]:
+    """Where a calibrated table (JSON) sends 'auto' calls, per op and mode: each path's sizes, as measured
+    (``TuningTable.fastest_path`` at each size the table holds); nothing for a table without path times."""
+    from dmacoll.lab_api import human, options, tuning
+
+    table = tuning.TuningTable.from_json(text)
+    lines = []
+    for op, mode in sorted({(e.op, e.mode) for e in table.paths}):
+        sizes = sorted({e.bytes_per_rank for e in table.paths if (e.op, e.mode) == (op, mode)})
+        picks = [(s, table.fastest_path(op, s, mode, options.PATHS, "nccl", options.PATH_MARGIN)) for s in sizes]
+        spans = []  # (path, first size, last size) of each run of sizes sent the same way
+        for size, path in picks:
+            if spans and spans[-1][0] == path:
+                spans[-1][2] = size
+            else:
+                spans.append([path, size, size])
+        lines.append(f"auto, {op} {mode}: " + ", ".join(
+            f"{path} {human(lo)}" + (f"-{human(hi)}" if hi != lo else "") for path, lo, hi in spans))
+    return lines
 
 
 def cmd_power(a: argparse.Namespace) -> int:
