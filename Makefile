@@ -53,12 +53,17 @@ test: $(STAMP)
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not gpu"
 
-$(VLLM_STAMP): pyproject.toml lab/pyproject.toml Makefile
+# vLLM without its GPU-only requirements (kernels, NVIDIA libraries, codecs: the venv took 2.8 GB instead of 6 on a
+# CPU machine; a CI machine ran out of disk installing them): vLLM and what would pull them with --no-deps, then the
+# rest (tests/vllm_requirements.py)
+$(VLLM_STAMP): pyproject.toml lab/pyproject.toml Makefile tests/vllm_requirements.py
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check '$(TORCH)' '$(VLLM_CI)'
-	# PyPI's torchvision, torchaudio and torchcodec are built for CUDA torch: with the CPU torch their libraries
-	# fail to load when transformers imports them (vLLM does not need them for text models)
-	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check '$(TORCH)'
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps '$(VLLM_CI)'
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+		$$($(VLLM_VENV)/bin/python tests/vllm_requirements.py --no-deps)
+	$(VLLM_VENV)/bin/python tests/vllm_requirements.py > $(VLLM_VENV)/requirements.txt
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -r $(VLLM_VENV)/requirements.txt
 	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -e . -e './lab[test]'
 	touch $@
 
