@@ -58,7 +58,7 @@ test-quick: $(STAMP)
 # rest (tests/vllm_requirements.py)
 $(VLLM_STAMP): pyproject.toml lab/pyproject.toml Makefile tests/vllm_requirements.py
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check '$(TORCH)'
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check '$(TORCH)' packaging
 	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps '$(VLLM_CI)'
 	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps \
 		$$($(VLLM_VENV)/bin/python tests/vllm_requirements.py --no-deps)

@@ -12,7 +12,7 @@ import importlib.metadata
 import re
 import sys
 
-from pip._vendor.packaging.requirements import Requirement
+from packaging.requirements import Requirement  # not pip's copy: importing pip turns off setuptools' distutils
 
 # GPU kernels and their compilers, NVIDIA libraries, video and audio codecs (PyPI's are built for CUDA torch: their
 # libraries fail to load beside the CPU torch when transformers imports them)
