@@ -160,9 +160,9 @@ def calibrate(comm, calibration: Calibration, measuring: Callable[[int], object]
                 where = f"cached in {cache.store(table, key)}"
             except OSError as e:  # a read-only home: this process still uses the table
                 where = f"not cached ({e})"
+            path_points = table.meta["calibration"]["path_points"]
             log.warning("dmacoll: calibrated in %.1f s (%d points, %d of them paths); %s", bench.spent(),
-                        len(plan.measured) + (len(search.measured) if search else 0),
-                        len(search.measured) if search else 0, where)
+                        len(plan.measured) + path_points, path_points, where)
         shared = _from_rank0(comm, table.to_json() if table else None)
         return _table(shared)
     except DmaCollError as e:

@@ -31,6 +31,13 @@ def sm_impl(op: str, world: int, nbytes: int) -> str:
     return "sm_two_shot" if nbytes >= two else "sm_one_shot"
 
 
+def run_of(source: object) -> str:
+    """A row's run number (its folder's ``_run<n>``: the small and the large run of one number go together), else its
+    source."""
+    found = RUN.search(str(source).replace("\\", "/") + "/")
+    return found.group(1) if found else str(source)
+
+
 def run_times(rows: pd.DataFrame) -> dict[str, dict[paths.PathPoint, float]]:
     """Per run number (a small and a large run together), each path's time per (op, mode, size); a row that failed
     its check or did not run is missing (the path does not run there)."""
@@ -39,30 +46,29 @@ def run_times(rows: pd.DataFrame) -> dict[str, dict[paths.PathPoint, float]]:
         if str(r.correct) != "True" or pd.isna(r.per_call_us) or (
                 r.impl.startswith("sm") and r.impl != sm_impl(r.op, int(r.world), int(r.bytes))):
             continue
-        run = RUN.search(str(r.source).replace("\\", "/") + "/")
         point = paths.PathPoint(r.op, r.mode, PATH_OF_IMPL[r.impl], int(r.bytes))
-        out.setdefault(run.group(1) if run else str(r.source), {})[point] = float(r.per_call_us)
+        out.setdefault(run_of(r.source), {})[point] = float(r.per_call_us)
     return out
 
 
-def calibrate(times: dict[paths.PathPoint, float], margin: float = options.PATH_MARGIN) -> tuning.TuningTable:
+def calibrate(times: dict[paths.PathPoint, float]) -> tuning.TuningTable:
     """The table a path calibration makes when ``times`` answer it (no budget: every round it asks for)."""
     keys = sorted({(p.op, p.mode) for p in times})
     sizes = sorted({p.size for p in times})
     search = paths.PathSearch({key: ["dma", "sm", "nccl"] for key in keys}, sizes)
     paths.run(search, lambda points: {p: times.get(p, math.inf) for p in points}, lambda: 0.0, math.inf)
-    return tuning.TuningTable({"margin": margin}, [], search.entries())
+    return tuning.TuningTable({}, [], search.entries())
 
 
 def scored(rows: pd.DataFrame, margin: float = options.PATH_MARGIN) -> pd.DataFrame:
     """One row per (calibrating run, scored run, op, mode, size): the calibrated pick and the constants' path, each
     one's time over NCCL's in the scored run, and the points the calibration measured."""
     times = run_times(rows)
-    constants = {(RUN.search(str(r.source).replace("\\", "/") + "/").group(1), r.op, r.mode, int(r.bytes)): str(r.path)
+    constants = {(run_of(r.source), r.op, r.mode, int(r.bytes)): str(r.path)
                  for r in rows[rows["impl"] == "default"].itertuples()}
     out = []
     for k, measured in times.items():
-        table = calibrate(measured, margin)
+        table = calibrate(measured)
         for j, other in times.items():
             if j == k:
                 continue

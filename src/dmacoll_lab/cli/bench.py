@@ -121,6 +121,8 @@ def cmd_tune_quick(a: argparse.Namespace) -> int:
 def path_summary(text: str) -> list[str]:
     """Where a calibrated table (JSON) sends 'auto' calls, per op and mode: each path's sizes, as measured
     (``TuningTable.fastest_path`` at each size the table holds); nothing for a table without path times."""
+    import itertools
+
     from dmacoll.lab_api import human, options, tuning
 
     table = tuning.TuningTable.from_json(text)
@@ -128,14 +130,11 @@ def path_summary(text: str) -> list[str]:
     for op, mode in sorted({(e.op, e.mode) for e in table.paths}):
         sizes = sorted({e.bytes_per_rank for e in table.paths if (e.op, e.mode) == (op, mode)})
         picks = [(s, table.fastest_path(op, s, mode, options.PATHS, "nccl", options.PATH_MARGIN)) for s in sizes]
-        spans = []  # (path, first size, last size) of each run of sizes sent the same way
-        for size, path in picks:
-            if spans and spans[-1][0] == path:
-                spans[-1][2] = size
-            else:
-                spans.append([path, size, size])
-        lines.append(f"auto, {op} {mode}: " + ", ".join(
-            f"{path} {human(lo)}" + (f"-{human(hi)}" if hi != lo else "") for path, lo, hi in spans))
+        spans = []  # each run of sizes sent the same way: its path, first and last size
+        for path, run in itertools.groupby(picks, key=lambda pick: pick[1]):
+            run = [size for size, _ in run]
+            spans.append(f"{path} {human(run[0])}" + (f"-{human(run[-1])}" if len(run) > 1 else ""))
+        lines.append(f"auto, {op} {mode}: " + ", ".join(spans))
     return lines
 
 
