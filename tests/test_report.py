@@ -353,10 +353,10 @@ def test_a_source_line_names_the_snakemake_rule_that_made_its_runs(tmp_path):
     ruled = [run("a", {"DMACOLL_WORKFLOW_RULE": "default_call"}), run("b", {"DMACOLL_WORKFLOW_RULE": "default_call"})]
     assert source_line(ruled, tmp_path).endswith("Snakemake rule: `default_call`.")
     mixed = ruled + [run("c", {})]  # a run made by a script: how many the rule made
-    assert source_line(mixed, tmp_path).endswith("Snakemake rule `default_call` made 2 of 3 runs; the others predate "
-                                                 "the rules (each run's command is in its data.json).")
-    assert source_line(mixed[2:], tmp_path).endswith("Made before the workflow's rules (each run's command is in its "
-                                                     "data.json).")
+    assert source_line(mixed, tmp_path).endswith("Snakemake rule `default_call` made 2 of 3 runs; the others name "
+                                                 "none (each run's command is in its data.json).")
+    assert source_line(mixed[2:], tmp_path).endswith("No Snakemake rule named in the runs' provenance (each run's "
+                                                     "command is in its data.json).")
     (tmp_path / "c" / "data.json").write_text(json.dumps({"git_sha": "def5678"}))  # runs of two codes: both named
     assert "(code abc1234, def5678, " in source_line(mixed, tmp_path)
 

@@ -185,7 +185,7 @@ def test_default_call_runs_each_part_of_its_sizes_repeatedly_and_names_its_rule(
     assert r.stdout.count("rule default_call:") == 4  # the shipped large part too: configs merge
     for n in (1, 2):
         run = f"{tmp_path}/sm_path/default_call_small_run{n}"
-        assert f"DMACOLL_WORKFLOW_RULE=default_call {sys.executable} -m dmacoll_lab probe sm_path" in r.stdout
+        assert f"export DMACOLL_WORKFLOW_RULE=default_call; {sys.executable} -m dmacoll_lab probe sm_path" in r.stdout
         assert (f" -m dmacoll_lab probe sm_path --worlds 4 --sizes 1K 4K --calls 7 --repeats 10 --out {run}/data.csv "
                 f"2>&1 | tee {run}/run.log") in r.stdout
     assert "gpu=4" in r.stdout.split("rule default_call:")[1].split("Shell command")[0]
@@ -328,6 +328,27 @@ def test_make_artifact_resumes_after_ctrl_c(tmp_path):
     assert done.returncode == 0 and "rule host_check:" not in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
 
 
+MEASURING = re.compile(r"-m dmacoll_lab (sweep|probe|breakdown|power|sm-usage|interference|c3|ficco|e2e|check-cost|"
+                       r"amd-dmalatte|vllm bench|vllm results)\b")
+
+
+def test_every_measuring_command_names_its_rule_in_the_runs_provenance(tmp_path):
+    """Each job that measures exports DMACOLL_WORKFLOW_RULE=<its rule> first, so every run's data.json says which
+    Snakemake rule made it (the docs' source lines read it); checked on the plan of every GPU experiment."""
+    mine = tmp_path / "all.yaml"
+    mine.write_text("probes: [flag_latency]\ne2e_phased: {runs: 1, models: [llama-3.1-8b]}\n")
+    r = dry_run("-p", "--configfile", "config/config.yaml", "config/h200x2.yaml", str(mine),
+                config=(f"outdir={tmp_path}",))
+    assert r.returncode == 0, r.stderr[-2000:]
+    jobs = r.stdout.split("\nrule ")[1:]
+    measuring = [job for job in jobs if MEASURING.search(job)]
+    assert len({job.split(":")[0] for job in measuring}) >= 10, [job.split(":")[0] for job in jobs]
+    for job in measuring:
+        rule = job.split(":")[0]
+        command = job.split("Shell command:")[1]
+        assert command.strip().startswith(f"export DMACOLL_WORKFLOW_RULE={rule}; "), job[-1500:]
+
+
 def test_e2e_phased_runs_each_model_repeatedly_with_every_schedule_and_names_its_rule(tmp_path):
     """config e2e_phased: one model per run at the machine's world, `runs` times, the e2e section's schedules and
     this section's flags, the rule's name in the run's environment; not on a CPU render."""
@@ -338,7 +359,7 @@ def test_e2e_phased_runs_each_model_repeatedly_with_every_schedule_and_names_its
     assert r.returncode == 0, r.stderr[-2000:]
     for n in (1, 2):
         run = f"{tmp_path}/e2e/phased_tp4_llama-3.1-8b_run{n}"
-        assert (f"DMACOLL_WORKFLOW_RULE=e2e_phased {sys.executable} -m dmacoll_lab e2e --world 4 --schedules serial "
+        assert (f"export DMACOLL_WORKFLOW_RULE=e2e_phased; {sys.executable} -m dmacoll_lab e2e --world 4 --schedules serial "
                 f"microbatch seqpar --pieces 4 --models llama-3.1-8b --prompts 256 --batches 8 32 --out "
                 f"{run}/data.csv 2>&1 | tee {run}/run.log") in r.stdout
     assert r.stdout.count("rule e2e_phased:") == 2  # a config list replaces the shipped one

@@ -24,6 +24,7 @@ rule amd_dmalatte_sweep:
     wildcard_constraints:
         run="|".join(DMALATTE["runs"]) or "none",
     params:
+        rule="amd_dmalatte_sweep",
         py=PY,
         checkout=DMALATTE["checkout"],
         command=lambda wc: DMALATTE["runs"][wc.run]["command"],
@@ -38,6 +39,7 @@ rule amd_dmalatte_sweep:
     conda:
         "../../envs/rocm.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "(cd {params.checkout} && {params.command}) > {output.stdout} 2> {log} && "
         "{params.py} -m dmacoll_lab amd-dmalatte {output.stdout} {output.csv} --world {params.world} "
         "--op {params.op} --variant '{params.variant}' >> {log} 2>&1"

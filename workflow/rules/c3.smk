@@ -11,9 +11,11 @@ rule c3:
     resources:
         **GPU_JOB,
     params:
+        rule="c3",
         py=PY,
         args=cli_flags("c3"),
     conda:
         "../../envs/cuda.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab c3 {params.args} --out {output.csv} 2>&1 | tee {log}"

@@ -15,6 +15,10 @@ from dmacoll_lab.analysis import machines
 # interpreter running snakemake: the project's .venv.
 SDM_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
 PY = "python" if SDM_CONDA else sys.executable
+# A measuring job's command starts with `export DMACOLL_WORKFLOW_RULE={params.rule}; ` (its params hold its name; the
+# shell's own {rule} works but fails the lint): each run's data.json then names what made it, and the docs' source
+# lines say so (dmacoll_lab.analysis.report.made_by; tests/test_workflow.py checks every measuring job)
+
 # envs/*.yaml install dmacoll with `pip: -e ${DMACOLL_ROOT}[...]`: Snakemake hands conda a copy of the env file in
 # .snakemake/conda/ and conda runs pip in that copy's folder, so a relative path could not name this checkout.
 os.environ.update(DMACOLL_ROOT=str(Path(workflow.basedir).resolve()))  # set for conda and pip, read by no rule

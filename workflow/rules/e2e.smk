@@ -12,11 +12,13 @@ rule e2e:
     resources:
         **GPU_JOB,
     params:
+        rule="e2e",
         py=PY,
         args=cli_flags("e2e"),
     conda:
         "../../envs/cuda.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab e2e {params.args} --out {output.csv} 2>&1 | tee {log}"
 
 
@@ -37,13 +39,14 @@ rule e2e_phased:
     resources:
         **GPU_JOB,
     params:
+        rule="e2e_phased",
         py=PY,
         args=e2e_phased_args,
-        rule="e2e_phased",
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "DMACOLL_WORKFLOW_RULE={params.rule} {params.py} -m dmacoll_lab e2e --world {wildcards.world} {params.args} "
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
+        "{params.py} -m dmacoll_lab e2e --world {wildcards.world} {params.args} "
         "--out {output.csv} 2>&1 | tee {log}"
 
 
@@ -84,13 +87,15 @@ if VLLM_ON:
         resources:
             **GPU_JOB,
         params:
+            rule="vllm_bench",
             py=VLLM_PY,
             flags=lambda wc: vllm_runs.cli_flags(VLLM_RUNS[wc.run]),
         conda:
             "../../envs/vllm.yaml"
         shell:
-            "{params.py} -m dmacoll_lab vllm bench --model-dir {input.model} --out-json {output.json} {params.flags} "
-            "> {log} 2>&1"
+            "export DMACOLL_WORKFLOW_RULE={params.rule}; "
+            "{params.py} -m dmacoll_lab vllm bench --model-dir {input.model} --out-json {output.json} "
+            "{params.flags} > {log} 2>&1"
 
     rule vllm_results:
         """Every vLLM run as one tidy CSV (a row per metric) with provenance."""
@@ -102,9 +107,11 @@ if VLLM_ON:
         log:
             f"{OUT}/vllm/bench/run.log",
         params:
+            rule="vllm_results",
             py=PY,
         conda:
             "../../envs/cpu.yaml"
         shell:
-            "DMACOLL_WORKFLOW_RULE=vllm_results {params.py} -m dmacoll_lab vllm results csv --out {output.csv} {input} "
+            "export DMACOLL_WORKFLOW_RULE={params.rule}; "
+            "{params.py} -m dmacoll_lab vllm results csv --out {output.csv} {input} "
             "> {log} 2>&1"

@@ -11,9 +11,11 @@ rule ficco:
     resources:
         **GPU_JOB,
     params:
+        rule="ficco",
         py=PY,
         args=cli_flags("ficco"),
     conda:
         "../../envs/cuda.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab ficco {params.args} --out {output.csv} 2>&1 | tee {log}"

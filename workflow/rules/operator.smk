@@ -19,6 +19,7 @@ rule operator_sweep:
     resources:
         **GPU_JOB,
     params:
+        rule="operator_sweep",
         py=PY,
         **{k: OP[k] for k in ("min_bytes", "max_bytes", "repeats", "calls")},
         impls=" ".join(i for i in OP["impls"] if i != "nccl_ce"),
@@ -32,6 +33,7 @@ rule operator_sweep:
     conda:
         "../../envs/cuda.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab sweep {params.backend} --ops {wildcards.op} --impls {params.impls} "
         "--modes {params.modes} "
         "--signals {params.signals} --waits {params.waits} --prerecord {params.prerecord} --submit {params.submit} "
@@ -53,6 +55,7 @@ rule operator_sweep_nccl_ce:
     resources:
         **GPU_JOB,
     params:
+        rule="operator_sweep_nccl_ce",
         py=PY,
         **{k: OP[k] for k in ("min_bytes", "max_bytes", "repeats", "calls")},
         ops=" ".join(OP["ops"]),
@@ -60,6 +63,7 @@ rule operator_sweep_nccl_ce:
     conda:
         "../../envs/cuda.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab sweep --ops {params.ops} --impls nccl_ce --modes {params.modes} "
         "--min-bytes {params.min_bytes} --max-bytes {params.max_bytes} --repeats {params.repeats} --calls {params.calls} "
         "--out {output.csv} 2>&1 | tee {log}"
@@ -77,11 +81,13 @@ rule breakdown:
     resources:
         **GPU_JOB,
     params:
+        rule="breakdown",
         py=PY,
         args=cli_flags("breakdown"),
     conda:
         "../../envs/cuda.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab breakdown {params.args} --out {output.csv} 2>&1 | tee {log}"
 
 
@@ -101,6 +107,7 @@ rule power:
     resources:
         **GPU_JOB,
     params:
+        rule="power",
         py=PY,
         sizes=" ".join(config["resources"]["power_sizes"]),
         power=cli_flags("power"),
@@ -109,6 +116,7 @@ rule power:
     conda:
         "../../envs/cuda.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab power --sizes {params.sizes} {params.power} --out {output.power} 2>&1 "
         "| tee {log.power} && "
         "{params.py} -m dmacoll_lab sm-usage {params.sm_usage} --out {output.sm_usage} 2>&1 | tee {log.sm_usage} && "
@@ -132,11 +140,13 @@ rule native_submit:
     resources:
         **GPU_JOB,
     params:
+        rule="native_submit",
         py=PY,
         args=cli_flags("native"),
     conda:
         "../../envs/cuda.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab sweep {params.args} --out {output.csv} 2>&1 | tee {log}"
 
 
@@ -153,9 +163,11 @@ rule check_cost:
     resources:
         **GPU_JOB,
     params:
+        rule="check_cost",
         py=PY,
         world=GPU_RANKS,
     conda:
         "../../envs/cuda.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab check-cost --world {params.world} --out {output.csv} 2>&1 | tee {log}"

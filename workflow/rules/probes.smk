@@ -20,16 +20,17 @@ rule probe:
     resources:
         **GPU_JOB,
     params:
+        rule="probe",
         py=PY,
         args=lambda wc: f" {config['probe_args'][wc.name]}" if config["probe_args"].get(wc.name) else "",
     conda:
         "../../envs/cuda.yaml"
     shell:
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab probe {wildcards.name} --out {output.csv}{params.args} 2>&1 | tee {log}"
 
 
 # Communicator()'s default call against NCCL, repeated (config default_call; DEFAULT_CALL_RUNS in common.smk).
-# DMACOLL_WORKFLOW_RULE names the rule in each run's provenance (data.json's env).
 
 
 rule default_call:
@@ -48,12 +49,13 @@ rule default_call:
     resources:
         **GPU_JOB,
     params:
+        rule="default_call",
         py=PY,
         world=GPU_RANKS,
         args=default_call_args,
-        rule="default_call",
     conda:
         "../../envs/cuda.yaml"
     shell:
-        "DMACOLL_WORKFLOW_RULE={params.rule} {params.py} -m dmacoll_lab probe sm_path --worlds {params.world} "
+        "export DMACOLL_WORKFLOW_RULE={params.rule}; "
+        "{params.py} -m dmacoll_lab probe sm_path --worlds {params.world} "
         "{params.args} --out {output.csv} 2>&1 | tee {log}"

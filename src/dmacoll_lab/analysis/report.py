@@ -279,17 +279,18 @@ def source_line(paths: list[str], root: Path = Path(".")) -> str:
 
 
 def made_by(rules: list) -> str:
-    """What made a table's runs, from each run's ``DMACOLL_WORKFLOW_RULE`` (None: a run made before the workflow's
-    rules, by the command its ``data.json`` names): the Snakemake rules, or how many runs predate them."""
+    """What made a table's runs, from each run's ``DMACOLL_WORKFLOW_RULE`` (None: its provenance names no rule, as
+    for runs made before the rules exported it; its ``data.json`` names the command): the rules, or how many runs
+    name none."""
     named = list(dict.fromkeys(r for r in rules if r))
     plural = "s" if len(named) > 1 else ""
     ticks = ", ".join(f"`{r}`" for r in named)
     if not named:
-        return "Made before the workflow's rules (each run's command is in its data.json)."
+        return "No Snakemake rule named in the runs' provenance (each run's command is in its data.json)."
     if all(rules):
         return f"Snakemake rule{plural}: {ticks}."
-    return (f"Snakemake rule{plural} {ticks} made {sum(map(bool, rules))} of {len(rules)} runs; the others predate "
-            "the rules (each run's command is in its data.json).")
+    return (f"Snakemake rule{plural} {ticks} made {sum(map(bool, rules))} of {len(rules)} runs; the others name none "
+            "(each run's command is in its data.json).")
 
 
 def failures_line(df: pd.DataFrame) -> str:
