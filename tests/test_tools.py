@@ -192,6 +192,13 @@ def test_vllm_gpu_run_bench_takes_other_config_files(tmp_path, bench):
                                    for tp in (2, 4) for p in ("vllm", "dma") for n in (1, 2)), names
 
 
+def test_gpu_smoke_refuses_one_gpu_before_running_anything(tmp_path):
+    stub(tmp_path, "nvidia-smi", 'echo "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n')
+    r = run("gpu_smoke.sh", str(tmp_path / "out"), env={"PATH": f"{tmp_path}:{os.environ['PATH']}"}, timeout=60)
+    assert r.returncode == 2 and "need 2 or more GPUs; 1 visible" in r.stderr, r.stderr
+    assert not (tmp_path / "out" / "snakemake.log").exists()
+
+
 @pytest.mark.parametrize("wrong", [False, True])
 def test_gpu_smoke_runs_the_workflow_with_the_kick_config_and_checks_every_row(tmp_path, wrong):
     """tools/gpu_smoke.sh is the workflow's measurements with config/kick.yaml (planned here: a `timeout` stub adds
