@@ -389,7 +389,7 @@ def committed():
         name = probe_of(json.loads(side.read_text()).get("command") or [])
         if name:
             run = side.parent
-            # an extra table's run folder is named after it (sm_carveout_gemm_cost, sm_carveout_gemm_cost_dmacoll_probe)
+            # an extra table's run folder is named after it (sm_carveout_gemm_cost, sm_carveout_gemm_cost_run4)
             extra = [t for t in PROBES[name].EXTRA if run.name.startswith(t)]
             found.append((run, name, extra[0] if extra else name))
     return found
