@@ -180,7 +180,7 @@ def test_source_has_a_gather_and_a_sum_per_dtype_and_compiles_where_nvrtc_is():
     assert src.count("extern \"C\" __global__ void dmacoll_sm_ll_sum_") == len(cuda_sm.FOLD_TYPES)
     assert "@MAX_WORLD@" not in src and f"#define SM_MAX_WORLD {cuda_sm.MAX_WORLD}" in src
     pytest.importorskip("cuda.bindings.nvrtc")
-    from dmacoll.backends.cuda_kernels import compile_program
+    from dmacoll.backends.cubins import compile_program
     try:
         cubin = compile_program(src, "dmacoll_sm.cu", "sm_90")
     except Exception as e:  # noqa: BLE001 - NVRTC's library may be missing beside the bindings

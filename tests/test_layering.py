@@ -10,7 +10,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 LIBRARY, ARTIFACT = "dmacoll", "dmacoll_lab"
 RUNTIME = ("communicator", "ops", "plan", "executor", "validate", "options", "tuning", "errors", "sizes", "backends",
-           "timing", "graphs", "calibration", "consistency", "nccl_path")
+           "timing", "graphs", "calibration", "consistency", "nccl_path", "cache_dir")
 # what the artifact's extras install (pyproject: lab, workflow, vllm): the library imports none of it, except the
 # vLLM plugin, which imports vLLM inside the functions that vLLM calls
 ARTIFACT_DEPENDENCIES = ("pandas", "yaml", "packaging", "seaborn", "matplotlib", "snakemake", "papermill",

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from dmacoll.backends import cuda as cuda_backend
-from dmacoll.backends import cuda_kernels
+from dmacoll.backends import cubins, cuda_kernels
 from dmacoll.ops import get, names
 from dmacoll.executor import Folded, MemOp, execute, flag_index, lower
 from dmacoll.plan import (DONE, READY, VARIANTS, Layout, Reduce, Ref, all_gather_exchange, all_reduce_one_shot_plans,
@@ -219,7 +219,7 @@ def test_launch_arguments_match_the_kernels_parameters():
 def test_the_kernels_compile_with_nvrtc():
     pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC (cuda-bindings) is not installed here")
     try:
-        cubin = cuda_kernels.compile_program(cuda_kernels.source(), "dmacoll_kernels.cu", "sm_90")
+        cubin = cubins.compile_program(cuda_kernels.source(), "dmacoll_kernels.cu", "sm_90")
     except cuda_backend.BackendUnavailable as e:
         if "NVRTC" in str(e) and "compile" not in str(e):
             pytest.skip(f"NVRTC cannot run here: {e}")

@@ -49,7 +49,7 @@ _add("dmacoll.backends", "engine_class", "resolve")
 _add_module("native", "dmacoll.backends.native")
 _add_module("cuda_backend", "dmacoll.backends.cuda")
 _add("dmacoll.backends.cuda", "CudaEngine", "check_driver", "memcpy_batch")
-_add("dmacoll.backends.cuda_kernels", "compile_program")
+_add("dmacoll.backends.cubins", "compile_program")
 _add_module("stream_engine", "dmacoll.backends.stream_engine")  # the crash map counts the graphs it replays
 _add_module("cuda_sm", "dmacoll.backends.cuda_sm")
 # calibration, for `dmacoll tune`, the defaults study and the replays

@@ -20,7 +20,7 @@ import ctypes
 import string
 from typing import Callable, Optional, Sequence
 
-from ..errors import BackendUnavailable
+from .cubins import compile_program
 
 MAX_WAITS = 8         # flag words per launch (two 64-bit arguments of 16-bit indices)
 THREADS = 256         # a fold kernel's block
@@ -209,30 +209,6 @@ def folds(numel: int) -> bool:
 def fold_grid(numel: int) -> int:
     """Blocks of a fold kernel for ``numel`` elements: a tile each, at most FOLD_MAX_BLOCKS."""
     return max(1, min(FOLD_MAX_BLOCKS, -(-numel // (THREADS * ITEMS))))
-
-
-def compile_program(code: str, name: str, arch: str, options: Sequence[str] = ()) -> bytes:
-    """A cubin for ``arch`` (e.g. sm_90) from CUDA C ``code`` by NVRTC; the compiler's log on failure."""
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError as e:
-        raise BackendUnavailable(f"NVRTC is needed to build dmacoll's kernels (pip install cuda-bindings): {e}")
-
-    def ok(result, what: str):
-        err = result[0] if isinstance(result, tuple) else result
-        if int(err) != 0:
-            raise BackendUnavailable(f"NVRTC {what} failed: {err}")
-        return result[1] if isinstance(result, tuple) and len(result) == 2 else None
-
-    prog = ok(nvrtc.nvrtcCreateProgram(code.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in options)]
-    if int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) != 0:
-        log = b" " * ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise BackendUnavailable(f"NVRTC could not compile {name}: {log.decode(errors='replace').strip()}")
-    cubin = b" " * ok(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
-    ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-    return cubin
 
 
 class Kernels:

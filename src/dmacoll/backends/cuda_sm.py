@@ -28,7 +28,8 @@ import string
 from typing import Callable, NamedTuple, Optional, Sequence
 
 from ..errors import InvalidArgument
-from .cuda_kernels import FOLD_TYPES, HELPERS, compile_program
+from .cubins import compile_program
+from .cuda_kernels import FOLD_TYPES, HELPERS
 
 MAX_BLOCKS = 256  # the flag words' layout: the most blocks a launch may have (its grid: ``SmPath.blocks``)
 MAX_WORLD = 8  # per-peer offsets travel in the kernel's arguments (``Parts``)

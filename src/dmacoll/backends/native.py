@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+from .. import cache_dir
 from ..errors import BackendUnavailable, DmaCollError, InvalidArgument
 from ..executor import MemOp, Program, run
 from ..plan import Copy, Reduce, Ref
@@ -62,9 +63,8 @@ def library_path() -> Path:
 
 
 def cache_path() -> Path:
-    """Where a library built on first use goes: $DMACOLL_CACHE (else ~/.cache/dmacoll)/native/<source hash>/."""
-    root = Path(os.environ.get("DMACOLL_CACHE") or Path.home() / ".cache" / "dmacoll")
-    return root / "native" / hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16] / LIBRARY_NAME
+    """Where a library built on first use goes: dmacoll's cache directory (``cache_dir``)/native/<source hash>/."""
+    return cache_dir.directory() / "native" / hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16] / LIBRARY_NAME
 
 
 def ensure_built() -> Path:

@@ -1,5 +1,6 @@
-"""Calibrated tables in the user's cache directory ($XDG_CACHE_HOME/dmacoll, else ~/.cache/dmacoll): one file per
-platform, named after it, taken only where every field of the platform key matches (``TuningTable.matches``)."""
+"""Calibrated tables in dmacoll's cache directory (``cache_dir``: $DMACOLL_CACHE, else $XDG_CACHE_HOME/dmacoll, else
+~/.cache/dmacoll): one file per platform, named after it, taken only where every field of the platform key matches
+(``TuningTable.matches``)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,19 +10,15 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from .. import cache_dir
 from ..tuning import Platform, TuningTable
-
-
-def directory() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dmacoll"
 
 
 def path(platform: Platform) -> Path:
     """The file of ``platform``'s table: readable names, and a digest of the whole key (driver, code)."""
     digest = hashlib.sha256(json.dumps(platform._asdict(), sort_keys=True).encode()).hexdigest()[:12]
     name = re.sub(r"[^A-Za-z0-9]+", "-", f"{platform.world}x-{platform.gpu}-{platform.topology}").strip("-")
-    return directory() / f"tuning-{name}-{digest}.json"
+    return cache_dir.directory() / f"tuning-{name}-{digest}.json"
 
 
 def load(platform: Platform) -> Optional[TuningTable]:
