@@ -7,6 +7,9 @@ import pytest
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+# Tests put dmacoll's cache where they want it through XDG_CACHE_HOME (or set DMACOLL_CACHE themselves); a caller's
+# DMACOLL_CACHE would win over theirs (cache_dir.directory) and hand them the caller's tables and cubins.
+os.environ.pop("DMACOLL_CACHE", None)
 
 SEED_VARIABLE = "DMACOLL_TEST_SEED"  # set it to replay a failed randomized test with the seed it printed
 

@@ -359,8 +359,8 @@ def test_e2e_phased_runs_each_model_repeatedly_with_every_schedule_and_names_its
     assert r.returncode == 0, r.stderr[-2000:]
     for n in (1, 2):
         run = f"{tmp_path}/e2e/phased_tp4_llama-3.1-8b_run{n}"
-        assert (f"export DMACOLL_WORKFLOW_RULE=e2e_phased; {sys.executable} -m dmacoll_lab e2e --world 4 --schedules serial "
-                f"microbatch seqpar --pieces 4 --models llama-3.1-8b --prompts 256 --batches 8 32 --out "
+        assert (f"export DMACOLL_WORKFLOW_RULE=e2e_phased; {sys.executable} -m dmacoll_lab e2e --world 4 "
+                f"--schedules serial microbatch seqpar --pieces 4 --models llama-3.1-8b --prompts 256 --batches 8 32 --out "
                 f"{run}/data.csv 2>&1 | tee {run}/run.log") in r.stdout
     assert r.stdout.count("rule e2e_phased:") == 2  # a config list replaces the shipped one
     cpu = dry_run(config=("platform=none", f"outdir={tmp_path}"))

@@ -10,8 +10,9 @@ dest=${1:?output dir}; out=$dest/run/smoke
 # every rule runs a rank per GPU and a collective needs two: one GPU has its own commands
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ -z "${CUDA_VISIBLE_DEVICES+set}" ] || gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true)
-[ "$gpus" -ge 2 ] || { echo "gpu_smoke: the collectives need 2 or more GPUs; $gpus visible. On one GPU: tools/gpu_suite.sh" \
-  "(ranks sharing it) and tools/lent_snakemake.sh OUTDIR auto config/probes.yaml measure_probes" >&2; exit 2; }
+[ "$gpus" -ge 2 ] || { echo "gpu_smoke: the collectives need 2 or more GPUs; $gpus visible. On one GPU:" \
+  "tools/gpu_suite.sh (ranks sharing it) and tools/lent_snakemake.sh OUTDIR auto config/probes.yaml measure_probes" >&2
+  exit 2; }
 mkdir -p "$out"
 status=0
 timeout "${DEADLINE_S:-540}" bash tools/lent_snakemake.sh "$out" auto config/kick.yaml measure_operator \
