@@ -143,3 +143,23 @@ def test_warm_up_compiles_both_kernel_modules_once():
     print(r)  # the compile time, for the log
     assert r["before"] == (0, 0) and r["after"] == (1, 1), r
     assert r["again_s"] < 0.01, r
+
+
+def _warm_without_nvrtc(rank: int, world: int) -> dict:
+    from dmacoll.backends import cubins
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("NVRTC was asked to compile although the cache holds the cubin")
+
+    cubins._compile = refuse  # this process may only load what the one before it cached
+    return _warm(rank, world)
+
+
+def test_a_second_process_loads_both_kernel_modules_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DMACOLL_CACHE", str(tmp_path))  # the ranks' processes inherit it
+    first = run_ranks(_warm, 2, device="cuda", timeout_s=120)[0]
+    cached = sorted(p.name for p in (tmp_path / "kernels").glob("*.cubin"))
+    second = run_ranks(_warm_without_nvrtc, 2, device="cuda", timeout_s=120)[0]
+    print({"first": first, "second": second, "cached": cached})  # load against compile time, for the log
+    assert [name.split("-")[0] for name in cached] == ["dmacoll_kernels", "dmacoll_sm"], cached
+    assert second["after"] == (1, 1), second
