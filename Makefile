@@ -84,7 +84,7 @@ $(SLURM_STAMP): $(STAMP)
 	touch $@
 
 test-slurm: $(SLURM_STAMP)
-	tools/slurm_install.sh
+	tests/slurm_install.sh
 	DMACOLL_REQUIRE_SLURM=1 $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(VENV)/slurm-junit.xml $(SLURM_TESTS)
 	grep -q 'skipped="0"' $(VENV)/slurm-junit.xml || { echo "test-slurm: a SLURM test was skipped"; exit 1; }
 

@@ -47,10 +47,10 @@ def snakemake(cwd: Path, *args: str, env=None, timeout_s: float = 600) -> subpro
 
 
 def test_the_install_step_fails_loudly_where_it_cannot_install(tmp_path):
-    """Without SLURM's programs and without root, tools/slurm_install.sh says what to install and fails."""
+    """Without SLURM's programs and without root, tests/slurm_install.sh says what to install and fails."""
     (tmp_path / "id").write_text("#!/bin/sh\necho 1000\n")  # not root
     (tmp_path / "id").chmod(0o755)
-    r = subprocess.run(["/bin/bash", str(ROOT / "tools/slurm_install.sh")], capture_output=True, text=True,
+    r = subprocess.run(["/bin/bash", str(ROOT / "tests/slurm_install.sh")], capture_output=True, text=True,
                        env={"PATH": str(tmp_path)}, timeout=60)
     assert r.returncode == 1 and "install Debian's slurmctld slurmd slurm-client munge as root" in r.stderr, r.stderr
 
