@@ -86,3 +86,31 @@ def test_the_workflow_schema_keeps_no_list_of_names():
     parsed = yaml.safe_load(schema)
     for section in ("operator", "c3"):
         assert parsed["properties"][section]["properties"]["ops"]["items"] == {"type": "string"}
+
+
+def test_the_config_holds_the_defaults_and_the_schema_copies_none():
+    """config/config.yaml is the one copy of the workflow's defaults (the Snakefile always loads it): the schema
+    gives no default of its own for what the config sets, so no copy can drift (two had: the schema's
+    operator.submit and operator.handshakes had fallen behind the config's); what the rules read directly, the
+    schema requires instead."""
+    import jsonschema
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    config = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    copies = []
+
+    def walk(node: dict, values: dict, path: str) -> None:
+        for key, value in values.items():
+            described = node.get("properties", {}).get(key)
+            if described is None:
+                continue
+            if described.get("default", {}) != {}:
+                copies.append(f"{path}{key}")
+            if isinstance(value, dict):
+                walk(described, value, f"{path}{key}.")
+
+    walk(schema, config, "")
+    assert not copies, f"defaults the schema copies from config/config.yaml: {copies}"
+    jsonschema.validate(config, schema)
+    with pytest.raises(jsonschema.ValidationError, match="'operator' is a required property"):
+        jsonschema.validate({k: v for k, v in config.items() if k != "operator"}, schema)
