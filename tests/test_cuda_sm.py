@@ -199,3 +199,17 @@ def test_parts_that_are_not_whole_vectors_take_the_sm_path(op, inp, out, matrix)
     # the kernels copy them in the widest unit that divides them (results/h200x2/sm_path/sm_path_unaligned/)
     world = 2 if matrix else 4
     assert cuda_sm.sm_bytes(op, world, 0, inp, out, "bfloat16", 1 << 30, matrix) is not None
+
+
+def test_the_library_docs_say_how_many_sms_the_path_occupies():
+    """docs/library.md's count of the sm path's blocks is the code's (a block per SM where SMs are free)."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs/library.md").read_text().split())
+    kb = 1024
+    said = (f"a block of {cuda_sm.THREADS} threads per {cuda_sm.BLOCK_BYTES // kb} KB it sends "
+            f"({cuda_sm.WORLD2_BLOCK_BYTES // kb} KB at two ranks), at most {cuda_sm.BLOCKS} blocks")
+    assert said in text
+    examples = (f"a 1 KB call takes {cuda_sm.grid(4, kb)}, a 64 KB all_reduce {cuda_sm.grid(2, 64 * kb)} at two "
+                f"ranks and {cuda_sm.grid(4, 64 * kb)} at four, 1 MB per peer {cuda_sm.grid(4, 1 << 20)}")
+    assert examples in text and cuda_sm.grid(2, kb) == cuda_sm.grid(4, kb)
