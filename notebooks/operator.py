@@ -13,10 +13,11 @@
 #
 # Latency and bus bandwidth per message size, graph-replayed and eager, from the sweep CSVs given as parameters
 # (`csvs`). dmacoll appears three times (`dmacoll_lab.analysis.report` defines them): `dma default` is what
-# `Communicator()` does with no options, `dma tuned` is `variant='auto'` with the options a caller may set without
-# promises, `dma oracle` the best of every measured configuration at each size (its N and configuration are in the
-# table). `peer_copy` is one raw copy-engine copy of what a rank sends one peer: at 2 ranks the whole collective's
-# data, the NVLink floor.
+# `Communicator()` does with no options on the copy engines (`path='dma'`, the papers' reproduction; the call with no
+# options at all, SM kernels and NCCL included, is the last section's), `dma tuned` is `variant='auto'` with the options
+# a caller may set without promises, `dma oracle` the best of every measured configuration at each size (its N and
+# configuration are in the table). `peer_copy` is one raw copy-engine copy of what a rank sends one peer: at 2 ranks the
+# whole collective's data, the NVLink floor.
 # Measured on NVIDIA Hopper; the papers this reproduces (ConCCL, DMA-Latte) ran on AMD MI300X.
 
 # %% tags=["parameters"]
@@ -69,7 +70,7 @@ page.reading(readings.operator(table, "graph"))
 # ## Every baseline and configuration, graph-replayed and eager
 
 # %%
-# One line per baseline as measured, and three for dmacoll: its default (what Communicator() does), tuned
+# One line per baseline as measured, and three for dmacoll: its default (Communicator() on the copy engines), tuned
 # (variant='auto' plus options that need no promise) and best-of-N oracle configurations (report.picks).
 lines = []
 for impl in ("nccl", "nccl_ce", "symm_mem_lc", "peer_copy"):

@@ -19,9 +19,9 @@
 #   all-gather when they run together on separate streams; fraction of ideal overlap
 #   = (serial - together) / (serial - max(alone)).
 #
-# `dma pcpy` is the plain collective, `dma default` what `Communicator()` picks with no options (every option
-# 'auto': the name the operator page and the claims give it; the CSVs keep the variant `auto`). Measured on NVIDIA
-# Hopper; the papers measured AMD MI300X.
+# `dma pcpy` is the plain collective, `dma default` what `Communicator()` picks with no options on the copy engines
+# (`path='dma'`: every other option 'auto'; the name the operator page and the claims give it; the CSVs keep the variant
+# `auto`). Measured on NVIDIA Hopper; the papers measured AMD MI300X.
 
 # %% tags=["parameters"]
 csvs = ["results/h200x2/power/power/data.csv", "results/h200x2/power/sm_usage/data.csv",

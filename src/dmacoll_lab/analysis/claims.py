@@ -6,12 +6,13 @@ results (measured on NVIDIA Hopper) and the test that decides it. The tolerance 
 tolerance looser than that says why (``why``). A claim is evaluated separately on each configuration it
 concerns (a row each), never on a mix:
 
-* operator claims: dmacoll's **default** (what ``Communicator()`` does with no options), **tuned**
+* operator claims: dmacoll's **default** (what ``Communicator()`` does with no options on the copy engines,
+  ``path='dma'``: the papers' reproduction; ``report.on_copy_engines``), **tuned**
   (``variant='auto'`` with the shipped table, options that need no promise from the caller) and **oracle** (the
   best of all N measured configurations, picked after the fact), as ``report.picks`` defines them; a claim about
   the unoptimised DMA collective: DMA-Latte's plain **pcpy**;
-* the power claim: **default** (the power sweep's ``variant='auto'`` point) and **oracle** (the lower power of
-  its N dma points);
+* the power claim: **default** (the power sweep's ``variant='auto'`` point, on the copy engines) and **oracle**
+  (the lower power of its N dma points);
 * C3 claims: **default** (the plain ``dma`` strategy), **tuned** (the strategy rule learned on other shapes:
   what a runtime with the rule gets) and **oracle** (the best of the N single dma strategies, picked after the
   fact), all three on the same scenarios: the shapes the rule was not learned on (``c3_rules.held_out``); the
@@ -19,7 +20,8 @@ concerns (a row each), never on a mix:
   at 1 (``c3_rules.collapse``: a pair cannot overlap better than perfectly; values above 1 are timing noise),
   and each row says how many were;
 * end-to-end claims (``dmacoll e2e``): **default** (the benchmark's dma implementation is ``Communicator()``
-  with no options), best over every (model, batch, prompt) point of the serial schedule, as the papers' "up to";
+  with no options: every path, SM kernels and NCCL included, not the copy engines alone), best over every (model,
+  batch, prompt) point of the serial schedule, as the papers' "up to";
 * the vLLM claims (``vllm bench`` with the dmacoll plugin off and on, DMA-Latte's own comparison): **default** (the
   plugin's default route), best over the points of each point's median over runs;
 * the FiCCO claim: **oracle**, the best of the dma schedules (pieces) per scenario, over the scenarios.

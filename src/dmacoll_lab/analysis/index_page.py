@@ -45,8 +45,10 @@ def _counts(rows: list[dict]) -> str:
 
 # what the claims table's words mean, shown under it (claims.py and report.picks define them)
 CLAIMS_LEGEND = (
-    "<p class=\"legend\">Configurations: <b>default</b>, what <code>Communicator()</code> does with no options (a sweep "
-    "without such rows shows the row its tuning table picks, marked <em>derived</em>); <b>tuned</b>, options that need "
+    "<p class=\"legend\">Configurations: <b>default</b>, what <code>Communicator()</code> does with no options on the "
+    "copy engines (<code>path='dma'</code>, the papers' reproduction; a sweep without such rows shows the row its "
+    "tuning table picks, marked <em>derived</em>; the headline is the call with no options at all, SM kernels and "
+    "NCCL included); <b>tuned</b>, options that need "
     "no promise from the caller, from the shipped table; <b>oracle</b>, the best of all N measured configurations, "
     "picked after the fact; <b>pcpy</b>, the unoptimised DMA collective. Status: <b>within noise</b> when the "
     "tolerance lies inside the claim's range over several runs (or, for a C3 value from one run, a strategy's "
