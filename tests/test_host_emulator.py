@@ -318,6 +318,48 @@ def test_every_option_family_of_dmacoll_check_runs_on_the_host(seed):
     assert {r["op"] for r in sequence} == set(ops.names()) and all("sequence" in r["buffers"] for r in sequence)
 
 
+def test_the_sm_path_family_is_offered_where_the_engine_has_the_path():
+    from dmacoll.backends import engine_class
+    from dmacoll_lab.verify.check import families
+
+    assert [name for name, _ in families(engine_class("cuda").capabilities)][-1] == "path=sm"
+    assert "path=sm" not in [name for name, _ in families(engine_class("host").capabilities)]
+
+
+def test_the_sm_path_family_keeps_the_calls_the_path_takes():
+    """Every op at the counts the check runs by default; no in-place all_to_all_v, nothing larger than a slot."""
+    from dmacoll_lab.verify.check import cases, numels, sm_cases
+
+    world, slot = 4, 4 << 20
+    every = cases(("auto",), ("auto",), ["bfloat16", "int8"], [1, 4099, 1 << 22])
+    kept = sm_cases(every, world, slot)
+    assert {c.op for c in kept} == set(ops.names())
+    assert not [c for c in kept if c.op == "all_to_all_v" and c.in_place]
+    too_large = [c for c in every if any(max(numels(c, r, world)) * DTYPES[c.dtype].itemsize > slot
+                                         for r in range(world))]
+    assert too_large and not set(too_large) & set(kept)
+    assert {(c.op, c.dtype, c.in_place) for c in kept if c.count == 4099} == {
+        (c.op, c.dtype, c.in_place) for c in every if c.count == 4099 and not (c.op == "all_to_all_v" and c.in_place)}
+
+
+def _forced_path_rows(rank, world, seed):
+    from dmacoll import Communicator
+    from dmacoll_lab.verify.check import cases, run_cases
+
+    comm = Communicator(backend="host", timeout_s=30)
+    few = cases(("auto",), ("auto",), ["float32"], [3], ops=("all_gather", "all_reduce"), seed=seed)
+    try:
+        return run_cases(comm, few), run_cases(comm, few, path="sm")
+    finally:
+        comm.close()
+
+
+def test_a_row_names_its_path_and_fails_where_the_call_took_another_than_asked(seed):
+    for plain, forced in run_ranks(_forced_path_rows, 2, seed):
+        assert plain and all(r["ok"] and r["path"] == "dma" for r in plain), f"seed {seed}: {plain}"
+        assert all(not r["ok"] and r["error"] == "ran on path 'dma', not 'sm'" for r in forced), f"seed {seed}"
+
+
 def _multi_op_skipping(rank, world, seed):
     from dmacoll import Communicator
     from dmacoll_lab.verify import check

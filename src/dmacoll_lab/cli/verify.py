@@ -101,8 +101,8 @@ def register(sub) -> None:
                         "signal=kernel, wait=spin, wait=fold, submit=native, prerecord, multi-op (every op in one "
                         "CUDA graph, or one after another), 'uneven splits' and 'random splits' (all_to_all_v on "
                         "Communicator() with every option 'auto': the named split patterns, or matrices drawn from "
-                        "--seed); default: all that the backend runs; 'none': only the core grid, lean pipelines "
-                        "and defaults")
+                        "--seed), path=sm (every op, dtype and count the sm path takes, forced onto it; cuda); "
+                        "default: all that the backend runs; 'none': only the core grid, lean pipelines and defaults")
     c.add_argument("--reference", choices=("cpu", "nccl"), default="cpu",
                    help="also compare with torch.distributed (NCCL) on the same inputs (cuda backend)")
     c.add_argument("--submit", choices=("python", "native"), default="python",

@@ -328,8 +328,10 @@ def run_multi_op(comm, variant: str, direction: str, dtype: str, count: int, see
              "ok": e is None, "error": e or ""} for c, e in zip(cs, errors)]
 
 
-def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = False) -> list[dict]:
-    """Every case on this rank; with ``progress``, a line per (op, variant) group with the elapsed time."""
+def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = False,
+              path: Optional[str] = None) -> list[dict]:
+    """Every case on this rank, each row naming the data path it ran on (``last_options.path``); with ``path``, a
+    call that ran on another path fails; with ``progress``, a line per (op, variant) group with the elapsed time."""
     if not all_cases:
         return []
     world = comm.world
@@ -342,7 +344,10 @@ def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = 
             print(f"  {case.op} {case.variant}: from case {i + 1} of {len(all_cases)}, "
                   f"{time.monotonic() - t0:.0f} s so far", flush=True)
         error = run_case(comm, bufs, case, nccl)
-        results.append({**asdict(case), "rank": comm.rank, "ok": error is None, "error": error or ""})
+        ran = comm.last_options.path
+        if error is None and path is not None and ran != path:
+            error = f"ran on path {ran!r}, not {path!r}"
+        results.append({**asdict(case), "rank": comm.rank, "path": ran, "ok": error is None, "error": error or ""})
     if comm.device.type == "cuda":
         torch.cuda.synchronize(comm.device)
     return results
@@ -350,8 +355,9 @@ def run_cases(comm, all_cases: list[Case], nccl: bool = False, progress: bool = 
 
 def families(capabilities: EngineCapabilities) -> list[tuple[str, dict]]:
     """The option families `dmacoll check` runs beyond the core grid on an engine (what it can run): each
-    signal and wait besides memop, native submission, prerecorded eager calls, and multi-op sequences (captured in
-    one CUDA graph where the engine has graphs, else eager)."""
+    signal and wait besides memop, native submission, prerecorded eager calls, multi-op sequences (captured in one
+    CUDA graph where the engine has graphs, else eager), the uneven splits, and the sm path (every call forced onto
+    it, where the engine has it)."""
     out = [("signal=copy", {"signal": "copy"})]
     if capabilities.kernel_signals:
         out.append(("signal=kernel", {"signal": "kernel", "wait": "memop", "submit": "python"}))
@@ -364,7 +370,20 @@ def families(capabilities: EngineCapabilities) -> list[tuple[str, dict]]:
     out.append(("multi-op", {"sequence": True}))  # captured in one graph where the engine has graphs
     # all_to_all_v's uneven splits on Communicator() as a user makes it (every option 'auto'): what an MoE layer sends
     out += [(name, {"splits": splits}) for name, splits in SPLIT_FAMILIES.items()]
+    if capabilities.sm_path:
+        out.append(("path=sm", {"path": "sm"}))
     return out
+
+
+def sm_cases(all_cases: list[Case], world: int, slot_bytes: int) -> list[Case]:
+    """Of ``all_cases`` (variant and direction 'auto'), those the sm path runs: no in-place all_to_all_v (its rows and
+    columns overlap), and every rank's whole input and output within a slot (so no part of the call can exceed it;
+    the counts the check runs by default all fit). A call the path then refuses is a failure, not a skip."""
+    def fits(case: Case) -> bool:
+        size = DTYPES[case.dtype].itemsize
+        return all(max(numels(case, r, world)) * size <= slot_bytes for r in range(world))
+
+    return [c for c in all_cases if not (c.op == "all_to_all_v" and c.in_place) and fits(c)]
 
 
 SPLIT_FAMILIES = {"uneven splits": "patterns", "random splits": "random"}
@@ -410,15 +429,22 @@ def _family_rows(rank: int, world: int, args: dict, family: str, options: dict) 
     from dmacoll.lab_api import Communicator, DEFAULT_TIMEOUT_S
 
     options = dict(options)
-    sequence, splits = options.pop("sequence", False), options.pop("splits", None)
+    sequence, splits, path = options.pop("sequence", False), options.pop("splits", None), options.pop("path", None)
     comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S),
-                        options=Options() if splits else Options(**{"prerecord": False, **options}))
+                        options=Options(path=path) if path else Options() if splits
+                        else Options(**{"prerecord": False, **options}))
     try:
         if rank == 0:
             print(f"  {family}", flush=True)
         if splits:
             return run_split_family(comm, splits, args["variants"], args["directions"], args["dtypes"],
                                     args["seed"] + 30_000)
+        if path == "sm":  # every op, dtype and count the path takes, as the defaults' calls name them
+            from dmacoll.lab_api import cuda_sm
+
+            auto = cases(("auto",), ("auto",), args["dtypes"][:2], args["counts"], ops=args["ops"],
+                         seed=args["seed"] + 40_000)
+            return run_cases(comm, sm_cases(auto, world, cuda_sm.slot_bytes(world)), path="sm")
         if sequence:
             rows = []
             for i, (v, d) in enumerate(itertools.product(args["variants"], args["directions"])):
