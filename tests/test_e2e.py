@@ -80,10 +80,17 @@ def test_prefill_chunks_buffers_and_call_counts():
     assert dense == {"reduce": 8192 * 8192, "logits": 2 * 128 * 64128}
     moe = c.buffer_elements(c.spec("mixtral-8x7b", 2), 2, 8191, 4)
     assert moe["dispatch_send"] == 2 * (4096 + 1) * (4096 + 4) and moe["gather"] == 2 * 4096 * 4096
+    assert moe["counts"] == 4 * 2 * 2  # the counts' int32 [world, world] in elements of any dtype
     merged = c.merged_buffers([c.spec(m, 2) for m in c.MODELS], 2, 8192, 128)
     assert merged["reduce"] == 8192 * 8192 and "dispatch_recv" in merged
     assert c.spec("llama-3.1-8b", 2).collectives_per_forward() == {"all_reduce": 5, "all_gather": 1}
     assert c.spec("mixtral-8x7b", 2).collectives_per_forward() == {"all_reduce": 3, "all_to_all": 4, "all_gather": 3}
+    assert c.spec("mixtral-8x7b", 2).collectives_per_forward(prefill=True) == {  # tokens as routed
+        "all_reduce": 3, "all_to_all_v": 4, "all_gather": 5}
+    assert c.spec("llama-3.1-8b", 2).collectives_per_forward(prefill=True) == {"all_reduce": 5, "all_gather": 1}
+    text = c.plan_text({**c.DEFAULTS, "models": ["mixtral-8x7b"], "layers": 2}, 2)
+    assert "3 all_reduce, 4 all_to_all_v, 5 all_gather per prefill forward, 3 all_reduce, 4 all_to_all, 3 all_gather " \
+           "per decode step (serial)" in text
 
 
 def test_default_run_fits_one_device_call():
@@ -104,6 +111,40 @@ def test_hf_config_matches_the_spec():
     assert cfg["num_local_experts"] == 8 and cfg["num_experts_per_tok"] == 2 and "rope_scaling" not in cfg
     llama = c.hf_config(c.spec("llama-3.1-8b"))
     assert llama["rope_scaling"]["rope_type"] == "llama3" and llama["num_key_value_heads"] == 8
+
+
+def _dispatch_counts(rank, world, seed):
+    """A serial prefill's recorded expert exchanges at ``world`` ranks (gloo)."""
+    from dmacoll_lab.e2e.calls import schedule_buffers
+    from dmacoll_lab.e2e.schedule import Schedule
+
+    s = tiny(True)
+    m = Model(s, rank, world, "cpu", torch.float32, seed=seed)
+    coll = make("nccl", "cpu", schedule_buffers(s, world, 3 * 7, 3, "serial", 1), torch.float32)
+    sched = Schedule("serial", log=[])
+    ids = torch.randint(0, s.vocab, (3, 7), generator=torch.Generator().manual_seed(seed))
+    sched.prefill(m, coll, ids, m.new_cache(3, 7), 0)
+    return [(c.site, c.op, c.counts, c.out.numel()) for c in sched.log if c.counts is not None]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_prefill_sends_the_experts_only_their_routed_tokens(world, seed):
+    """The dispatch's split matrix counts whole rows (hidden + local gates) of routed tokens, fewer than the padded
+    exchange's capacity; the combine sends each row back: the dispatch's matrix transposed, rows of hidden."""
+    s = tiny(True)
+    H, el = s.hidden, s.experts // world
+    slice_ = -(-3 * 7 // world)
+    for calls in run_ranks(_dispatch_counts, world, seed, timeout_s=120):
+        sites = [site for site, *_ in calls]
+        assert sites == [f"{kind}{i}" for i in range(s.layers) for kind in ("dispatch", "combine")], sites
+        for (_, op, dispatch, numel), (_, _, combine, _) in zip(calls[::2], calls[1::2]):
+            assert op == "all_to_all_v" and numel == world * (slice_ + 1) * (H + el)
+            rows = [[n // (H + el) for n in row] for row in dispatch]
+            assert all(n % (H + el) == 0 for row in dispatch for n in row), f"seed {seed}"
+            assert combine == [[rows[q][p] * H for q in range(world)] for p in range(world)], f"seed {seed}"
+            # each token goes to the ranks of its top-2 experts: at least one, at most two, never padding
+            assert all(sum(r) <= 2 * slice_ for r in rows) and sum(map(sum, rows)) >= 3 * 7, f"seed {seed}: {rows}"
+            assert sum(map(sum, rows)) < world * world * slice_, f"seed {seed}: no fewer rows than padded"
 
 
 # -- the model on one rank ---------------------------------------------------------------------------------------

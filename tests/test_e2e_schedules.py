@@ -53,12 +53,21 @@ def test_seqpar_rows_are_each_held_by_one_rank_and_pieces_gather_in_order(tokens
 def test_each_schedule_issues_serial_collectives_rewritten(moe, world):
     s = tiny(moe, layers=3)
     serial = k.expected_calls(s, world, "serial", 3, 7, 2)[0]
-    per_layer = (1 + (3 if world > 1 else 0)) if moe else 2
+    # a prefill's expert exchange: the counts' all-gather, then all_to_all_v each way; a decode step's: padded
+    per_layer = (1 + (4 if world > 1 else 0)) if moe else 2
     assert len(serial) == 1 + 3 * per_layer + 1 and serial[0].site == "embed" and serial[-1].site == "logits"
+    step = k.expected_calls(s, world, "serial", 3, 1, 2, decode=True)[0]
+    assert len(step) == 1 + 3 * ((1 + (3 if world > 1 else 0)) if moe else 2) + 1
+    if moe and world > 1:
+        assert [e.op for e in serial if e.site.endswith("0") and e.site != "attn0"] == [
+            "all_gather", "all_to_all_v", "all_to_all_v", "all_gather"]
+        assert serial[2] == k.Expected("counts0", "all_gather", world * world)
+        assert [e.op for e in step if e.site in ("dispatch0", "combine0")] == ["all_to_all", "all_to_all"]
     micro = k.expected_calls(s, world, "microbatch", 3, 7, 2)
-    assert micro == {0: k.serial_calls(s, world, 14, 2), 1: k.serial_calls(s, world, 7, 1)}
+    assert micro == {0: k.serial_calls(s, world, 14, 2, uneven=True), 1: k.serial_calls(s, world, 7, 1, uneven=True)}
     one = k.expected_calls(s, world, "microbatch", 1, 7, 2)  # a prompt split by tokens: only the second has logits
-    assert one[0] == k.serial_calls(s, world, 4, 0) and one[0][-1].site != "logits" and one[1][-1].site == "logits"
+    assert one[0] == k.serial_calls(s, world, 4, 0, uneven=True) and one[0][-1].site != "logits" \
+        and one[1][-1].site == "logits"
     assert k.expected_calls(s, world, "seqpar", 3, 1, 2, decode=True) == \
         k.expected_calls(s, world, "serial", 3, 1, 2, decode=True)  # decode: seqpar is a prefill schedule
     seq = k.expected_calls(s, world, "seqpar", 3, 7, 2)[0]
@@ -68,12 +77,14 @@ def test_each_schedule_issues_serial_collectives_rewritten(moe, world):
     for e in seq:  # every serial all-reduce of T x H became pieces that move the same (padded) rows
         if e.op == "reduce_scatter":
             assert e.numel == P * H
-        if e.op == "all_gather" and e.site != "logits":
+        if e.op == "all_gather" and e.site != "logits" and not e.site.startswith("counts"):
             assert e.numel == world * P * H
     blocks = 3 * (1 if moe else 2)
     assert ops[("embed", "reduce_scatter")] == 2 and sum(v for (site, op), v in ops.items()
                                                          if op == "reduce_scatter") == 2 * (1 + blocks)
-    assert sum(v for (site, op), v in ops.items() if op == "all_gather" and site != "logits") == 2 * blocks
+    assert sum(v for (site, op), v in ops.items() if op == "all_gather" and site != "logits"
+               and not site.startswith("counts")) == 2 * blocks
+    assert sum(v for (site, op), v in ops.items() if site.startswith("counts")) == (3 if moe and world > 1 else 0)
     assert [e.op for e in seq[-2:]] == ["all_reduce", "all_gather"] and seq[-2].numel == 3 * H
     if not moe:  # an MLP pipelines: gather 0, gather 1, scatter 0, scatter 1
         mlp = [e.op for e in seq if e.site.startswith("mlp0")]
@@ -162,7 +173,7 @@ class _Recording(Collectives):
         super().__init__(torch.device("cpu"))
         self.seen: list[tuple[str, bool]] = []
 
-    def collective(self, op, out, x=None, overlapped=False):
+    def collective(self, op, out, x=None, overlapped=False, counts=None):
         self.seen.append((op, overlapped))
         return super().collective(op, out, x)
 

@@ -13,8 +13,11 @@ Schedules (the parallel layout itself is in config.py):
   all-reduce), so piece i's communication can run under piece i-1's GEMM. The embedding's all-reduce becomes
   ``pieces`` reduce-scatters; the LM head takes every sequence's last row from its owner with one all-reduce of
   ``rows x hidden`` (the rows of other ranks are zero) and then gathers the logits as serial does. Expert
-  parallel (Mixtral) works on the shard directly: the dispatch / combine all-to-alls stay, the all-gather of the
-  slices goes (the output stays sharded).
+  parallel (Mixtral) works on the shard directly: the counts' all-gather and the dispatch / combine all-to-alls
+  stay, the all-gather of the slices goes (the output stays sharded).
+
+Expert parallel sends a prefill's tokens as routed (``moe_calls``: an all-gather of every rank's counts, then two
+``all_to_all_v``) and a decode step's capacity-padded (two ``all_to_all`` of fixed sizes: capturable).
 
 Token layout of ``seqpar``: ``T`` tokens padded to ``Tp = pieces x world x P`` rows (``P = ceil(T / (pieces x
 world))``). Piece i is rows ``[i w P, (i + 1) w P)``; rank r holds the r-th ``P`` rows of every piece, so an
@@ -92,8 +95,17 @@ class Expected:
     numel: int  # elements of the call's output
 
 
-def serial_calls(s: ModelSpec, world: int, tokens: int, rows: int) -> list[Expected]:
-    """The collectives of a serial forward of ``tokens`` tokens ending with ``rows`` logits rows (0: no head)."""
+def moe_calls(world: int, layer: int, n: dict[str, int], uneven: bool) -> list[Expected]:
+    """A layer's expert exchange (buffer sizes ``n``): uneven, the counts' all-gather (``world x world`` int32) and
+    two all_to_all_v; else two capacity-padded all-to-alls. Their outputs are the whole buffers either way."""
+    op = "all_to_all_v" if uneven else "all_to_all"
+    return ([Expected(f"counts{layer}", "all_gather", world * world)] if uneven else []) + [
+        Expected(f"dispatch{layer}", op, n["dispatch_recv"]), Expected(f"combine{layer}", op, n["combine_recv"])]
+
+
+def serial_calls(s: ModelSpec, world: int, tokens: int, rows: int, uneven: bool = False) -> list[Expected]:
+    """The collectives of a serial forward of ``tokens`` tokens ending with ``rows`` logits rows (0: no head);
+    ``uneven``: a prefill's (``moe_calls``)."""
     n = buffer_elements(s, world, tokens, max(rows, 1))
     out = [Expected("embed", "all_reduce", n["reduce"])]
     for i in range(s.layers):
@@ -101,9 +113,7 @@ def serial_calls(s: ModelSpec, world: int, tokens: int, rows: int) -> list[Expec
         if not s.moe:
             out.append(Expected(f"mlp{i}", "all_reduce", n["reduce"]))
         elif world > 1:  # at world 1 the experts are all local: nothing to exchange
-            out += [Expected(f"dispatch{i}", "all_to_all", n["dispatch_recv"]),
-                    Expected(f"combine{i}", "all_to_all", n["combine_recv"]),
-                    Expected(f"gather{i}", "all_gather", n["gather"])]
+            out += moe_calls(world, i, n, uneven) + [Expected(f"gather{i}", "all_gather", n["gather"])]
     if rows:
         out.append(Expected("logits", "all_gather", n["logits"]))
     return out
@@ -130,8 +140,7 @@ def seqpar_calls(s: ModelSpec, world: int, tokens: int, rows: int, pieces: int) 
             for k in range(pieces):
                 out += ([ag(f"mlp{i}.in")] if k + 1 < pieces else []) + [rs(f"mlp{i}")]
         elif world > 1:
-            out += [Expected(f"dispatch{i}", "all_to_all", n["dispatch_recv"]),
-                    Expected(f"combine{i}", "all_to_all", n["combine_recv"])]
+            out += moe_calls(world, i, n, uneven=True)
     return out + [Expected("head", "all_reduce", rows * H), Expected("logits", "all_gather", n["logits"])]
 
 
@@ -142,7 +151,8 @@ def expected_calls(s: ModelSpec, world: int, schedule: str, batch: int, length: 
     if schedule == "seqpar" and not decode:
         return {0: seqpar_calls(s, world, batch * length, batch, pieces)}
     parts = split(batch, length) if schedule == "microbatch" else [Part(0, batch, 0, length)]
-    return {j: serial_calls(s, world, p.tokens, logits_rows(p, length)) for j, p in enumerate(parts)}
+    return {j: serial_calls(s, world, p.tokens, logits_rows(p, length), uneven=not decode)
+            for j, p in enumerate(parts)}
 
 
 def check_calls(recorded: Sequence[tuple[int, str, str, int]], expected: dict[int, list[Expected]]) -> str:

@@ -1,7 +1,8 @@
 """The one interface the model calls for communication, so its code is the same for NCCL and dmacoll:
-``collective(op, out, x, overlapped)``, any collective of the op registry (``dmacoll.ops``) by name, on the current
-stream (schedule.py picks it). ``x`` None: ``out`` is input and output (an all-reduce in place). ``overlapped``: the
-call runs beside the forward's compute (an overlapped schedule), where dmacoll takes its ``overlap_path``.
+``collective(op, out, x, overlapped, counts)``, any collective of the op registry (``dmacoll.ops``) by name, on the
+current stream (schedule.py picks it). ``x`` None: ``out`` is input and output (an all-reduce in place).
+``overlapped``: the call runs beside the forward's compute (an overlapped schedule), where dmacoll takes its
+``overlap_path``. ``counts``: all_to_all_v's split matrix (elements rank i sends rank j).
 
 ``buffer(name, *shape)``: a reusable communication buffer (the first elements of a block reserved once per
 name). The model computes straight into it (``matmul(..., out=buffer)``) and runs the collective in place;
@@ -45,7 +46,7 @@ class Collectives:
         return block[:n].view(shape)
 
     def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None,
-                   overlapped: bool = False) -> torch.Tensor:
+                   overlapped: bool = False, counts: Optional[list] = None) -> torch.Tensor:
         """At world 1 every collective's output is its input (``ops.get(op).reference`` of one rank)."""
         ops.get(op)  # an unknown name fails here as it would on the other implementations
         if x is not None and x.data_ptr() != out.data_ptr():
@@ -70,8 +71,8 @@ class TorchCollectives(Collectives):
             self.name = "gloo"
 
     def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None,
-                   overlapped: bool = False) -> torch.Tensor:
-        ops.get(op).torch_call(out, out if x is None else x, self.group)
+                   overlapped: bool = False, counts: Optional[list] = None) -> torch.Tensor:
+        ops.get(op).torch_call(out, out if x is None else x, self.group, counts=counts)
         return out
 
 
@@ -111,9 +112,9 @@ class DmaCollectives(Collectives):
         return self.comm.empty(n, dtype=dtype)
 
     def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None,
-                   overlapped: bool = False) -> torch.Tensor:
+                   overlapped: bool = False, counts: Optional[list] = None) -> torch.Tensor:
         path = self.overlap_path if overlapped and self.overlap_path != "auto" else None
-        self.comm.collective(op, out, x, **({"path": path} if path else {}))
+        self.comm.collective(op, out, x, *(() if counts is None else (counts,)), **({"path": path} if path else {}))
         self.paths[(op, self.comm.last_options.path)] += 1  # which data path each op took (the run log says)
         return out
 

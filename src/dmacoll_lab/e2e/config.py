@@ -9,11 +9,13 @@ Parallelism (one process group of ``world`` ranks):
 * dense MLP (Llama): column-parallel gate/up, row-parallel down, then an **all-reduce**;
 * embedding: vocab-parallel lookup then an **all-reduce**; LM head: vocab-parallel logits, **all-gathered**;
 * MoE (Mixtral): **expert parallel**, experts split over the ranks. The tokens are the same on every rank after
-  the attention all-reduce, so each rank takes a 1/world slice of them (padded to a multiple of world), sends
-  each token once to every rank owning one of its top-k experts (an **all-to-all** with capacity = the slice:
-  no token is ever dropped, fixed sizes, so it can be captured in a CUDA graph), the owners apply their experts
-  weighted by the router's gates, a second **all-to-all** brings the results back, and an **all-gather** of the
-  slices restores the full token set. Bytes moved do not depend on the routing (padding travels too).
+  the attention all-reduce, so each rank takes a 1/world slice of them (padded to a multiple of world) and sends
+  each token once to every rank owning one of its top-k experts; the owners apply their experts weighted by the
+  router's gates, a second exchange brings the results back, and an **all-gather** of the slices restores the
+  full token set. No token is ever dropped. A prefill sends only the routed tokens: an **all-gather** of every
+  rank's counts (read on the host: one sync per layer), then an **all_to_all_v** each way, whose bytes follow the
+  routing. A decode step, captured in a CUDA graph, cannot read counts on the host: it sends capacity-padded
+  **all-to-alls** (capacity = the slice, fixed sizes; padding travels too).
 """
 from __future__ import annotations
 
@@ -116,8 +118,11 @@ class ModelSpec:
         mlp = self.top_k * 3 * h * self.intermediate / world if self.moe else 3 * h * s.intermediate
         return self.layers * (attn + mlp)
 
-    def collectives_per_forward(self) -> dict[str, int]:
-        """Calls per forward pass (prefill chunk or decode step)."""
+    def collectives_per_forward(self, prefill: bool = False) -> dict[str, int]:
+        """Calls per forward pass: a decode step, or (``prefill``) a prefill chunk (MoE: the counts' all-gathers
+        and the uneven exchanges of module docstring)."""
+        if self.moe and prefill:
+            return {"all_reduce": 1 + self.layers, "all_to_all_v": 2 * self.layers, "all_gather": 2 * self.layers + 1}
         if self.moe:
             return {"all_reduce": 1 + self.layers, "all_to_all": 2 * self.layers, "all_gather": self.layers + 1}
         return {"all_reduce": 1 + 2 * self.layers, "all_gather": 1}
@@ -163,7 +168,8 @@ def buffer_elements(s: ModelSpec, world: int, tokens: int, rows: int) -> dict[st
     out = {"reduce": tokens * s.hidden, "logits": world * rows * sh.vocab}
     if s.moe:
         slice_ = math.ceil(tokens / world)
-        out.update(dispatch_send=world * (slice_ + 1) * (s.hidden + sh.experts),
+        out.update(counts=4 * world * world,  # int32 [world, world] in any dtype of >= 1 byte
+                   dispatch_send=world * (slice_ + 1) * (s.hidden + sh.experts),
                    dispatch_recv=world * (slice_ + 1) * (s.hidden + sh.experts),
                    combine_send=world * (slice_ + 1) * s.hidden, combine_recv=world * (slice_ + 1) * s.hidden,
                    gather=world * slice_ * s.hidden)
@@ -206,12 +212,12 @@ def prefill_gemm_flops(s: ModelSpec, world: int, batch: int, prompt: int) -> flo
 def point_seconds(s: ModelSpec, world: int, batch: int, prompt: int, cfg: dict, schedule: str = "serial") -> float:
     """One (model, impl, schedule, batch, prompt): prefill warm-up + repeats, decode warm-up + repeats x steps;
     with the breakdown, twice more of each (compute alone, communication alone)."""
-    calls = sum(s.collectives_per_forward().values())
+    calls, prefill_calls = (sum(s.collectives_per_forward(p).values()) for p in (False, True))
     sh = s.shards(world)
     prefill_flops = prefill_gemm_flops(s, world, batch, prompt) + \
         4 * batch * prompt * prompt * sh.heads * s.head_dim * s.layers / 2  # causal attention
     chunks = len(prefill_chunks(batch, prompt, cfg["chunk_tokens"]))
-    prefill = prefill_flops / GEMM_FLOPS + chunks * calls * STEP_OVERHEAD_S * 2
+    prefill = prefill_flops / GEMM_FLOPS + chunks * prefill_calls * STEP_OVERHEAD_S * 2
     step = decode_bytes(s, world, batch, prompt + cfg["decode_steps"] + 4, 2) / HBM_BYTES_S + calls * STEP_OVERHEAD_S
     runs = cfg["repeats"] + 1
     kinds = 3 if cfg.get("breakdown", True) else 1
@@ -245,10 +251,12 @@ def plan_text(cfg: dict, world: int) -> str:
     for s in est["specs"]:
         sh = s.shards(world)
         par = f"TP{world}" + (f" + EP{world} ({sh.experts} experts/rank, top-{s.top_k})" if s.moe else "")
-        calls = ", ".join(f"{v} {k}" for k, v in s.collectives_per_forward().items())
+        calls = {p: ", ".join(f"{v} {k}" for k, v in s.collectives_per_forward(p).items()) for p in (True, False)}
+        per = calls[False] + " per forward (serial)" if calls[True] == calls[False] else \
+            f"{calls[True]} per prefill forward, {calls[False]} per decode step (serial)"
         gb = s.params_per_rank(world) * 2 / 1e9
         lines.append(f"  {s.name}: {par}; per rank {sh.heads} heads, {sh.kv_heads} KV heads, vocab {sh.vocab}; "
-                     f"{calls} per forward (serial); weights {gb:.1f} GB/rank")
+                     f"{per}; weights {gb:.1f} GB/rank")
     lines.append(f"estimated {est['seconds']:.0f} s ({est['seconds'] / 60:.1f} min)")
     return "\n".join(lines)
 

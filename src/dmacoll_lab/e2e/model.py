@@ -215,7 +215,7 @@ class Model:
 
         last = (lambda h: h.view(b, n, -1)[:, -1]) if p.tok1 == S else None
         return (yield from self._forward(bufs, ids.reshape(-1), (cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)),
-                                         attend, last))
+                                         attend, last, uneven=True))
 
     def _decode_part(self, bufs: "Bufs", tokens: torch.Tensor, pos: torch.Tensor, rope, bias: torch.Tensor,
                      cache: KVCache, p: Part):
@@ -231,10 +231,11 @@ class Model:
             scores = torch.add(bias, qg @ kc.transpose(-1, -2), alpha=scale)  # scaled, masked, float32: 1 kernel
             return (torch.softmax(scores, dim=-1).to(self.dtype) @ vc).reshape(B, -1)
 
-        return (yield from self._forward(bufs, tokens[rows], rope, attend, lambda h: h))
+        return (yield from self._forward(bufs, tokens[rows], rope, attend, lambda h: h, uneven=False))
 
-    def _forward(self, bufs: "Bufs", ids: torch.Tensor, rope, attend, last):
-        """Embedding, the layers, and (``last`` picks the rows) the LM head; None without a head."""
+    def _forward(self, bufs: "Bufs", ids: torch.Tensor, rope, attend, last, uneven: bool):
+        """Embedding, the layers, and (``last`` picks the rows) the LM head; None without a head. ``uneven``: the
+        experts' tokens travel as routed (``expert_parallel``)."""
         h = yield from self._embed(bufs, ids)
         for i, lw in enumerate(self.layers):
             q, k, v = self.qkv(rms_norm(h, lw["attn_norm"], self.spec.rms_eps) @ lw["wqkv"].t(), rope)
@@ -244,7 +245,7 @@ class Model:
             h = h + (yield from collective("all_reduce", f"attn{i}", buf))
             x = rms_norm(h, lw["mlp_norm"], self.spec.rms_eps)
             if self.spec.moe:
-                h = h + (yield from self._moe(bufs, i, x, lw))
+                h = h + (yield from self._moe(bufs, i, x, lw, uneven))
             else:
                 buf = bufs("reduce", x.shape[0], self.spec.hidden)
                 self.swiglu(x, lw, buf)
@@ -284,7 +285,7 @@ class Model:
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         return capturing if self.moe_dense == "auto" else self.moe_dense == "dense"
 
-    def _moe(self, bufs: "Bufs", i: int, x: torch.Tensor, lw: dict):
+    def _moe(self, bufs: "Bufs", i: int, x: torch.Tensor, lw: dict, uneven: bool):
         """Expert parallel over a 1/world slice of the (replicated) tokens, slices all-gathered back."""
         gates = route(x, lw["router"], self.spec.top_k)
         w, r, T, H, el = self.world, self.rank, x.shape[0], self.spec.hidden, self.sh.experts
@@ -296,31 +297,54 @@ class Model:
         gs = gates.new_zeros(s, w * el)
         n = max(0, mine.stop - mine.start)
         xs[:n], gs[:n] = x[mine], gates[mine]
-        mixed = yield from self.expert_parallel(bufs, i, xs, gs, lw)
+        mixed = yield from self.expert_parallel(bufs, i, xs, gs, lw, uneven)
         gathered = bufs("gather", w * s, H)
         gathered[r * s:(r + 1) * s] = mixed
         out = yield from collective("all_gather", f"gather{i}", gathered, gathered[r * s:(r + 1) * s])
         return out[:T]
 
-    def expert_parallel(self, bufs: "Bufs", i: int, xs: torch.Tensor, gs: torch.Tensor, lw: dict):
-        """Tokens ``xs`` [s, H] with gates ``gs`` [s, experts] to the ranks owning their experts and back, with a
-        capacity-padded all-to-all (config.py says why it drops nothing); the gated sum [s, H]."""
+    def expert_parallel(self, bufs: "Bufs", i: int, xs: torch.Tensor, gs: torch.Tensor, lw: dict, uneven: bool):
+        """Tokens ``xs`` [s, H] with gates ``gs`` [s, experts] to the ranks owning their experts and back; the gated
+        sum [s, H]. ``uneven`` (prefill): each rank receives only the tokens routed to it, by ``all_to_all_v``
+        after an all-gather of every rank's counts (read on the host); else (decode) a capacity-padded all-to-all
+        of fixed sizes that a CUDA graph can capture (config.py says why neither drops a token)."""
         w, s, H, el = self.world, xs.shape[0], self.spec.hidden, self.sh.experts
         gs = gs.view(s, w, el)
-        # dispatch: row j of block p = the j-th token of the slice routed to rank p; a last row per block
-        # catches the tokens not routed there, and is never read
-        routed = gs.ne(0).any(-1)  # [s, w]
-        slot = torch.where(routed, routed.long().cumsum(0) - 1, s) + torch.arange(w, device=xs.device) * (s + 1)
+        routed = gs.ne(0).any(-1)  # [s, w]: token j goes to rank p
+        rank_in = routed.long().cumsum(0) - 1  # its row among the tokens going to p
         rows = torch.cat([xs.unsqueeze(1).expand(s, w, H), gs], dim=-1).reshape(s * w, H + el)
-        send = bufs("dispatch_send", w, s + 1, H + el)
-        send.zero_()  # unused rows: zero gates, so no expert spends time on them
-        send.view(-1, H + el).index_copy_(0, slot.view(-1), rows)
-        recv = yield from collective("all_to_all", f"dispatch{i}", bufs("dispatch_recv", w, s + 1, H + el), send)
-        got = recv[:, :s].reshape(w * s, H + el)
-        y = expert_mix(got[:, :H], got[:, H:], lw["w13"], lw["w2"], self.moe_dense_now())
-        csend = bufs("combine_send", w, s + 1, H)
-        csend[:, :s] = y.view(w, s, H)
-        crecv = yield from collective("all_to_all", f"combine{i}", bufs("combine_recv", w, s + 1, H), csend)
+        if uneven:
+            counts = bufs("counts", 4 * w * w).view(torch.uint8)[:4 * w * w].view(torch.int32).view(w, w)
+            counts[self.rank] = routed.sum(0)
+            sends = (yield from collective("all_gather", f"counts{i}", counts, counts[self.rank])).tolist()
+            total, received = sum(sends[self.rank]), sum(row[self.rank] for row in sends)
+            ahead = torch.tensor([0, *sends[self.rank][:-1]], device=xs.device).cumsum(0)  # rows before p's block
+            # row of (token, rank) in the send buffer: p's tokens back to back in rank order; a last row catches the
+            # tokens not routed, and is never read
+            slot = torch.where(routed, rank_in + ahead, total)
+            send = bufs("dispatch_send", total + 1, H + el)
+            send.index_copy_(0, slot.view(-1), rows)
+            recv = yield from collective("all_to_all_v", f"dispatch{i}", bufs("dispatch_recv", w, s + 1, H + el),
+                                         send, counts=[[n * (H + el) for n in row] for row in sends])
+            got = recv.view(-1, H + el)[:received]
+            csend = bufs("combine_send", received, H)
+            csend.copy_(expert_mix(got[:, :H], got[:, H:], lw["w13"], lw["w2"], self.moe_dense_now()))
+            # back to each token's rank: rank p returns to rank q the rows q sent it, in q's order
+            crecv = yield from collective("all_to_all_v", f"combine{i}", bufs("combine_recv", w, s + 1, H), csend,
+                                          counts=[[sends[q][p] * H for q in range(w)] for p in range(w)])
+        else:
+            # dispatch: row j of block p = the j-th token of the slice routed to rank p; a last row per block
+            # catches the tokens not routed there, and is never read
+            slot = torch.where(routed, rank_in, s) + torch.arange(w, device=xs.device) * (s + 1)
+            send = bufs("dispatch_send", w, s + 1, H + el)
+            send.zero_()  # unused rows: zero gates, so no expert spends time on them
+            send.view(-1, H + el).index_copy_(0, slot.view(-1), rows)
+            recv = yield from collective("all_to_all", f"dispatch{i}", bufs("dispatch_recv", w, s + 1, H + el), send)
+            got = recv[:, :s].reshape(w * s, H + el)
+            y = expert_mix(got[:, :H], got[:, H:], lw["w13"], lw["w2"], self.moe_dense_now())
+            csend = bufs("combine_send", w, s + 1, H)
+            csend[:, :s] = y.view(w, s, H)
+            crecv = yield from collective("all_to_all", f"combine{i}", bufs("combine_recv", w, s + 1, H), csend)
         back = crecv.view(-1, H).index_select(0, slot.view(-1)).view(s, w, H)
         mixed = torch.where(routed.unsqueeze(-1), back.float(), 0.0).sum(1)  # where, not *: unread rows may be NaN
         return mixed.to(xs.dtype)

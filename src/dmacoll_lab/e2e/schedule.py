@@ -126,13 +126,13 @@ class Schedule:
         if self.log is not None:
             self.log.append(call)
         if side is None:
-            coll.collective(call.op, call.out, call.x, call.overlapped)
+            coll.collective(call.op, call.out, call.x, call.overlapped, call.counts)
             return Handle(call)
         ready = torch.cuda.Event()
         ready.record(main)
         side.wait_event(ready)
         with torch.cuda.stream(side):
-            coll.collective(call.op, call.out, call.x, call.overlapped)
+            coll.collective(call.op, call.out, call.x, call.overlapped, call.counts)
         done = torch.cuda.Event()
         done.record(side)
         return Handle(call, done)
@@ -149,7 +149,7 @@ def replay(coll: Collectives, calls: list[Call]) -> None:
     """The recorded calls again, back to back on the current stream, nothing else: communication alone (on the
     paths they took)."""
     for call in calls:
-        coll.collective(call.op, call.out, call.x, call.overlapped)
+        coll.collective(call.op, call.out, call.x, call.overlapped, call.counts)
 
 
 class NoComm(Collectives):
@@ -162,6 +162,6 @@ class NoComm(Collectives):
         self._blocks = coll._blocks
 
     def collective(self, op: str, out: torch.Tensor, x: Optional[torch.Tensor] = None,
-                   overlapped: bool = False) -> torch.Tensor:
+                   overlapped: bool = False, counts: Optional[list] = None) -> torch.Tensor:
         ops.get(op)  # an unknown name fails here as it does with communication
         return out

@@ -105,4 +105,4 @@ def _moe_on_shard(m: Model, bufs: Bufs, i: int, x: torch.Tensor, lw: dict):
     gates = route(x, lw["router"], m.spec.top_k)
     if m.world == 1:
         return expert_mix(x, gates, lw["w13"], lw["w2"], m.moe_dense_now())
-    return (yield from m.expert_parallel(bufs, i, x, gates, lw))
+    return (yield from m.expert_parallel(bufs, i, x, gates, lw, uneven=True))  # seqpar is a prefill

@@ -17,6 +17,7 @@ class Call:
     x: Optional[torch.Tensor] = None
     mb: int = 0  # set by the driver
     overlapped: bool = False  # set by the driver: the call ran beside compute (an overlapped schedule)
+    counts: Optional[list] = None  # all_to_all_v: its split matrix (elements), known on the host
 
     def record(self) -> tuple[int, str, str, int]:
         return self.mb, self.site, self.op, self.out.numel()
@@ -37,7 +38,8 @@ class Wait:
 Forward = Generator[object, object, object]
 
 
-def collective(op: str, site: str, out: torch.Tensor, x: Optional[torch.Tensor] = None):
+def collective(op: str, site: str, out: torch.Tensor, x: Optional[torch.Tensor] = None,
+               counts: Optional[list] = None):
     """``result = yield from collective(...)``: start a collective and wait for it (a serial step)."""
-    handle = yield Call(op, site, out, x)
+    handle = yield Call(op, site, out, x, counts=counts)
     return (yield Wait(handle))
