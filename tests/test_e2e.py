@@ -596,3 +596,18 @@ def test_issue_50_targets_read_the_phased_rows():
     assert ours["value"].tolist() == pytest.approx([1 / 1.2, 1 / 1.2 / 1.15, 1 / 1.2 / 1.15] * 2, rel=0.02)
     assert ours["met"].tolist() == [True] * 6
     assert targets(pd.DataFrame(synthetic_rows())).query("target.str.contains('phased')").empty  # none without
+
+
+def test_the_phased_summary_gives_tokens_per_second_over_runs():
+    """Per (model, batch): dmacoll's end-to-end tokens/s over NCCL serial's, the median and range over the runs."""
+    from dmacoll_lab.analysis.e2e_tables import phased as phased_rows, phased_summary
+
+    one, two = (pd.DataFrame(with_phased(synthetic_rows(dma_gain=g))).assign(source=src)
+                for g, src in ((1.2, "run1"), (1.3, "run2")))
+    rows = phased_rows(pd.concat([one, two], ignore_index=True))
+    ratio = rows["tok_s_dma_over_nccl"]
+    assert (ratio > 1).all() and ratio.round(6).nunique() > 1  # faster in both runs, by different amounts
+    summary = phased_summary(rows).set_index(["model", "batch"])
+    lo, hi = rows.groupby(["model", "batch"])["tok_s_dma_over_nccl"].agg(["min", "max"]).iloc[0]
+    med = rows.groupby(["model", "batch"])["tok_s_dma_over_nccl"].median().iloc[0]
+    assert summary["tokens/s (range)"].iloc[0] == f"{med:.2f} ({lo:.2f}-{hi:.2f})" and summary["runs"].iloc[0] == 2

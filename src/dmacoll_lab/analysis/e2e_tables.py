@@ -106,10 +106,11 @@ def _row(what: str, value, target: str, ok, points: int) -> dict:
 
 def phased(e2e: pd.DataFrame) -> pd.DataFrame:
     """dmacoll's schedule per phase (``phased`` rows, e2e/phases.py) against NCCL serial, per run (``source``) and
-    point: decode and TTFT ratios (< 1: faster), the prefill dma took, and the bound no prefill overlap of this point
-    can beat: the best overlapped schedule's compute or communication alone (whichever is longer) over NCCL serial."""
-    cols = ["source", *KEYS, "decode_dma_over_nccl", "ttft_dma_over_nccl", "prefill", "ideal_overlap_over_nccl",
-            "comm_share"]
+    point: decode and TTFT ratios (< 1: faster), end-to-end tokens/s (> 1: faster), the prefill dma took, and the
+    bound no prefill overlap of this point can beat: the best overlapped schedule's compute or communication alone
+    (whichever is longer) over NCCL serial."""
+    cols = ["source", *KEYS, "decode_dma_over_nccl", "ttft_dma_over_nccl", "tok_s_dma_over_nccl", "prefill",
+            "ideal_overlap_over_nccl", "comm_share"]
     out = []
     for source, run in e2e[e2e["status"] == "ok"].groupby("source", sort=False):
         nccl = run[(run["impl"] == "nccl") & (run["schedule"] == "serial")].set_index(KEYS)
@@ -123,7 +124,9 @@ def phased(e2e: pd.DataFrame) -> pd.DataFrame:
         base = nccl["ttft_ms"].reindex(ours.index)
         out.append(pd.DataFrame({
             "source": source, "decode_dma_over_nccl": ours["decode_ms"] / nccl["decode_ms"].reindex(ours.index),
-            "ttft_dma_over_nccl": ours["ttft_ms"] / base, "prefill": ours["prefill_schedule"],
+            "ttft_dma_over_nccl": ours["ttft_ms"] / base,
+            "tok_s_dma_over_nccl": ours["e2e_tok_s"] / nccl["e2e_tok_s"].reindex(ours.index),
+            "prefill": ours["prefill_schedule"],
             "ideal_overlap_over_nccl": bound.reindex(ours.index) / base,
             "comm_share": (serial["ttft_comm_ms"] / (serial["ttft_compute_ms"] + serial["ttft_comm_ms"]))
             .reindex(ours.index)}).reset_index())
@@ -132,16 +135,18 @@ def phased(e2e: pd.DataFrame) -> pd.DataFrame:
 
 def phased_summary(phased_rows: pd.DataFrame) -> pd.DataFrame:
     """``phased`` over its runs, per (model, batch): dmacoll over NCCL serial, the median and range over the runs of
-    the decode step and the TTFT, the prefills taken, and the lowest bound of a perfect prefill overlap."""
+    the decode step, the TTFT and the end-to-end tokens/s (> 1: more), the prefills taken, and the lowest bound of a
+    perfect prefill overlap."""
     def spread(v: pd.Series) -> str:
         return f"{v.median():.2f} ({v.min():.2f}-{v.max():.2f})"
 
-    cols = ["model", "batch", "runs", "decode (range)", "TTFT (range)", "prefill taken", "ideal overlap, lowest"]
+    cols = ["model", "batch", "runs", "decode (range)", "TTFT (range)", "tokens/s (range)", "prefill taken",
+            "ideal overlap, lowest"]
     if phased_rows.empty:
         return pd.DataFrame(columns=cols)
     out = (phased_rows.groupby(["model", "batch"], sort=True)
            .agg(runs=("source", "nunique"), decode=("decode_dma_over_nccl", spread),
-                ttft=("ttft_dma_over_nccl", spread),
+                ttft=("ttft_dma_over_nccl", spread), tok_s=("tok_s_dma_over_nccl", spread),
                 prefill=("prefill", lambda p: ", ".join(f"{k} x{n}" for k, n in p.value_counts().sort_index().items())),
                 bound=("ideal_overlap_over_nccl", "min"))
            .reset_index())
