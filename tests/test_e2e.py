@@ -525,6 +525,12 @@ def test_notebook_renders_synthetic_results(tmp_path):
     claims = ns["claims"].set_index("metric")
     assert claims.loc["latency (decode step)", "measured_best"] == pytest.approx(1 / 1.25)  # serial: dma time / NCCL's
     assert claims.loc["throughput (e2e tokens/s)", "dmalatte_paper_mi300x_vs_vllm"] == "up to 1.9x"
+    scored = ns["scored"].set_index(["id", "configuration"])  # the claims as the index scores them, on the phased run
+    assert scored.loc[("dmalatte-e2e-decode", "default"), "reproduced"] == pytest.approx(1 / 1.25, rel=0.02)
+    assert scored.loc[("dmalatte-e2e-ttft", "tuned"), "reproduced"] == pytest.approx(1 / 1.25 / 1.15, rel=0.02)
+    e2e_verdicts = scored[scored.index.get_level_values("id").str.startswith("dmalatte-e2e")]["status"]
+    assert (outdir / "claims_scored.csv").exists() and len(e2e_verdicts) == 5 \
+        and set(e2e_verdicts) <= {"pass", "fail", "within noise"}
     assert len(ns["check"]) == 144 - 24 - 1  # every row but the reference (NCCL serial) and the failed one
     sbs = ns["sbs"].set_index(["model", "batch", "prompt_len", "impl", "schedule"])
     point = ("llama-3.1-8b", 8, 128)

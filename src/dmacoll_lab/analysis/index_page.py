@@ -45,11 +45,12 @@ def _counts(rows: list[dict]) -> str:
 
 # what the claims table's words mean, shown under it (claims.py and report.picks define them)
 CLAIMS_LEGEND = (
-    "<p class=\"legend\">Configurations: <b>default</b>, what <code>Communicator()</code> does with no options on the "
-    "copy engines (<code>path='dma'</code>, the papers' reproduction; a sweep without such rows shows the row its "
-    "tuning table picks, marked <em>derived</em>; the headline is the call with no options at all, SM kernels and "
-    "NCCL included); <b>tuned</b>, options that need "
-    "no promise from the caller, from the shipped table; <b>oracle</b>, the best of all N measured configurations, "
+    "<p class=\"legend\">Configurations: <b>default</b>, what <code>Communicator()</code> does with no options: in "
+    "the operator and power claims on the copy engines (<code>path='dma'</code>, the papers' reproduction; a sweep "
+    "without such rows shows the row its tuning table picks, marked <em>derived</em>), end to end on every path, "
+    "SM kernels and NCCL included, as in the headline; <b>tuned</b>, options that need no promise from the caller, "
+    "from the shipped table (end to end: the schedule per phase the benchmark chose, in-sample); "
+    "<b>oracle</b>, the best of all N measured configurations, "
     "picked after the fact; <b>pcpy</b>, the unoptimised DMA collective. Status: <b>within noise</b> when the "
     "tolerance lies inside the claim's range over several runs (or, for a C3 value from one run, a strategy's "
     "run-to-run range); a claim resting on one run is decided by its median, and <em>spread</em> then shows the "
