@@ -239,7 +239,10 @@ def test_the_runner_measures_every_schedule_and_where_the_time_goes(world, impls
         same = df[(df["impl"] == row["impl"]) & (df["batch"] == row["batch"])].set_index("schedule")
         assert row["decode_ms"] == same.loc["serial", "decode_ms"] and row["decode_schedule"] == "serial"
         assert row["ttft_ms"] == same.loc[row["prefill_schedule"], "ttft_ms"] <= same.loc["serial", "ttft_ms"]
-        assert row["phase_reason"].startswith(f"prefill {row['prefill_schedule']}: ")
+        assert row["phase_reason"].startswith(f"prefill {row['prefill_schedule']}: ") and row["data_paths"] == ""
+    ours = df["impl"] == "dma"  # the data path of every op its calls took (the host emulator's: the copy engines')
+    assert df[~ours]["data_paths"].eq("").all()
+    assert df[ours]["data_paths"].map(lambda p: "all_to_all_v dma x" in p and "all_reduce dma x" in p).all()
     assert (df["status"] == "ok").all() and df["calls_ok"].all(), df[["schedule", "calls_ok", "status"]]
     checked = df[df["logits_ok"] != ""]
     assert len(checked) == len(df) - 2 and checked["logits_ok"].all()  # all but the reference (nccl serial)

@@ -336,7 +336,7 @@ def point_fields(s: ModelSpec, rn: Runner, impl: str, batch: int, prompt: int, s
             "decode_steps": cfg["decode_steps"], "output_len": cfg["output_len"],
             "collectives_per_step": sum(s.collectives_per_forward().values()),
             "measured_order": "", "prefill_schedule": schedule,
-            "decode_schedule": "" if schedule in PREFILL_ONLY else schedule, "phase_reason": ""}
+            "decode_schedule": "" if schedule in PREFILL_ONLY else schedule, "phase_reason": "", "data_paths": ""}
 
 
 def progress(r: dict) -> str:
@@ -376,7 +376,7 @@ def run_point(rn: Runner, s: ModelSpec, model, batch: int, prompt: int, checked:
     for impl, schedule in variants(cfg):
         got, logits, error, place, paths = measured[impl, schedule]
         row = {**point_fields(s, rn, impl, batch, prompt, schedule), **dict.fromkeys(MEASURED_COLUMNS, nan)}
-        row["measured_order"] = place
+        row["measured_order"], row["data_paths"] = place, paths
         if error:
             rows.append({**row, "logits_ok": "", "calls_ok": "", "status": error})
             continue

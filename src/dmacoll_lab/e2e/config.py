@@ -64,8 +64,10 @@ MEASURED_COLUMNS = ["ttft_ms", "ttft_ms_p10", "ttft_ms_p90", "decode_ms", "decod
                     "prefill_calls", "decode_calls", "calls_ok", "logits_max_abs_diff", "logits_ref_max_abs",
                     "argmax_agree", "check_dtype", "check_max_abs_diff", "logits_ok"]
 # a row's place among its point's measurements (alternating per point: bench.run_point); what each phase ran (a
-# ``phased`` row: the schedule per phase chosen from the others, phases.py, and why)
-PHASE_COLUMNS = ["measured_order", "prefill_schedule", "decode_schedule", "phase_reason"]
+# ``phased`` row: the schedule per phase chosen from the others, phases.py, and why); the data path each op's calls
+# took while the row was measured (dmacoll's: 'all_reduce sm x120, ...'; '' for NCCL and for a phased row, which
+# measured nothing itself: its prefill's and decode's rows say)
+PHASE_COLUMNS = ["measured_order", "prefill_schedule", "decode_schedule", "phase_reason", "data_paths"]
 E2E_COLUMNS = POINT_COLUMNS + PHASE_COLUMNS + MEASURED_COLUMNS + ["status"]
 
 

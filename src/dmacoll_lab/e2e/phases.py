@@ -64,7 +64,8 @@ def phased(rows: list[dict], derive) -> list[dict]:
         if serial is None or not candidates:
             continue
         prefill, reason = choose_prefill(serial, candidates)
-        row = {**serial, **{k: prefill[k] for k in TTFT_COLUMNS if k in prefill}, "schedule": "phased", "measured_order": "",
+        row = {**serial, **{k: prefill[k] for k in TTFT_COLUMNS if k in prefill}, "schedule": "phased",
+               "measured_order": "", "data_paths": "",
                "prefill_schedule": prefill["schedule"], "decode_schedule": "serial",
                "phase_reason": f"prefill {reason}; decode serial (an overlap of a step reads every weight again)"}
         row["calls_ok"] = serial["calls_ok"] and prefill["calls_ok"]
