@@ -430,9 +430,13 @@ def _family_rows(rank: int, world: int, args: dict, family: str, options: dict) 
 
     options = dict(options)
     sequence, splits, path = options.pop("sequence", False), options.pop("splits", None), options.pop("path", None)
-    comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S),
-                        options=Options(path=path) if path else Options() if splits
-                        else Options(**{"prerecord": False, **options}))
+    if path:  # every call forced onto that data path
+        chosen = Options(path=path)
+    elif splits:  # as a user makes it: every option 'auto'
+        chosen = Options()
+    else:
+        chosen = Options(**{"prerecord": False, **options})
+    comm = Communicator(backend=args["backend"], timeout_s=args.get("timeout_s", DEFAULT_TIMEOUT_S), options=chosen)
     try:
         if rank == 0:
             print(f"  {family}", flush=True)
@@ -444,6 +448,8 @@ def _family_rows(rank: int, world: int, args: dict, family: str, options: dict) 
 
             auto = cases(("auto",), ("auto",), args["dtypes"][:2], args["counts"], ops=args["ops"],
                          seed=args["seed"] + 40_000)
+            if world > cuda_sm.MAX_WORLD:  # the path does not run there: no case to force onto it
+                return []
             return run_cases(comm, sm_cases(auto, world, cuda_sm.slot_bytes(world)), path="sm")
         if sequence:
             rows = []
