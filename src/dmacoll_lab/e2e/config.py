@@ -122,7 +122,7 @@ class ModelSpec:
 
     def collectives_per_forward(self, prefill: bool = False) -> dict[str, int]:
         """Calls per forward pass: a decode step, or (``prefill``) a prefill chunk (MoE: the counts' all-gathers
-        and the uneven exchanges of module docstring)."""
+        and the uneven exchanges of the module docstring)."""
         if self.moe and prefill:
             return {"all_reduce": 1 + self.layers, "all_to_all_v": 2 * self.layers, "all_gather": 2 * self.layers + 1}
         if self.moe:
