@@ -308,8 +308,9 @@ def _e2e_best(metric: str, lower: bool):
     from .tables import E2E_KEYS
 
     def value(e2e: pd.DataFrame, config: str) -> Value:
-        ok = e2e[(e2e["status"] == "ok") & (e2e["schedule"] == E2E_SCHEDULES[config]) & (e2e["impl"] == "dma")
-                 | (e2e["status"] == "ok") & (e2e["schedule"] == "serial") & (e2e["impl"] == "nccl")]
+        ok = e2e[e2e["status"] == "ok"]
+        ours = (ok["impl"] == "dma") & (ok["schedule"] == E2E_SCHEDULES[config])
+        ok = ok[ours | (ok["impl"] == "nccl") & (ok["schedule"] == "serial")]
         wide = ok.pivot_table(index=E2E_KEYS + ["run"], columns="impl",
                               values=[c for c in (metric, f"{metric}_p10", f"{metric}_p90") if c in ok])
         if (metric, "dma") not in wide or (metric, "nccl") not in wide:
@@ -418,16 +419,19 @@ def evaluate(sweep_csvs: list[str], power_csv: Optional[str] = None,
 
     runs = {"operator": [_operator(report.load(sweep_csvs))],
             "power": [results.read("power", [power_csv])] if power_csv else [],
-            "c3": _c3_runs(c3_csvs), "e2e": [_pooled(e2e_csvs)] if e2e_csvs else [],
-            "vllm": [_pooled(vllm_csvs, "vllm")] if vllm_csvs else [],
+            "c3": _c3_runs(c3_csvs), **_inference_runs(e2e_csvs, vllm_csvs),
             "ficco": [ficco_rules.collapse(ficco_rules.load([c])) for c in ficco_csvs]}
     return score(CLAIMS, runs, {"c3": c3_noise(runs["c3"])})
 
 
 def e2e(e2e_csvs: Sequence[str], vllm_csvs: Sequence[str] = ()) -> list[dict]:
     """The end-to-end and vLLM claims alone (``E2E_CLAIMS``), as ``evaluate`` scores them: the e2e page's table."""
-    return score(E2E_CLAIMS, {"e2e": [_pooled(e2e_csvs)] if e2e_csvs else [],
-                              "vllm": [_pooled(vllm_csvs, "vllm")] if vllm_csvs else []})
+    return score(E2E_CLAIMS, _inference_runs(e2e_csvs, vllm_csvs))
+
+
+def _inference_runs(e2e_csvs: Sequence[str], vllm_csvs: Sequence[str]) -> dict:
+    """The e2e and vLLM claims' data: each kind's runs pooled into one table (none without runs)."""
+    return {"e2e": [_pooled(e2e_csvs)] if e2e_csvs else [], "vllm": [_pooled(vllm_csvs, "vllm")] if vllm_csvs else []}
 
 
 def score(claims: Sequence[Claim], runs: dict, noise: Optional[dict] = None) -> list[dict]:
