@@ -140,6 +140,18 @@ def test_batches_are_built_once_and_reused(engine):
     assert kinds == ["batch", "copy", "write", "copy", "batch"] * 3
 
 
+def test_counted_driver_calls_counts_one_calls_commands_and_restores_the_driver(engine):
+    """What the call_cost probe counts per collective: the driver calls made inside the block, by name."""
+    layout = Layout(input_sym=8192, output_sym=16384, staging=512)
+    plan = build_plan(all_gather_exchange(2, 256), 0, "b2b", "push", layout)
+    with cuda_backend.counted_driver_calls() as counted:
+        execute(plan, engine, {}, "reset")
+    assert dict(counted) == {"cuStreamBatchMemOp": 2, "cuMemcpyAsync": 2, "cuStreamWriteValue32": 1}
+    assert cuda_backend._drv is engine.drv  # the real module is back
+    execute(plan, engine, {}, "reset")
+    assert sum(counted.values()) == 5  # nothing counted after the block
+
+
 def test_a_single_memop_uses_the_plain_call(engine):
     engine.memops(engine.main_queue, [cuda_backend.MemOp(True, 0, 3, 1, geq=True)])
     assert engine.drv.calls == [("wait", HEAPS[0] + 12, 1, "geq", 7)]

@@ -131,18 +131,58 @@ def test_the_lab_imports_only_the_public_api_and_the_named_surface():
 
 
 def test_the_surface_names_resolve_to_the_library_objects():
+    """Each name is the library's object; a module's view holds exactly its listed names, none private."""
     from dmacoll import lab_api
 
     for name in lab_api.__all__:
         module, attribute = lab_api._SURFACE[name]
         loaded = importlib.import_module(module)
-        assert getattr(lab_api, name) is (loaded if attribute is None else getattr(loaded, attribute)), name
-    try:
-        lab_api.not_a_name
-    except AttributeError as e:
-        assert "not_a_name" in str(e)
-    else:
-        raise AssertionError("an unknown name must raise AttributeError")
+        got = getattr(lab_api, name)
+        assert not name.startswith("_") or name == "__version__", name
+        if attribute is not None:
+            assert got is getattr(loaded, attribute), name
+            continue
+        listed = lab_api._VIEWS[name]
+        assert sorted(vars(got)) == sorted(listed) and not [n for n in listed if n.startswith("_")], name
+        assert all(getattr(got, n) is getattr(loaded, n) for n in listed), name
+    for missing in (lambda: lab_api.not_a_name, lambda: lab_api.cuda_sm.source):  # unlisted: not reachable
+        try:
+            missing()
+        except AttributeError as e:
+            assert "not_a_name" in str(e) or "source" in str(e)
+        else:
+            raise AssertionError("an unlisted name must raise AttributeError")
+
+
+def _lab_view_uses() -> tuple[dict, set]:
+    """(per view of the surface, the names the lab's source reads of it), and every surface name it imports."""
+    from dmacoll import lab_api
+
+    uses: dict[str, set] = {name: set() for name in lab_api._VIEWS}
+    imported: set = set()
+    for top in (SRC / ARTIFACT, SRC.parent / "notebooks"):
+        for path in sorted(top.rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            aliases = {}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == SURFACE:
+                    imported |= {a.name for a in node.names}
+                    aliases.update({a.asname or a.name: a.name for a in node.names if a.name in lab_api._VIEWS})
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                    uses[aliases[node.value.id]].add(node.attr)
+    return uses, imported
+
+
+def test_the_lab_reads_exactly_the_names_each_view_lists():
+    """The lists are the boundary: a name the lab reads of a view is listed (else it fails at run time, maybe only
+    on a GPU), and a listed name the lab no longer reads is taken off; every surface name is imported somewhere."""
+    from dmacoll import lab_api
+
+    uses, imported = _lab_view_uses()
+    assert {name: sorted(used) for name, used in uses.items()} == \
+        {name: sorted(listed) for name, listed in lab_api._VIEWS.items()}
+    assert not set(lab_api.__all__) - imported, sorted(set(lab_api.__all__) - imported)
 
 
 def layer(module: str) -> str:

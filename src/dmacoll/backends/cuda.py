@@ -28,9 +28,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import warnings
+from collections import Counter
 from typing import Callable, Mapping, Optional, Sequence
 
 import torch
@@ -49,6 +51,36 @@ try:  # cuda-bindings >= 12.8 layout; older releases exposed `cuda.cuda`
     from cuda.bindings import driver as _drv
 except ImportError:  # pragma: no cover - depends on the installed bindings
     _drv = None
+
+
+class _CountingDriver:
+    """cuda-bindings' driver module, counting the calls made through it by function name."""
+
+    def __init__(self, drv, calls: Counter):
+        self._drv, self._calls = drv, calls
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._drv, name)
+        if not (callable(attr) and name.startswith("cu")):
+            return attr
+
+        def counted(*args, **kwargs):
+            self._calls[name] += 1
+            return attr(*args, **kwargs)
+        return counted
+
+
+@contextlib.contextmanager
+def counted_driver_calls():
+    """Count the driver calls this module makes inside the block, by function name (the Counter it yields, filled
+    as they are made): how many one collective issues (the lab's call_cost probe). One thread, for measuring only."""
+    global _drv
+    real, calls = _drv, Counter()
+    _drv = _CountingDriver(real, calls)
+    try:
+        yield calls
+    finally:
+        _drv = real
 
 
 def check_driver(result: tuple, what: str) -> tuple:

@@ -72,23 +72,6 @@ def node_summary(kinds: Counter) -> str:
 
 
 # -- structure: one process, a loopback engine -------------------------------------------------------------------
-class CountingDriver:
-    """cuda-bindings' driver module, counting the calls made through it (by function name)."""
-
-    def __init__(self, drv):
-        self._drv, self.calls = drv, Counter()
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._drv, name)
-        if not (callable(attr) and name.startswith("cu")):
-            return attr
-
-        def counted(*args, **kwargs):
-            self.calls[name] += 1
-            return attr(*args, **kwargs)
-        return counted
-
-
 def loopback(world: int, heap):
     """Rank 0's cuda engine whose peer p's heap is its own shifted by 4 p bytes: a signal to p (its word for
     signaller 0) lands on rank 0's word for signaller p, the one rank 0 waits on for p."""
@@ -133,7 +116,7 @@ def _settled(event, heap, seconds: float = 5.0) -> bool:
 def time_structure(args, world: int, variant: str, handshake: str, signal: str, wait: str) -> list[dict]:
     import torch
 
-    from dmacoll.lab_api import critical_crossings, cuda_backend, run
+    from dmacoll.lab_api import counted_driver_calls, critical_crossings, run
     from .common import checked
 
     program, heap_bytes = structure_program(world, args.bytes, variant, handshake, signal, wait)
@@ -154,15 +137,10 @@ def time_structure(args, world: int, variant: str, handshake: str, signal: str, 
         done.record(stream)
     if not _settled(done, heap):
         return [row(*base, "graph", args.bytes, [], error="a wait was not met (loopback broken)", **common)]
-    drv = cuda_backend._drv
-    counting = CountingDriver(drv)
-    cuda_backend._drv = counting
-    try:
-        with torch.cuda.stream(stream):
-            call()
-    finally:
-        cuda_backend._drv = drv
-    calls = sum(counting.calls.values())
+    with counted_driver_calls() as counted, torch.cuda.stream(stream):
+        call()
+    calls = sum(counted.values())
+    drv = driver()
     # graph nodes: one call captured alone through the driver, so its graph can be read
     with torch.cuda.stream(stream):
         checked(drv.cuStreamBeginCapture(stream.cuda_stream,
