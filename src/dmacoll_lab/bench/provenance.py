@@ -90,9 +90,22 @@ def _async_engines() -> Any:
         return None
 
 
+def process_seconds() -> float | None:
+    """How long this process has run (Linux: its start in /proc/self/stat against the uptime), None elsewhere: the
+    run's length where the writing process is the run (rank 0's where ranks are spawned, the launcher excluded), so
+    a lent machine's 10-minute calls can be planned from committed runs."""
+    try:
+        started_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - started_ticks / os.sysconf("SC_CLK_TCK"), 1)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def collect(config: dict[str, Any]) -> dict[str, Any]:
     return {
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "process_seconds": process_seconds(),
         "command": sys.argv,
         **git_sha(),
         "software": software(),
