@@ -36,3 +36,13 @@ def test_a_drifted_number_and_a_restated_one_are_caught(tmp_path):
 
 def test_readme_is_short():
     assert len((ROOT / "README.md").read_bytes()) <= 10_000
+
+
+def test_nccl_tests_tables_print_a_machines_operator_sweeps_not_earlier_studies():
+    """A machine with operator sweeps gets their tables (the 4-GPU set's old defaults/ and light-signal studies are
+    not the machine's tables); one without them (2x H100) its other experiments' sweeps that measured NCCL."""
+    h200x4 = docs.nccl_tests_runs("h200x4")
+    assert h200x4 and all(p.startswith("results/h200x4/operator/sweep_") for p in h200x4), h200x4
+    assert not [p for p in docs.nccl_tests_runs("h200x2") if "light_signals" in p]
+    h100x2 = docs.nccl_tests_runs("h100x2")
+    assert h100x2 and all(p.startswith("results/h100x2/defaults/") for p in h100x2), h100x2

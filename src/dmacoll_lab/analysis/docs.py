@@ -231,17 +231,16 @@ def check_cost(machine: str) -> str:
     return _table(tables.check_cost(load.read("check_cost", _abs(paths))), paths)
 
 
-NCCL_TESTS_EXPERIMENTS = ("operator", "defaults")  # where a machine's sweeps with NCCL side by side live
-
-
 def nccl_tests_runs(machine: str) -> list[str]:
-    """A machine's committed sweep runs that measured NCCL beside dmacoll (operator and defaults experiments)."""
-    found = []
-    for experiment in NCCL_TESTS_EXPERIMENTS:
-        for data in sorted((ROOT / "results" / machine / experiment).glob("*/data.csv")):
-            if machines.is_sweep(data) and machines.compares(data, values=("nccl",)):
-                found.append(str(data.relative_to(ROOT)))
-    return found
+    """A machine's operator sweeps (``operator/sweep_*``, the runs its operator page shows) that measured NCCL beside
+    dmacoll; where it has none, every sweep of its other experiments that did (2x H100's ``defaults/``). The sweeps
+    of earlier studies (``operator/light_signals_*``, a 4-GPU machine's ``defaults/``: code since changed) stay
+    under ``results/`` with their commands (the "Every run" table), not printed as the machine's tables."""
+    folder = ROOT / "results" / machine
+    main = sorted(folder.glob("operator/sweep_*/data.csv"))
+    others = sorted(p for p in folder.glob("*/*/data.csv") if p.parent.parent.name != "operator")
+    return [str(data.relative_to(ROOT)) for data in (main or others)
+            if machines.is_sweep(data) and machines.compares(data, values=("nccl",))]
 
 
 def nccl_tests(machine: str) -> str:
