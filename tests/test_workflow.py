@@ -369,3 +369,21 @@ def test_e2e_phased_runs_each_model_repeatedly_with_every_schedule_and_names_its
     bad.write_text("e2e_phased: {models: [llama-9]}\n")
     wrong = dry_run("--configfile", "config/config.yaml", "config/h200x4.yaml", str(bad), config=(f"outdir={tmp_path}",))
     assert wrong.returncode != 0 and "e2e_phased.models: unknown value(s) llama-9" in wrong.stdout + wrong.stderr
+
+
+def test_c3_extra_runs_are_the_c3_sections_flags_with_their_changes_and_feed_the_claims(tmp_path):
+    """config c3_extra (2x H200: the claims' carveout runs): each a run of rule c3 into c3/<name>/, the c3 section's
+    flags with the run's changes; the claims rest on them beside c3/c3; a run named c3 is refused."""
+    r = dry_run("-p", "--configfile", "config/config.yaml", "config/h200x2.yaml", config=(f"outdir={tmp_path}",))
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name, sms in (("carveout16", 16), ("carveout24", 24)):
+        run = f"{tmp_path}/c3/{name}"
+        assert (f"export DMACOLL_WORKFLOW_RULE=c3; {sys.executable} -m dmacoll_lab c3 --ops all_gather all_to_all "
+                f"reduce_scatter all_reduce --strategies dma dma_carveout --targets 0.25 1 4 --sm-fractions 0.75 0.875 "
+                f"--carveout-sms {sms} --repeats 7 --out {run}/data.csv") in r.stdout, r.stdout[-3000:]
+    claims = r.stdout.split("rule claims:")[1].split("\nrule ")[0]
+    assert f"{tmp_path}/c3/c3/data.csv {tmp_path}/c3/carveout16/data.csv" in claims, claims[:2000]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("c3_extra: {c3: {carveout_sms: 4}}\n")
+    wrong = dry_run("--configfile", "config/config.yaml", "config/h200x2.yaml", str(bad), config=(f"outdir={tmp_path}",))
+    assert wrong.returncode != 0 and "c3_extra" in wrong.stdout + wrong.stderr

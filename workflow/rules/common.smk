@@ -156,13 +156,26 @@ def shipped_extra(platform, path):
     return [f] if not MEASURED and Path(f).exists() else []
 
 
+# more dmacoll c3 runs beside c3/c3 (config c3_extra: name -> flags over the c3 section's), on a GPU machine
+C3_EXTRA = config["c3_extra"] if GPU else {}
+
+
+def c3_extra(name):
+    """The c3 section's changes for run ``name`` (none for c3/c3); a name the config does not list is refused."""
+    if name == "c3":
+        return {}
+    if name not in C3_EXTRA:
+        raise ValueError(f"c3/{name}: not a run of config c3_extra ({sorted(C3_EXTRA)})")
+    return C3_EXTRA[name]
+
+
 # what each notebook (notebooks/<name>.py) renders, passed as its `csvs` parameter
 NOTEBOOK_INPUTS = {
     "operator": lambda p: operator_csvs(p) + default_call_csvs(p),
     "speedup": lambda p: operator_csvs(p) + (NATIVE_RUNS if MEASURED else shipped_extra(p, "native/native/data.csv")),
     "breakdown": lambda p: [result(p, "breakdown/breakdown/data.csv")],
     "resources": lambda p: [result(p, f"power/{name}/data.csv") for name in ("power", "sm_usage", "interference")],
-    "c3": lambda p: [result(p, "c3/c3/data.csv")],
+    "c3": lambda p: [result(p, f"c3/{name}/data.csv") for name in ["c3"] + (list(C3_EXTRA) if MEASURED else [])],
     "ficco": lambda p: [result(p, "ficco/ficco/data.csv")],
     "e2e": lambda p: e2e_inputs(p),
 }
@@ -241,18 +254,18 @@ def c3_runs(platform):
     in that folder are not C3 tables (their header lacks C3's columns)."""
     main = NOTEBOOK_INPUTS["c3"](platform)
     if GPU:
-        return main
+        return main  # with the config's extra runs
     c3_columns = {"strategy", "option", "t_c3_us"}
     others = [str(p) for p in sorted(Path(result(platform, "c3")).glob("*/data.csv"))
               if str(p) not in main and c3_columns <= set(p.open().readline().strip().split(","))]
     return main + others
 
 
-def cli_flags(section, skip=()):
-    """`dmacoll <tool>` flags from a config section (key -> --key, lists spread) but its keys in ``skip``; absent
-    keys: the CLI defaults."""
+def cli_flags(section, skip=(), over=None):
+    """`dmacoll <tool>` flags from a config section (key -> --key, lists spread) but its keys in ``skip``, with the
+    keys of ``over`` replacing the section's; absent keys: the CLI defaults."""
     flags = []
-    for key, value in config.get(section, {}).items():
+    for key, value in {**config.get(section, {}), **(over or {})}.items():
         if key in skip:
             continue
         values = value if isinstance(value, list) else [value]
