@@ -57,9 +57,10 @@ def dma_auto_runs(folder: Path) -> list[Path]:
 
 
 def e2e_phased_runs(folder: Path) -> list[Path]:
-    """The data.csv of each ``dmacoll e2e`` run with every schedule and its ``phased`` rows in a machine folder
-    (``e2e/phased_<parallel>_<model>_<label>/``: one model each), in name order."""
-    return sorted(Path(folder).glob("e2e/phased_*/data.csv"))
+    """The data.csv of each run of the rule e2e_phased in a machine folder (``e2e/phased_<parallel>_<model>_run<n>/``:
+    one model each, every schedule and its ``phased`` rows), in name order; the earlier script runs beside them
+    (``_fixed_order``, ``_alternating``: the implementations' order before and after it alternated) are history."""
+    return sorted(Path(folder).glob("e2e/phased_*_run[0-9]*/data.csv"))
 
 
 def e2e_default_call_runs(folder: Path) -> list[Path]:
