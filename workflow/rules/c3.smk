@@ -22,4 +22,3 @@ rule c3:
     shell:
         "export DMACOLL_WORKFLOW_RULE={params.rule}; "
         "{params.py} -m dmacoll_lab c3 {params.args} --out {output.csv} 2>&1 | tee {log}"
-
