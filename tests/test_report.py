@@ -441,3 +441,11 @@ def test_vllm_claims_score_the_plugin_against_vllm_over_runs():
             assert row["over runs"] == claims._fmt(round(min(ratios), 3), round(max(ratios), 3)), row
             assert row["status"] in ("pass", "fail", "within noise"), row
     assert {r["id"]: r for r in claims.evaluate(SWEEPS)}["dmalatte-vllm-latency"]["status"] == "not run"
+
+
+def test_the_headline_shows_graph_replays_where_measured_else_eager():
+    """The host emulator's sweeps have eager calls alone: its headline is theirs, not an empty graph figure."""
+    from dmacoll_lab.analysis import figures
+
+    assert figures.headline_mode(pd.DataFrame({"mode": ["eager", "graph"]})) == "graph"
+    assert figures.headline_mode(pd.DataFrame({"mode": ["eager", "eager"]})) == "eager"

@@ -82,11 +82,12 @@ HEADLINE_COLUMNS = ["op", "size", "NCCL us (p10-p90)", "default / NCCL (p10-p90)
                     "oracle / NCCL (p10-p90; of N)"]
 
 
-def headline_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The README's headline table of a machine's sweeps (the index page shows it too): graph mode, the headline
-    sizes, NCCL's time and each configuration's ratio to it, with spreads."""
+def headline_table(df: pd.DataFrame, mode: str = "graph") -> pd.DataFrame:
+    """The README's headline table of a machine's sweeps (the index page shows it too): ``mode`` (graph-replayed;
+    the host emulator's sweeps have eager calls alone), the headline sizes, NCCL's time and each configuration's
+    ratio to it, with spreads."""
     t = _with_n(report.ratio_table(df, sizes=HEADLINE_SIZES))
-    return t[t["mode"] == "graph"][HEADLINE_COLUMNS].reset_index(drop=True)
+    return t[t["mode"] == mode][HEADLINE_COLUMNS].reset_index(drop=True)
 
 
 # -- the blocks ----------------------------------------------------------------------------------------------------

@@ -11,6 +11,12 @@ HEADLINE_LINES = (("NCCL", "nccl"), ("peer copy", "peer_copy"), ("dma default", 
                   ("dma oracle", "oracle"))
 
 
+def headline_mode(df: pd.DataFrame) -> str:
+    """The mode a machine's headline shows: graph-replayed where its sweeps captured graphs, else eager (the host
+    emulator's sweeps: CUDA graphs need a GPU)."""
+    return "graph" if (df["mode"] == "graph").any() else "eager"
+
+
 def headline_curves(df: pd.DataFrame, mode: str = "graph") -> pd.DataFrame:
     """Per line of the headline figure, op and size: the median time per call and the p10-p90 of its repeats."""
     picks = report.picks(df)
