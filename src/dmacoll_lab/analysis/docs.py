@@ -238,9 +238,9 @@ def nccl_tests_runs(machine: str) -> list[str]:
     of earlier studies (``operator/light_signals_*``, a 4-GPU machine's ``defaults/``: code since changed) stay
     under ``results/`` with their commands (the "Every run" table), not printed as the machine's tables."""
     folder = ROOT / "results" / machine
-    main = sorted(folder.glob("operator/sweep_*/data.csv"))
-    others = sorted(p for p in folder.glob("*/*/data.csv") if p.parent.parent.name != "operator")
-    return [str(data.relative_to(ROOT)) for data in (main or others)
+    runs = sorted(folder.glob("operator/sweep_*/data.csv")) or sorted(
+        p for p in folder.glob("*/*/data.csv") if p.parent.parent.name != "operator")
+    return [str(data.relative_to(ROOT)) for data in runs
             if machines.is_sweep(data) and machines.compares(data, values=("nccl",))]
 
 

@@ -446,10 +446,10 @@ def _family_rows(rank: int, world: int, args: dict, family: str, options: dict) 
         if path == "sm":  # every op, dtype and count the path takes, as the defaults' calls name them
             from dmacoll.lab_api import cuda_sm
 
-            auto = cases(("auto",), ("auto",), args["dtypes"][:2], args["counts"], ops=args["ops"],
-                         seed=args["seed"] + 40_000)
             if world > cuda_sm.MAX_WORLD:  # the path does not run there: no case to force onto it
                 return []
+            auto = cases(("auto",), ("auto",), args["dtypes"][:2], args["counts"], ops=args["ops"],
+                         seed=args["seed"] + 40_000)
             return run_cases(comm, sm_cases(auto, world, cuda_sm.slot_bytes(world)), path="sm")
         if sequence:
             rows = []
