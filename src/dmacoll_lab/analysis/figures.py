@@ -53,7 +53,13 @@ def headline(df: pd.DataFrame, label: str, mode: str = "graph"):
         ax.set_xticks(ticks, [human(int(t)) for t in ticks], rotation=45)
         ax.minorticks_off()
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    # one legend below the axes, off the data (inside an axis it covered points wherever the curves came close)
+    found = {}  # label -> handle, each line once (an op may lack some lines)
+    for ax in axes[0]:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            found.setdefault(name, handle)
+    fig.legend(list(found.values()), list(found), loc="lower center", ncol=max(len(found), 1), fontsize=8,
+               bbox_to_anchor=(0.5, -0.06))
     fig.suptitle(f"time per call, {'graph-replayed' if mode == 'graph' else mode}, {label}; bands: p10-p90 of "
                  "the repeats")
     fig.tight_layout()
